@@ -1,0 +1,108 @@
+"""The ``tropt`` command line: ``tropt checks`` and ``tropt diagnose``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from typing import Sequence
+
+from .errors import TroptError
+
+_MARK = {"pass": "PASS ", "warn": "WARN ", "fail": "FAIL ", "error": "ERROR", "skip": "SKIP "}
+
+
+def format_report(report) -> str:
+    """A readable plain-text table of a report: one line per check, advice indented under non-passing ones."""
+    lines = []
+    width = max((len(r.check) for r in report.results), default=10)
+    for r in report.results:
+        lines.append(f"{_MARK[r.status.value]}  {r.check:<{width}}  {r.summary}")
+        if not r.ok:
+            for advice in r.advice:
+                lines.append(textwrap.fill(advice, 110, initial_indent=" " * (width + 9) + "→ ", subsequent_indent=" " * (width + 11)))
+    counts = ", ".join(f"{n} {s}" for s, n in report.counts().items() if n)
+    lines.append(f"\nreport status: {report.status.value.upper()} ({counts or 'no checks'})")
+    return "\n".join(lines)
+
+
+def _parse_splits(items: Sequence[str] | None) -> dict[str, str] | None:
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise TroptError(f"--split {item!r} is not NAME=PATH", "e.g. --split train=data/train.csv --split test=data/test.csv")
+        out[name] = path
+    return out
+
+
+def _cmd_checks(args: argparse.Namespace) -> int:
+    from .registry import list_checks
+
+    df = list_checks()
+    if df.empty:
+        print("no checks are implemented in this version")
+        return 0
+    for stage, rows in df.groupby("stage", sort=True):
+        print(f"stage {stage}: {rows['stage_name'].iloc[0]}")
+        for _, row in rows.iterrows():
+            print(f"  {row['id']:<26} {row['title']} — {row['description']}")
+    return 0
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from .diagnose import diagnose
+    from .loading import load_setup
+
+    setup = load_setup(args.setup) if args.setup else None
+    if setup is not None and args.seed is not None:
+        setup = setup.replace(seed=args.seed)
+    report = diagnose(setup, _parse_splits(args.split), label=args.label, group=args.group, time=args.time,
+                      checks=args.checks, progress=not args.no_progress)
+    print(format_report(report))
+    if args.json:
+        report.to_json(args.json)
+        print(f"findings written to {args.json}")
+    if args.html:
+        report.to_html(args.html)
+        print(f"HTML report written to {args.html}")
+    return 1 if report.failed(args.fail_on) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tropt", description="Diagnose PyTorch training setups.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("checks", help="list the implemented checks")
+    p.set_defaults(func=_cmd_checks)
+    p = sub.add_parser("diagnose", help="run the checks on a setup and/or data splits")
+    p.add_argument("--setup", help="path/to/file.py:function or module:function returning a tropt.Setup")
+    p.add_argument("--split", action="append", metavar="NAME=PATH", help="a data split (CSV/Parquet); repeat, in order")
+    p.add_argument("--label", help="label column of the splits")
+    p.add_argument("--group", help="group/entity id column of the splits")
+    p.add_argument("--time", help="timestamp column of the splits")
+    p.add_argument("--checks", help="comma-separated ids, prefixes (loop) or stage numbers; default all")
+    p.add_argument("--seed", type=int, help="override the Setup's seed")
+    p.add_argument("--json", metavar="FILE", help="write findings as JSON")
+    p.add_argument("--html", metavar="FILE", help="write a standalone HTML report")
+    p.add_argument("--fail-on", choices=["fail", "warn", "never"], default="fail", help="exit 1 at this status or worse (default fail; ERROR counts as fail)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(func=_cmd_diagnose)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 ok, 1 gate failed, 2 bad input)."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "diagnose" and not args.setup and not args.split:
+            raise TroptError("tropt diagnose needs --setup and/or --split", "e.g. tropt diagnose --setup data/samples/sample_setup.py:make_setup")
+        return args.func(args)
+    except TroptError as exc:
+        print(f"tropt: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

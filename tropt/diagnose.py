@@ -1,0 +1,109 @@
+"""``diagnose``: run the registered checks that apply, in contract order, and never let one crash the report."""
+
+from __future__ import annotations
+
+import inspect
+import time
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import SetupError, TroptError
+from .registry import CheckSpec, select
+from .result import CheckResult, Report, Status
+from .setup import Setup
+
+
+def error_result(check: str, exc: BaseException, duration_s: float | None = None) -> CheckResult:
+    """The ERROR result for a check that raised: the message says why; the fix becomes the advice."""
+    if isinstance(exc, TroptError):
+        return CheckResult(check, Status.ERROR, f"could not run: {exc}", {"error_type": type(exc).__name__},
+                           advice=[exc.fix] if exc.fix else [], duration_s=duration_s)
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-6))
+    return CheckResult(
+        check,
+        Status.ERROR,
+        f"could not run: {type(exc).__name__}: {exc}",
+        {"error_type": type(exc).__name__, "traceback": tb},
+        advice=["This is unexpected: report it to tropt with the traceback in this result's metrics."],
+        duration_s=duration_s,
+    )
+
+
+def run_check(spec: CheckSpec, subject: Any, options: Mapping[str, Any]) -> CheckResult:
+    """Run one check on its subject with the options its signature accepts; exceptions become ERROR results."""
+    params = inspect.signature(spec.func).parameters
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in options.items() if v is not None and (takes_all or k in params)}
+    start = time.perf_counter()
+    try:
+        result = spec.func(subject, **kwargs)
+        if not isinstance(result, CheckResult):
+            raise TypeError(f"check {spec.id} returned {type(result).__name__}, not a CheckResult")
+    except Exception as exc:  # noqa: BLE001 - a check never crashes the report
+        return error_result(spec.id, exc, time.perf_counter() - start)
+    if result.duration_s is None:
+        object.__setattr__(result, "duration_s", time.perf_counter() - start)
+    return result
+
+
+def diagnose(
+    setup: Setup | None = None,
+    splits: Mapping[str, Any] | None = None,
+    *,
+    label: str | int | None = None,
+    group: str | None = None,
+    time: str | None = None,  # noqa: A002 - the public parameter name is fixed
+    checks: str | list[str] | None = None,
+    progress: bool = True,
+) -> Report:
+    """Run the registered checks that apply, in contract order, and return a :class:`Report`.
+
+    Parameters
+    ----------
+    setup
+        A :class:`tropt.Setup` for model-side checks (stages 2-6); checks needing it are SKIP without it.
+    splits
+        Ordered mapping of named data splits for stage-1 checks; SKIP without it.
+    label, group, time
+        Column names (or keys/indices) for the data checks.
+    checks
+        None/"all", or a list of ids, stage prefixes ("loop") or stage numbers ("4").
+    progress
+        Show a progress bar over checks.
+
+    Inapplicable checks are SKIP with the reason; a check that raises becomes ERROR and the rest still run.
+    """
+    from tqdm.auto import tqdm
+
+    from .identity import run_identity
+
+    if setup is None and splits is None:
+        raise TroptError("diagnose needs something to check: no setup and no splits were given",
+                         "pass setup=tropt.Setup(...) and/or splits={'train': df_train, 'test': df_test}")
+    if setup is not None and not isinstance(setup, Setup):
+        raise SetupError(f"diagnose: setup is a {type(setup).__name__}, expected a tropt.Setup", "wrap your objects: tropt.Setup(model, loss_fn, optimizer, train_data)")
+    if splits is not None and not isinstance(splits, Mapping):
+        raise TroptError(f"diagnose: splits is a {type(splits).__name__}, expected a mapping of split name to data",
+                         "pass e.g. {'train': df_train, 'test': df_test}")
+    specs = select(checks)
+    setup_error: Exception | None = None
+    if setup is not None and any(s.needs == "setup" for s in specs):
+        try:
+            setup.validate()
+        except Exception as exc:  # noqa: BLE001 - reported once per setup check, the data checks still run
+            setup_error = exc
+    options = {"label": label, "group": group, "time": time, "progress": progress}
+    results = []
+    bar = tqdm(specs, desc="tropt diagnose", disable=not progress, leave=False)
+    for spec in bar:
+        bar.set_postfix_str(spec.id)
+        if spec.needs == "setup" and setup is None:
+            results.append(CheckResult(spec.id, Status.SKIP, "no Setup given: pass setup=tropt.Setup(...) to run model-side checks"))
+        elif spec.needs == "splits" and splits is None:
+            results.append(CheckResult(spec.id, Status.SKIP, "no data splits given: pass splits={'train': ..., 'test': ...} to run data checks"))
+        elif spec.needs == "setup" and setup_error is not None:
+            results.append(error_result(spec.id, setup_error))
+        else:
+            results.append(run_check(spec, setup if spec.needs == "setup" else splits, options))
+    return Report(results, run_identity(setup if setup_error is None else None, splits, checks=[s.id for s in specs]))

@@ -1,0 +1,66 @@
+"""All drawing. Each function takes a result (and ``ax=None``) and returns the matplotlib Axes it drew on.
+
+matplotlib (and seaborn, where used) are imported inside the functions, never at ``import tropt``. A check id gets
+its own picture by registering a plotter with :func:`register_plot` in a module listed in :data:`PLOT_MODULES`;
+otherwise :func:`plot_series` draws the result's named series.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from ..errors import TroptError
+
+PLOT_MODULES: tuple[str, ...] = ()
+_PLOTTERS: dict[str, Callable] = {}
+_COLOURS = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "error": "#8250df", "skip": "#6e7781"}
+
+
+def register_plot(check_id: str) -> Callable:
+    """Decorator: use this function to draw results of ``check_id``."""
+
+    def deco(func: Callable) -> Callable:
+        _PLOTTERS[check_id] = func
+        return func
+
+    return deco
+
+
+def new_axes(ax: Any = None, figsize: tuple[float, float] = (7, 3.5)) -> Any:
+    """``ax`` itself, or the Axes of a new figure (matplotlib imported lazily)."""
+    if ax is not None:
+        return ax
+    import matplotlib.pyplot as plt
+    _, ax = plt.subplots(figsize=figsize, layout="constrained")
+    return ax
+
+
+def titled(ax: Any, result: Any, text: str | None = None) -> Any:
+    """Title an Axes with the check id and status, coloured by status."""
+    ax.set_title(f"{result.check} — {result.status.value.upper()}" + (f"\n{text}" if text else ""),
+                 color=_COLOURS[result.status.value], fontsize=10, loc="left")
+    return ax
+
+
+def plot_series(result: Any, ax: Any = None) -> Any:
+    """Default picture: every 1-d series of the result as a line over its index."""
+    import numpy as np
+
+    series = {k: np.asarray(v, dtype=float) for k, v in result.series.items()}
+    series = {k: v for k, v in series.items() if v.ndim == 1 and v.size}
+    if not series:
+        raise TroptError(f"{result.check} has nothing to plot (no series)", "look at result.tables and result.metrics instead")
+    ax = new_axes(ax)
+    for name, values in series.items():
+        ax.plot(np.arange(len(values)), values, label=name)
+    ax.set_xlabel("index")
+    ax.legend(fontsize=8)
+    return titled(ax, result)
+
+
+def plot_result(result: Any, ax: Any = None) -> Any:
+    """Draw ``result`` with the plotter registered for its check, or :func:`plot_series`."""
+    for module in PLOT_MODULES:
+        importlib.import_module(module)
+    return _PLOTTERS.get(result.check, plot_series)(result, ax=ax)

@@ -1,0 +1,167 @@
+"""The check registry: one table drives every runner (``diagnose``, the CLI, the notebooks, the widgets).
+
+A check module registers its functions with :func:`register`; :data:`CHECK_MODULES` lists the modules that hold
+implemented checks, imported on first use so ``import tropt`` stays light. The public ids and their contract order
+are fixed by DESIGN.md and never change meaning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+
+from .errors import CheckSelectionError
+
+STAGES: dict[int, str] = {
+    1: "data",
+    2: "objective",
+    3: "can it learn",
+    4: "is the update right",
+    5: "dynamics",
+    6: "throughput",
+}
+
+# The public ids in contract order (DESIGN.md). An id is registered only once its check is implemented.
+PUBLIC_IDS: dict[str, int] = {
+    **dict.fromkeys(
+        [
+            "data.exact_duplicates",
+            "data.near_duplicates",
+            "data.group_leakage",
+            "data.temporal_leakage",
+            "data.target_leakage",
+            "data.label_shift",
+            "data.class_coverage",
+            "data.label_sanity",
+        ],
+        1,
+    ),
+    "model.init_loss": 2,
+    **dict.fromkeys(["model.overfit_batch", "model.gradient_flow", "model.activation_stats"], 3),
+    **dict.fromkeys(
+        ["loop.zero_grad", "loop.accumulation", "loop.loss_scaling", "loop.scheduler_cadence", "loop.resume", "loop.ddp"],
+        4,
+    ),
+    **dict.fromkeys(["dynamics.loss_curve", "dynamics.lr_range"], 5),
+    **dict.fromkeys(["perf.throughput", "perf.precision"], 6),
+}
+_ORDER = {check: i for i, check in enumerate(PUBLIC_IDS)}
+
+# Modules holding implemented checks; each issue that lands checks adds its module here.
+CHECK_MODULES: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """A registered check: its id, contract stage, title, one-line description and function.
+
+    ``needs`` says what the check is run on: ``"setup"`` (a :class:`tropt.Setup`) or ``"splits"`` (a mapping of
+    named data splits). The function takes that subject first and keyword options after it; ``diagnose`` passes
+    the options the function's signature accepts.
+    """
+
+    id: str
+    stage: int
+    title: str
+    description: str
+    func: Callable
+    needs: str
+
+    @property
+    def stage_name(self) -> str:
+        return STAGES[self.stage]
+
+
+_REGISTRY: dict[str, CheckSpec] = {}
+_loaded = False
+
+
+def register(check_id: str, *, title: str, description: str, needs: str = "setup") -> Callable:
+    """Decorator registering a check function under a public id (see :data:`PUBLIC_IDS`)."""
+    if check_id not in PUBLIC_IDS:
+        raise ValueError(f"{check_id!r} is not a public check id (DESIGN.md fixes them)")
+    if needs not in ("setup", "splits"):
+        raise ValueError(f"needs must be 'setup' or 'splits', not {needs!r}")
+
+    def deco(func: Callable) -> Callable:
+        _REGISTRY[check_id] = CheckSpec(check_id, PUBLIC_IDS[check_id], title, description, func, needs)
+        func.check_id = check_id
+        return func
+
+    return deco
+
+
+def load_checks() -> None:
+    """Import every module in :data:`CHECK_MODULES` once, so their checks register."""
+    global _loaded
+    if not _loaded:
+        for module in CHECK_MODULES:
+            importlib.import_module(module)
+        _loaded = True
+
+
+def specs() -> list[CheckSpec]:
+    """All implemented checks, in contract order."""
+    load_checks()
+    return sorted(_REGISTRY.values(), key=lambda s: _ORDER[s.id])
+
+
+def find_spec(check_id: str) -> CheckSpec | None:
+    """The spec of an implemented check, or None."""
+    load_checks()
+    return _REGISTRY.get(check_id)
+
+
+def select(checks: str | list[str] | None = None) -> list[CheckSpec]:
+    """Resolve a selection to specs in contract order.
+
+    ``checks`` may be None or "all" (everything implemented), or ids, stage prefixes (``"loop"``, ``"data"``),
+    or stage numbers as strings (``"4"``), in any mix.
+    """
+    available = specs()
+    if checks is None or checks == "all":
+        return available
+    if isinstance(checks, str):
+        checks = [c.strip() for c in checks.split(",") if c.strip()]
+    chosen: set[str] = set()
+    for item in checks:
+        item = str(item).strip()
+        if item in _REGISTRY:
+            chosen.add(item)
+        elif item in PUBLIC_IDS:
+            raise CheckSelectionError(
+                f"check {item!r} is part of the contract but not implemented in this version of tropt",
+                "run `tropt checks` to see the implemented ones",
+            )
+        elif item.isdigit() and int(item) in STAGES:
+            chosen.update(s.id for s in available if s.stage == int(item))
+        elif any(s.id.startswith(item.rstrip(".*") + ".") for s in available):
+            chosen.update(s.id for s in available if s.id.startswith(item.rstrip(".*") + "."))
+        else:
+            raise CheckSelectionError(
+                f"unknown check {item!r}",
+                f"choose from: {', '.join(s.id for s in available) or '(none implemented)'}; "
+                "a prefix such as 'loop' or a stage number also works",
+            )
+    return [s for s in available if s.id in chosen]
+
+
+def list_checks() -> pd.DataFrame:
+    """The implemented checks as a DataFrame: id, stage, stage_name, title, needs, description."""
+    return pd.DataFrame(
+        [
+            {
+                "id": s.id,
+                "stage": s.stage,
+                "stage_name": s.stage_name,
+                "title": s.title,
+                "needs": s.needs,
+                "description": s.description,
+            }
+            for s in specs()
+        ],
+        columns=["id", "stage", "stage_name", "title", "needs", "description"],
+    )

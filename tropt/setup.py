@@ -1,0 +1,438 @@
+"""``Setup``: everything a model-side check needs, given once, validated at construction and at first use.
+
+Checks never touch the user's objects: :meth:`Setup.build` makes a fresh deep copy of the model with a new
+optimizer, scheduler and scaler from the user's factories, and :meth:`Setup.batches` reads the training data
+deterministically (seeded) for reproducible comparisons.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import itertools
+import math
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from .batching import batch_size, to_device
+from .errors import SetupError, StepError, TroptError
+from .training import PRECISION_DTYPES, StepContext, standard_step
+
+OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+
+
+def _positional_arity_ok(fn: Callable, n: int) -> bool:
+    """Whether ``fn`` can be called with ``n`` positional arguments."""
+    try:
+        inspect.signature(fn).bind(*([None] * n))
+        return True
+    except TypeError:
+        return False
+    except ValueError:  # builtins without a signature: assume yes
+        return True
+
+
+def _describe_callable(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def optimizer_factory_from(optimizer: torch.optim.Optimizer, model: nn.Module) -> OptimizerFactory:
+    """Turn an optimizer instance into a factory that builds the same optimizer for a copy of ``model``.
+
+    Parameter groups and their hyperparameters are kept (parameters matched by name); optimizer state
+    (moments) is not, since checks start from a fresh optimizer.
+    """
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    groups = []
+    for g in optimizer.param_groups:
+        missing = [tuple(p.shape) for p in g["params"] if id(p) not in name_of]
+        if missing:
+            raise SetupError(
+                f"Setup: the optimizer holds {len(missing)} parameter(s) that are not in the model (shapes {missing[:3]})",
+                "build the optimizer from this model's parameters, or pass a factory: lambda m: torch.optim.AdamW(m.parameters())",
+            )
+        hyper = {k: copy.deepcopy(v) for k, v in g.items() if k not in ("params", "initial_lr")}
+        groups.append(([name_of[id(p)] for p in g["params"]], hyper))
+    cls, defaults = type(optimizer), copy.deepcopy(optimizer.defaults)
+
+    def factory(m: nn.Module) -> torch.optim.Optimizer:
+        params = dict(m.named_parameters())
+        return cls([{"params": [params[n] for n in names], **hyper} for names, hyper in groups], **defaults)
+
+    factory.__qualname__ = f"{cls.__name__}(from instance)"
+    return factory
+
+
+@dataclass(frozen=True, eq=False)
+class Setup:
+    """A training setup to diagnose.
+
+    Parameters
+    ----------
+    model
+        The ``nn.Module``; checks work on deep copies, the original is never touched.
+    loss_fn
+        ``loss_fn(model, batch) -> scalar loss tensor`` (covers tuples, dicts, HF-style models).
+    optimizer
+        ``optimizer(model) -> torch.optim.Optimizer``, a factory so param groups are the user's. An optimizer
+        instance built on ``model`` is accepted too and turned into a factory (its state is not copied).
+    train_data
+        A DataLoader, a map-style Dataset (batched by ``batch_size``), or a list of batches.
+    val_data
+        Optional validation data, same forms as ``train_data``.
+    scheduler
+        ``scheduler(optimizer) -> LR scheduler`` or None; stepped once per optimizer step by :func:`standard_step`.
+    step
+        The user's own step ``step(ctx, micro_batches) -> loss or None``; None means :func:`standard_step`.
+    accumulation_steps
+        Micro-batches per optimizer step (>= 1).
+    grad_clip
+        Max global gradient norm, or None.
+    precision
+        "fp32", "bf16" or "fp16" (autocast).
+    use_scaler
+        Use a ``torch.amp.GradScaler`` (only meaningful with fp16).
+    num_classes
+        Number of classes, when the objective is classification.
+    save_state, load_state
+        ``save_state(ctx) -> state`` and ``load_state(ctx, state) -> None`` for the resume check; both or neither.
+    device
+        Where checks run ("cpu", "cuda", "cuda:1", ...).
+    seed
+        Seed for every copy and data order a check makes.
+    batch_size
+        Batch size used only when ``train_data``/``val_data`` is a Dataset rather than a DataLoader or list.
+    """
+
+    model: nn.Module
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor]
+    optimizer: OptimizerFactory
+    train_data: Any
+    val_data: Any = None
+    scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
+    step: Callable[[StepContext, list], Any] | None = None
+    _: KW_ONLY
+    accumulation_steps: int = 1
+    grad_clip: float | None = None
+    precision: str = "fp32"
+    use_scaler: bool = False
+    num_classes: int | None = None
+    save_state: Callable[[StepContext], Any] | None = None
+    load_state: Callable[[StepContext, Any], None] | None = None
+    device: str | torch.device = "cpu"
+    seed: int = 0
+    batch_size: int = 32
+    _validated: dict = field(default_factory=dict, init=False, repr=False)
+
+    # ------------------------------------------------------------------ construction-time validation
+    def __post_init__(self) -> None:
+        err = SetupError
+        if not isinstance(self.model, nn.Module):
+            raise err(
+                f"Setup: model is a {type(self.model).__name__}, expected a torch.nn.Module",
+                "pass the nn.Module itself (not its state_dict or a factory)",
+            )
+        if not any(True for _ in self.model.parameters()):
+            raise err("Setup: the model has no parameters, so there is nothing to train", "pass the model that holds the weights")
+        if not callable(self.loss_fn):
+            raise err(
+                f"Setup: loss_fn is a {type(self.loss_fn).__name__}, not callable",
+                "pass a function loss_fn(model, batch) -> scalar tensor, e.g. lambda m, b: F.cross_entropy(m(b[0]), b[1])",
+            )
+        if not _positional_arity_ok(self.loss_fn, 2):
+            raise err(
+                f"Setup: loss_fn {_describe_callable(self.loss_fn)} cannot be called as loss_fn(model, batch)",
+                "give it exactly two positional parameters: (model, batch)",
+            )
+        opt = self.optimizer
+        if isinstance(opt, torch.optim.Optimizer):
+            object.__setattr__(self, "optimizer", optimizer_factory_from(opt, self.model))
+        elif isinstance(opt, type) and issubclass(opt, torch.optim.Optimizer):
+            raise err(
+                f"Setup: optimizer is the class {opt.__name__}, expected a factory",
+                f"pass lambda m: torch.optim.{opt.__name__}(m.parameters(), lr=...)",
+            )
+        elif not callable(opt):
+            raise err(
+                f"Setup: optimizer is a {type(opt).__name__}, expected a factory optimizer(model) -> Optimizer",
+                "pass lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3)",
+            )
+        self._check_data("train_data", self.train_data, required=True)
+        self._check_data("val_data", self.val_data, required=False)
+        if self.scheduler is not None:
+            if hasattr(self.scheduler, "step") and hasattr(self.scheduler, "optimizer"):
+                raise err(
+                    f"Setup: scheduler is a {type(self.scheduler).__name__} instance, expected a factory",
+                    "pass lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10) so checks can build fresh ones",
+                )
+            if not callable(self.scheduler):
+                raise err(f"Setup: scheduler is a {type(self.scheduler).__name__}, not callable", "pass a factory scheduler(optimizer) -> scheduler, or None")
+        if self.step is not None:
+            if not callable(self.step):
+                raise err(f"Setup: step is a {type(self.step).__name__}, not callable", "pass a function step(ctx, micro_batches), or None for tropt.standard_step")
+            if not _positional_arity_ok(self.step, 2):
+                raise err(
+                    f"Setup: step {_describe_callable(self.step)} cannot be called as step(ctx, micro_batches)",
+                    "define it as def step(ctx, micro_batches): ... (ctx is a tropt.StepContext, micro_batches a list of batches)",
+                )
+        k = self.accumulation_steps
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise err(f"Setup: accumulation_steps={k!r}; it must be an integer >= 1", "use 1 for no accumulation")
+        if self.grad_clip is not None:
+            if isinstance(self.grad_clip, bool) or not isinstance(self.grad_clip, (int, float)) or not (
+                math.isfinite(self.grad_clip) and self.grad_clip > 0
+            ):
+                raise err(f"Setup: grad_clip={self.grad_clip!r}; it must be a positive finite number or None", "e.g. grad_clip=1.0, or None to disable clipping")
+        if self.precision not in PRECISION_DTYPES:
+            raise err(f"Setup: unknown precision {self.precision!r}", f"use one of {', '.join(PRECISION_DTYPES)}")
+        if self.use_scaler and self.precision != "fp16":
+            raise err(
+                f"Setup: use_scaler=True with precision={self.precision!r}, which needs no loss scaling "
+                "(only fp16's narrow exponent range underflows small gradients)",
+                "set use_scaler=False, or precision='fp16'",
+            )
+        try:
+            device = torch.device(self.device)
+        except (RuntimeError, TypeError) as exc:
+            raise err(f"Setup: device={self.device!r} is not a torch device ({exc})", "use 'cpu', 'cuda' or 'cuda:N'") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise err(f"Setup: device={self.device!r} but CUDA is not available here", "use device='cpu', or install a CUDA build of torch")
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise err(f"Setup: device={self.device!r} but MPS is not available here", "use device='cpu'")
+        object.__setattr__(self, "device", device)
+        if self.num_classes is not None and (isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 2):
+            raise err(f"Setup: num_classes={self.num_classes!r}; it must be an integer >= 2 or None", "pass the number of output classes, or None for non-classification")
+        if (self.save_state is None) != (self.load_state is None):
+            raise err("Setup: save_state and load_state must be given together", "pass both (save_state(ctx) -> state, load_state(ctx, state)) or neither")
+        for name in ("save_state", "load_state"):
+            fn = getattr(self, name)
+            if fn is not None and (not callable(fn) or not _positional_arity_ok(fn, 1 if name == "save_state" else 2)):
+                sig = "save_state(ctx) -> state" if name == "save_state" else "load_state(ctx, state)"
+                raise err(f"Setup: {name} cannot be called as {sig}", f"define it as {sig}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise err(f"Setup: seed={self.seed!r}; it must be an integer", "e.g. seed=0")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise err(f"Setup: batch_size={self.batch_size!r}; it must be an integer >= 1", "e.g. batch_size=32")
+
+    @staticmethod
+    def _check_data(name: str, data: Any, required: bool) -> None:
+        if data is None:
+            if required:
+                raise SetupError(f"Setup: {name} is None", "pass a DataLoader, a Dataset or a list of batches")
+            return
+        if isinstance(data, torch.utils.data.IterableDataset) or (
+            not isinstance(data, torch.utils.data.DataLoader) and inspect.isgenerator(data)
+        ) or isinstance(data, Iterator):
+            raise SetupError(
+                f"Setup: {name} is a one-shot iterator ({type(data).__name__}); checks need to read it more than once",
+                "pass a DataLoader, a map-style Dataset or a list of batches",
+            )
+        if isinstance(data, torch.utils.data.DataLoader):
+            try:
+                n = len(data)
+            except TypeError:
+                return
+            if n == 0:
+                raise SetupError(f"Setup: {name} is a DataLoader with no batches", "check the dataset is not empty and drop_last/batch_size leave a batch")
+            return
+        if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
+            raise SetupError(
+                f"Setup: {name} is a {type(data).__name__}, expected a DataLoader, a map-style Dataset or a list of batches",
+                "wrap your data in a torch.utils.data.DataLoader",
+            )
+        if len(data) == 0:
+            raise SetupError(f"Setup: {name} is empty", "pass at least one batch")
+
+    # ------------------------------------------------------------------ helpers for checks
+    def replace(self, **changes: Any) -> "Setup":
+        """A new Setup with some fields changed (the original is unchanged)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def step_fn(self) -> Callable[[StepContext, list], Any]:
+        """The step under test: the user's, or :func:`standard_step`."""
+        return self.step if self.step is not None else standard_step
+
+    @property
+    def uses_standard_step(self) -> bool:
+        return self.step is None or self.step is standard_step
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """Call ``loss_fn`` and check it gave a scalar tensor; errors from user code name where they came from."""
+        try:
+            loss = self.loss_fn(model, batch)
+        except TroptError:
+            raise
+        except Exception as exc:
+            raise StepError(
+                f"loss_fn raised {type(exc).__name__}: {exc}",
+                "fix loss_fn; tropt calls it as loss_fn(model, batch) with one batch of train_data on the Setup's device",
+            ) from exc
+        if not isinstance(loss, torch.Tensor):
+            raise StepError(
+                f"Setup: loss_fn returned a {type(loss).__name__}, expected a scalar tensor",
+                "return the loss tensor itself (not loss.item())",
+            )
+        if loss.numel() != 1:
+            raise StepError(
+                f"Setup: loss_fn returned a tensor of shape {tuple(loss.shape)}, expected a scalar",
+                "reduce it with .mean() or .sum()",
+            )
+        return loss.reshape(())
+
+    def loader(self, which: str = "train") -> Any:
+        """The train or val data as something iterable over batches (a Dataset is wrapped in a DataLoader)."""
+        data = self.train_data if which == "train" else self.val_data
+        if data is None:
+            raise SetupError(f"Setup: no {which}_data was given", f"pass {which}_data=... to Setup")
+        if isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.DataLoader):
+            return torch.utils.data.DataLoader(data, batch_size=self.batch_size, shuffle=False)
+        return data
+
+    def batches(self, n: int | None = None, *, which: str = "train", seed: int | None = None, cycle: bool = True) -> Iterator[Any]:
+        """Yield ``n`` batches (all of one pass when None) on the Setup's device, in a seeded order.
+
+        Reading a shuffling DataLoader draws from the global torch RNG; callers that must not disturb it run
+        inside :func:`tropt.snapshot.preserved` (every check does).
+        """
+        data = self.loader(which)
+        torch.manual_seed(self.seed if seed is None else seed)
+        produced = 0
+        for epoch in itertools.count():
+            got_any = False
+            for batch in data:
+                got_any = True
+                yield to_device(batch, self.device)
+                produced += 1
+                if n is not None and produced >= n:
+                    return
+            if not got_any:
+                raise SetupError(f"Setup: {which}_data yielded no batches", "check the dataset is not empty")
+            if n is None or not cycle:
+                return
+
+    def sample_batch(self, which: str = "train") -> Any:
+        """The first batch of the (seeded) data order, on the Setup's device."""
+        return next(self.batches(1, which=which))
+
+    def build(self, *, seed: int | None = None, init_scale: float | None = None, model: nn.Module | None = None,
+              accumulation_steps: int | None = None) -> StepContext:
+        """Fresh training objects for a check: a deep copy of the model, and a new optimizer/scheduler/scaler.
+
+        Seeding first makes two builds with the same seed start from identical states.
+        """
+        torch.manual_seed(self.seed if seed is None else seed)
+        copy_ = copy.deepcopy(self.model if model is None else model).to(self.device)
+        try:
+            opt = self.optimizer(copy_)
+        except Exception as exc:
+            raise StepError(f"the optimizer factory raised {type(exc).__name__}: {exc}", "it is called as optimizer(model) with a copy of the model") from exc
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise SetupError(
+                f"Setup: the optimizer factory returned a {type(opt).__name__}, expected a torch.optim.Optimizer",
+                "return the optimizer, e.g. lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3)",
+            )
+        own = {id(p) for p in copy_.parameters()}
+        foreign = sum(1 for g in opt.param_groups for p in g["params"] if id(p) not in own)
+        if foreign:
+            raise SetupError(
+                f"Setup: the optimizer factory built an optimizer over {foreign} parameter(s) that are not those of "
+                "the model it was given (it probably closes over your original model)",
+                "use the argument: lambda m: torch.optim.AdamW(m.parameters()), not model.parameters()",
+            )
+        sched = None
+        if self.scheduler is not None:
+            try:
+                sched = self.scheduler(opt)
+            except Exception as exc:
+                raise StepError(f"the scheduler factory raised {type(exc).__name__}: {exc}", "it is called as scheduler(optimizer)") from exc
+            if not (hasattr(sched, "step") and hasattr(sched, "state_dict")):
+                raise SetupError(
+                    f"Setup: the scheduler factory returned a {type(sched).__name__}, expected an LR scheduler",
+                    "return e.g. torch.optim.lr_scheduler.StepLR(opt, step_size=10)",
+                )
+        scaler = None
+        if self.use_scaler:
+            kwargs = {} if init_scale is None else {"init_scale": init_scale}
+            scaler = torch.amp.GradScaler(self.device.type, **kwargs)
+        return StepContext(
+            model=copy_,
+            optimizer=opt,
+            scheduler=sched,
+            scaler=scaler,
+            loss_fn=self.loss,
+            grad_clip=self.grad_clip,
+            accumulation_steps=self.accumulation_steps if accumulation_steps is None else accumulation_steps,
+            device=self.device,
+            precision=self.precision,
+        )
+
+    def run_step(self, ctx: StepContext, micro_batches: list) -> Any:
+        """Call the step under test; exceptions from the user's step name it and keep the cause."""
+        try:
+            return self.step_fn(ctx, micro_batches)
+        except TroptError:
+            raise
+        except Exception as exc:
+            who = "tropt.standard_step" if self.uses_standard_step else f"your step function {_describe_callable(self.step)}"
+            raise StepError(f"{who} raised {type(exc).__name__}: {exc}", "fix the step; it is called as step(ctx, micro_batches)") from exc
+
+    def validate(self) -> "Setup":
+        """First-use validation on copies: the factories, one batch, and a finite scalar loss with a gradient path.
+
+        Cached: later calls return at once. Raises :class:`SetupError`/:class:`StepError` with the fix.
+        """
+        if self._validated.get("ok"):
+            return self
+        from .snapshot import preserved
+
+        with preserved(self.model):
+            ctx = self.build()
+            batch = self.sample_batch()
+            n = batch_size(batch)
+            if self.accumulation_steps > n:
+                raise SetupError(
+                    f"Setup: accumulation_steps={self.accumulation_steps} but a batch holds only {n} samples",
+                    "use bigger batches or fewer accumulation steps",
+                )
+            with ctx.autocast():
+                loss = self.loss(ctx.model, batch)
+            if not torch.isfinite(loss.detach()).item():
+                raise StepError(
+                    f"Setup: loss_fn returned a non-finite loss ({loss.item()}) on the first batch at initialisation",
+                    "check the inputs for NaN/inf and the loss for log(0) or division by zero",
+                )
+            if not loss.requires_grad:
+                raise StepError(
+                    "Setup: the loss does not depend on any parameter that requires grad (no gradient can flow)",
+                    "do not call .item(), .detach() or torch.no_grad() inside loss_fn; check requires_grad on the model",
+                )
+            self._validated.update(ok=True, batch_size=n, optimizer=type(ctx.optimizer).__name__,
+                                   optimizer_defaults={k: v for k, v in ctx.optimizer.defaults.items() if isinstance(v, (int, float, str, bool, tuple))},
+                                   scheduler=type(ctx.scheduler).__name__ if ctx.scheduler is not None else None)
+        return self
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-safe description of the configuration (what the run identity hashes)."""
+        n_params = sum(p.numel() for p in self.model.parameters())
+        info = {
+            "model": type(self.model).__name__,
+            "model_repr": repr(self.model),
+            "parameters": n_params,
+            "step": "standard_step" if self.uses_standard_step else _describe_callable(self.step),
+            "accumulation_steps": self.accumulation_steps,
+            "grad_clip": self.grad_clip,
+            "precision": self.precision,
+            "use_scaler": self.use_scaler,
+            "num_classes": self.num_classes,
+            "device": str(self.device),
+            "seed": self.seed,
+        }
+        for key in ("optimizer", "optimizer_defaults", "scheduler"):
+            if key in self._validated:
+                info[key] = self._validated[key]
+        return info
