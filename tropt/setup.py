@@ -57,7 +57,10 @@ def optimizer_factory_from(optimizer: torch.optim.Optimizer, model: nn.Module) -
             )
         hyper = {k: copy.deepcopy(v) for k, v in g.items() if k not in ("params", "initial_lr")}
         groups.append(([name_of[id(p)] for p in g["params"]], hyper))
-    cls, defaults = type(optimizer), copy.deepcopy(optimizer.defaults)
+    cls = type(optimizer)
+    # Groups carry every hyperparameter; pass only the defaults the constructor accepts (some are derived).
+    accepted = inspect.signature(cls.__init__).parameters
+    defaults = {k: copy.deepcopy(v) for k, v in optimizer.defaults.items() if k in accepted}
 
     def factory(m: nn.Module) -> torch.optim.Optimizer:
         params = dict(m.named_parameters())

@@ -1,0 +1,66 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tropt import registry
+from tropt.cli import main
+from tropt.result import CheckResult, Status
+
+from conftest import SAMPLES
+
+SAMPLE_SETUP = os.path.join(SAMPLES, "sample_setup.py")
+
+
+@pytest.fixture
+def one_failing_check(monkeypatch):
+    def fails(setup):
+        return CheckResult("loop.zero_grad", Status.FAIL, "gradients leak from step 1 into step 2", advice=["Call optimizer.zero_grad() every step."])
+
+    def warns(setup):
+        return CheckResult("loop.resume", Status.WARN, "resume differs in RNG only")
+
+    monkeypatch.setattr(registry, "_loaded", True)
+    monkeypatch.setitem(registry._REGISTRY, "loop.zero_grad", registry.CheckSpec("loop.zero_grad", 4, "Zero grad", "t", fails, "setup"))
+    monkeypatch.setitem(registry._REGISTRY, "loop.resume", registry.CheckSpec("loop.resume", 4, "Resume", "t", warns, "setup"))
+
+
+def test_cli_diagnose_prints_table_writes_json_and_gates(one_failing_check, tmp_path, capsys):
+    out = tmp_path / "findings.json"
+    code = main(["diagnose", "--setup", f"{SAMPLE_SETUP}:make_setup", "--checks", "loop.zero_grad,loop.resume",
+                 "--json", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 1
+    assert "FAIL   loop.zero_grad  gradients leak from step 1 into step 2" in printed
+    assert "→ Call optimizer.zero_grad() every step." in printed and "report status: FAIL" in printed
+    data = json.loads(out.read_text())
+    assert data["status"] == "fail" and [r["check"] for r in data["results"]] == ["loop.zero_grad", "loop.resume"]
+    assert main(["diagnose", "--setup", f"{SAMPLE_SETUP}:make_setup", "--checks", "loop.zero_grad", "--fail-on", "never", "--no-progress"]) == 0
+    assert main(["diagnose", "--setup", f"{SAMPLE_SETUP}:make_setup", "--checks", "loop.resume", "--fail-on", "warn", "--no-progress"]) == 1
+    assert main(["diagnose", "--setup", f"{SAMPLE_SETUP}:make_setup", "--checks", "loop.resume", "--no-progress"]) == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["diagnose"], "needs --setup and/or --split"),
+    (["diagnose", "--setup", "nowhere/missing.py:make"], "the file nowhere/missing.py does not exist"),
+    (["diagnose", "--setup", f"{SAMPLE_SETUP}:nope"], "has no function 'nope'"),
+    (["diagnose", "--setup", "no_such_module_xyz:f"], "is not importable"),
+    (["diagnose", "--setup", "json:dumps"], "dumps raised TypeError"),
+    (["diagnose", "--setup", "os:getcwd"], "returned a str, expected a tropt.Setup"),
+    (["diagnose", "--setup", f"{SAMPLE_SETUP}:make_setup", "--checks", "loop.bogus"], "unknown check 'loop.bogus'"),
+    (["diagnose", "--split", "train.csv"], "is not NAME=PATH"),
+])
+def test_cli_bad_input_is_one_line_exit_2(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tropt: error: ") and message in err and "Traceback" not in err
+
+
+def test_console_script_lists_checks():
+    exe = os.path.join(os.path.dirname(sys.executable), "tropt")
+    out = subprocess.run([exe, "checks"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    for spec in registry.specs():
+        assert spec.id in out.stdout
