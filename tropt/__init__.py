@@ -26,6 +26,7 @@ _LAZY = {
     "list_checks": "tropt.registry",
     "diagnose": "tropt.diagnose",
     "run_identity": "tropt.identity",
+    "GradientMonitor": "tropt.model.monitor",
 }
 _SUBMODULES = {"data", "model", "loop", "dynamics", "perf", "experiments", "plots", "widgets", "report", "testing", "registry"}
 

@@ -1,0 +1,143 @@
+"""``model.init_loss``: is the loss at initialisation what the objective implies? (Karpathy: "verify loss @ init")
+
+A freshly initialised classifier should be maximally unsure: cross entropy near ln C, binary cross entropy near
+ln 2; a regressor predicting roughly the mean has MSE near the label variance. A loss far above that means the
+output layer is badly scaled (confidently wrong logits) or its bias is far from the target's offset, and the first
+steps are spent undoing the initialisation (the "hockey stick" loss curve).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..registry import register
+from ..result import CheckResult, Status
+from ..snapshot import preserved
+from ._common import fmt, probe
+
+CHECK = "model.init_loss"
+
+
+def _expected(kind: str, num_classes: int | None, targets: torch.Tensor) -> tuple[float, str]:
+    if kind in ("cross_entropy", "nll"):
+        return math.log(num_classes), f"ln C = ln {num_classes}"
+    if kind in ("bce_logits", "bce"):
+        return math.log(2.0), "ln 2"
+    y = targets.double().reshape(-1)
+    if kind == "mse":
+        return float(y.var(unbiased=False)), "the label variance"
+    return float((y - y.median()).abs().mean()), "the mean absolute deviation from the label median"
+
+
+@register(CHECK, title="Loss at initialisation",
+          description="Mean loss at init vs what the objective implies (ln C, ln 2, label variance).")
+def check_init_loss(setup: Any, *, n_batches: int = 4, warn_ratio: float = 1.5, fail_ratio: float = 3.0,
+                    progress: bool = True) -> CheckResult:
+    """Compare the mean loss over ``n_batches`` at initialisation with the objective's chance level.
+
+    Parameters
+    ----------
+    setup
+        The :class:`tropt.Setup`.
+    n_batches
+        Batches averaged (train mode, no gradients).
+    warn_ratio, fail_ratio
+        WARN when the loss is above ``warn_ratio`` x the expected value, FAIL above ``fail_ratio`` x.
+    progress
+        Unused (the check is quick); accepted for uniformity.
+
+    The objective is identified by recomputing the standard losses on the model's output (see
+    :func:`tropt.model._common.identify_objective`); SKIP when none reproduces the user's loss.
+    """
+    setup.validate()
+    with preserved(setup.model):
+        ctx = setup.build()
+        model = ctx.model
+        model.train()
+        losses, objective, outputs, targets, calls, out0 = [], None, [], [], [], None
+        for i, batch in enumerate(setup.batches(max(1, n_batches))):
+            value, out, obj, order = probe(setup, model, batch, ctx)
+            if i == 0:
+                objective, calls, out0 = obj, order, out
+            losses.append(value)
+            if objective is not None and out is not None:
+                outputs.append(out.float().cpu())
+                targets.append(_target(batch, objective))
+    measured = float(np.mean(losses))
+    per_batch = pd.DataFrame({"batch": np.arange(len(losses)), "loss": losses})
+    last = calls[-1] if calls else None
+    if not math.isfinite(measured):
+        return CheckResult(CHECK, Status.FAIL, f"the loss at initialisation is not finite ({measured})",
+                           {"init_loss": measured}, {"batches": per_batch},
+                           ["Check the inputs for NaN/inf and the loss for log(0) or a division by zero."])
+    if objective is None:
+        return CheckResult(
+            CHECK, Status.SKIP,
+            f"could not infer the objective: the loss {fmt(measured)} is not cross entropy, NLL, binary cross "
+            "entropy, MSE or L1 of the model's output against a tensor of the batch (custom or reduced-by-sum loss)",
+            {"init_loss": measured, "model_output_captured": out0 is not None}, {"batches": per_batch})
+    y = torch.cat([t.reshape(-1) for t in targets]) if targets else torch.zeros(0)
+    expected, basis = _expected(objective.kind, objective.num_classes, y)
+    ratio = measured / expected if expected > 0 else math.inf
+    metrics: dict[str, Any] = {
+        "objective": objective.kind, "init_loss": measured, "expected_loss": expected, "ratio": ratio,
+        "expected_basis": basis, "warn_ratio": warn_ratio, "fail_ratio": fail_ratio,
+    }
+    if objective.num_classes is not None and objective.kind in ("cross_entropy", "nll"):
+        metrics["num_classes"] = objective.num_classes
+    tables = {"batches": per_batch}
+    out_all = torch.cat([o.reshape(o.shape[0], -1) for o in outputs]) if outputs else None
+    if out_all is not None:
+        metrics["output_std"] = float(out_all.std())
+        metrics["output_abs_max"] = float(out_all.abs().max())
+    if last is not None:
+        metrics["last_layer"] = last
+    advice: list[str] = []
+    layer = f"the last layer ({last})" if last else "the last layer"
+    priors = None
+    if objective.kind in ("cross_entropy", "nll"):
+        counts = np.bincount(y[y >= 0].long().numpy(), minlength=objective.num_classes).astype(float)
+        priors = counts / max(counts.sum(), 1.0)
+        with np.errstate(divide="ignore"):
+            metrics["prior_entropy"] = float(-(priors[priors > 0] * np.log(priors[priors > 0])).sum())
+        tables["class_priors"] = pd.DataFrame({"class": np.arange(len(priors)), "prior": priors,
+                                               "log_prior": np.log(np.maximum(priors, 1e-12))})
+    if ratio > warn_ratio:
+        status = Status.FAIL if ratio > fail_ratio else Status.WARN
+        summary = (f"loss at initialisation is {fmt(measured)}, {fmt(ratio)}x the {fmt(expected)} ({basis}) that "
+                   f"{objective.name} implies: {layer} starts confidently wrong")
+        if objective.is_classification:
+            advice.append(f"Scale down the weights of {layer} at initialisation (e.g. multiply them by 0.01) so the "
+                          "initial outputs are near zero.")
+            if priors is not None:
+                shown = ", ".join(f"{v:.3g}" for v in np.log(np.maximum(priors, 1e-12))[:10])
+                advice.append(f"Set the bias of {layer} to the log class priors ([{shown}{', ...' if len(priors) > 10 else ''}]).")
+            else:
+                pos = float(y.float().mean()) if y.numel() else 0.5
+                pos = min(max(pos, 1e-6), 1 - 1e-6)
+                advice.append(f"Set the bias of {layer} to the log-odds of the positive rate (log({pos:.3g}/{1 - pos:.3g}) = {math.log(pos / (1 - pos)):.3g}).")
+        else:
+            mean = float(y.float().mean()) if y.numel() else 0.0
+            advice.append(f"Set the bias of {layer} to the label mean ({fmt(mean)}) and scale down its weights, or "
+                          "standardise the targets.")
+        if out_all is not None:
+            tables["output"] = pd.DataFrame([{"layer": last, "output_mean": float(out_all.mean()),
+                                              "output_std": float(out_all.std()),
+                                              "output_abs_max": float(out_all.abs().max())}])
+    else:
+        status = Status.PASS
+        summary = f"loss at initialisation {fmt(measured)} is close to the {fmt(expected)} ({basis}) that {objective.name} implies"
+        if ratio < 0.5:
+            summary += " (well below it: a pretrained model, or a target that leaks into the inputs)"
+    return CheckResult(CHECK, status, summary, metrics, tables, advice)
+
+
+def _target(batch: Any, objective: Any) -> torch.Tensor:
+    from ._common import get_leaf
+
+    return get_leaf(batch, objective.target_path).detach().cpu()

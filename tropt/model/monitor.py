@@ -1,0 +1,354 @@
+"""``GradientMonitor``: per-parameter gradient, parameter and update statistics at every optimizer step.
+
+Drop it into any loop::
+
+    with tropt.GradientMonitor(model) as mon:
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    mon.frame()            # one row per (step, parameter)
+    mon.result().plot()    # the model.gradient_flow verdict and its bar chart
+
+It records at the moment an optimizer that holds any of the model's parameters calls ``step()`` (global
+optimizer step hooks, removed on exit; pass ``optimizer=`` to watch only that one). Statistics are computed with
+batched ``torch._foreach_norm`` calls into preallocated tensors on the parameters' device: nothing is copied to
+the host and nothing synchronises until you read the results.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from ..errors import TroptError
+
+# Columns of the per-step record, in the order of the preallocated tensor's last axis.
+FIELDS = ("grad_norm", "param_norm", "update_norm", "nonzero", "nonfinite", "grad_abs_sum", "grad_abs_max")
+
+
+class GradientMonitor:
+    """Record gradient statistics of ``model``'s parameters at every ``every``-th optimizer step.
+
+    Parameters
+    ----------
+    model
+        The module whose parameters to watch (those with ``requires_grad`` when the monitor is entered; frozen
+        ones are listed in :attr:`frozen`).
+    every
+        Record one optimizer step in ``every``; the others cost nothing.
+    optimizer
+        Watch only this optimizer's steps; by default any optimizer that holds one of the model's parameters.
+    track_updates
+        Also measure the update each step applies (``||p_after - p_before||``); keeps one copy of the watched
+        parameters on their device.
+    detail
+        Also record the mean and max absolute gradient entry per parameter (two more passes over the gradients;
+        the gradient-flow check turns it on for its bar chart).
+    capacity
+        Initial number of recorded steps to preallocate (grows by doubling, without a host sync).
+
+    Per recorded step and parameter: gradient L2 norm (NaN when the parameter has no gradient), parameter L2 norm
+    (after the step), update L2 norm, count of non-zero gradient entries and of non-finite ones.
+    """
+
+    def __init__(self, model: nn.Module, every: int = 1, *, optimizer: torch.optim.Optimizer | None = None,
+                 track_updates: bool = True, detail: bool = False, capacity: int = 64) -> None:
+        if not isinstance(model, nn.Module):
+            raise TroptError(f"GradientMonitor: model is a {type(model).__name__}, expected a torch.nn.Module",
+                             "pass the model you train: GradientMonitor(model)")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise TroptError(f"GradientMonitor: every={every!r}; it must be an integer >= 1", "use every=1 to record each step")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TroptError(f"GradientMonitor: optimizer is a {type(optimizer).__name__}, expected a torch.optim.Optimizer",
+                             "pass the optimizer, or leave it out to watch any optimizer holding the model's parameters")
+        self.model = model
+        self.every = every
+        self.optimizer = optimizer
+        self.track_updates = track_updates
+        self.detail = detail
+        self._capacity = max(1, int(capacity))
+        self._handles: list[Any] = []
+        self._active = False
+        self.names: list[str] = []
+        self.frozen: list[str] = []
+        self.module_order: list[str] = []  # modules owning watched parameters, in first-forward order
+        self.steps_seen = 0  # optimizer steps observed (recorded or not)
+        self.recorded_steps: list[int] = []  # the optimizer-step index of each recorded row
+        self.grad_seen: np.ndarray = np.zeros(0, dtype=np.int64)  # per parameter: recorded steps with a .grad
+        self.in_optimizer: np.ndarray = np.zeros(0, dtype=bool)
+        self._data: torch.Tensor | None = None
+        self._rows = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> "GradientMonitor":
+        if self._active:
+            raise TroptError("GradientMonitor is already active", "enter it once: with GradientMonitor(model) as mon: ...")
+        named = [(n, p) for n, p in self.model.named_parameters()]
+        if not named:
+            raise TroptError("GradientMonitor: the model has no parameters, so there are no gradients to watch",
+                             "pass the module that holds the weights")
+        self.frozen = [n for n, p in named if not p.requires_grad]
+        watched = [(n, p) for n, p in named if p.requires_grad]
+        self.names = [n for n, _ in watched]
+        self._params = [p for _, p in watched]
+        self._pid = {id(p): i for i, p in enumerate(self._params)}
+        self._numel = torch.tensor([p.numel() for p in self._params], dtype=torch.float64)
+        self.grad_seen = np.zeros(len(self._params), dtype=np.int64)
+        self.in_optimizer = np.zeros(len(self._params), dtype=bool)
+        self.steps_seen = 0
+        self.recorded_steps = []
+        self._rows = 0
+        self._index_cache: dict[tuple[int, ...], torch.Tensor] = {}
+        self._devices = {p.device for p in self._params}
+        device = self._params[0].device if self._params else torch.device("cpu")
+        self._device = device if len(self._devices) == 1 else torch.device("cpu")
+        self._data = torch.full((self._capacity, len(self._params), len(FIELDS)), float("nan"),
+                                dtype=torch.float32, device=self._device)
+        self._prev: list[torch.Tensor] | None = None
+        self._pending: tuple[int, list[int]] | None = None
+        if self.optimizer is not None:
+            self._handles.append(self.optimizer.register_step_pre_hook(self._pre_hook))
+            self._handles.append(self.optimizer.register_step_post_hook(self._post_hook))
+        else:
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+            self._handles.append(register_optimizer_step_pre_hook(self._pre_hook))
+            self._handles.append(register_optimizer_step_post_hook(self._post_hook))
+        # Learn the forward order of the parameter-owning modules from the first forward, then stop listening.
+        owners = {}
+        for mname, module in self.model.named_modules():
+            if any(True for p in module.parameters(recurse=False) if p.requires_grad):
+                owners[module] = mname
+        self.module_order = []
+        self._order_handles = []
+        for module, mname in owners.items():
+            self._order_handles.append(module.register_forward_pre_hook(self._order_hook(mname)))
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove every hook (idempotent); the recorded statistics stay readable."""
+        for h in self._handles + getattr(self, "_order_handles", []):
+            h.remove()
+        self._handles, self._order_handles = [], []
+        self._prev = None
+        self._active = False
+
+    def _order_hook(self, mname: str):
+        def hook(module: nn.Module, args: Any) -> None:
+            if mname not in self.module_order:
+                self.module_order.append(mname)
+            if len(self.module_order) == len(self._order_handles):
+                for h in self._order_handles:
+                    h.remove()
+        return hook
+
+    # ------------------------------------------------------------------ recording
+    def _mine(self, optimizer: torch.optim.Optimizer) -> list[int]:
+        return [self._pid[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in self._pid]
+
+    def _pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        idx = self._mine(optimizer)
+        if not idx:
+            return
+        step = self.steps_seen
+        self.steps_seen += 1
+        self.in_optimizer[idx] = True
+        if step % self.every:
+            return
+        self._record_grads(step, idx)
+
+    def _record_grads(self, step: int, opt_idx: list[int]) -> None:
+        if self._rows == self._data.shape[0]:
+            grown = torch.full((2 * self._rows, *self._data.shape[1:]), float("nan"), dtype=self._data.dtype, device=self._device)
+            grown[: self._rows] = self._data
+            self._data = grown
+        row = self._data[self._rows]
+        have = [i for i, p in enumerate(self._params) if p.grad is not None]
+        self.grad_seen[have] += 1
+        if have:
+            grads = [self._params[i].grad for i in have]
+            idx = self._index(tuple(have))
+            norms = self._stack(torch._foreach_norm(grads))
+            nonzero = self._stack(torch._foreach_norm(grads, 0))
+            # NaN * 0 and inf * 0 are NaN, finite * 0 is 0: the non-zero count of g * 0 counts non-finite entries.
+            nonfinite = self._stack(torch._foreach_norm(torch._foreach_mul(grads, 0.0), 0))
+            row[:, 0].index_copy_(0, idx, norms)
+            row[:, 3].index_copy_(0, idx, nonzero)
+            row[:, 4].index_copy_(0, idx, nonfinite)
+            if self.detail:
+                row[:, 5].index_copy_(0, idx, self._stack(torch._foreach_norm(grads, 1)))
+                row[:, 6].index_copy_(0, idx, self._stack(torch._foreach_norm(grads, float("inf"))))
+        self.recorded_steps.append(step)
+        if self.track_updates and opt_idx:
+            params = [self._params[i] for i in opt_idx]
+            if self._prev is None or len(self._prev) != len(params) or any(a.shape != b.shape for a, b in zip(self._prev, params)):
+                self._prev = [torch.empty_like(p, memory_format=torch.preserve_format) for p in params]
+            with torch.no_grad():
+                torch._foreach_copy_(self._prev, [p.detach() for p in params])
+            self._pending = (self._rows, opt_idx)
+        else:
+            self._pending = (self._rows, [])
+        self._rows += 1
+
+    def _post_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._pending is None or not self._mine(optimizer):
+            return
+        row_i, opt_idx = self._pending
+        self._pending = None
+        row = self._data[row_i]
+        with torch.no_grad():
+            params = [p.detach() for p in self._params]
+            row[:, 1].copy_(self._stack(torch._foreach_norm(params)))
+            if opt_idx and self._prev is not None:
+                sub = [self._params[i].detach() for i in opt_idx]
+                torch._foreach_sub_(self._prev, sub)
+                row[:, 2].index_copy_(0, self._index(tuple(opt_idx)), self._stack(torch._foreach_norm(self._prev)))
+        # Parameters outside every optimizer that stepped are not updated by it: their update is exactly 0
+        # unless another optimizer steps them (then its own row fills it).
+        if self.track_updates:
+            missing = [i for i in range(len(self._params)) if not self.in_optimizer[i]]
+            if missing:
+                row[:, 2].index_fill_(0, self._index(tuple(missing)), 0.0)
+
+    def record(self) -> None:
+        """Record the current gradients by hand (for loops that update parameters without a torch optimizer).
+
+        Gradient and parameter norms only; the update is not measured.
+        """
+        if not self._active:
+            raise TroptError("GradientMonitor.record() called outside the monitor", "use it inside: with GradientMonitor(model) as mon: ...")
+        step = self.steps_seen
+        self.steps_seen += 1
+        if step % self.every:
+            return
+        self._record_grads(step, [])
+        row_i, _ = self._pending
+        self._pending = None
+        with torch.no_grad():
+            self._data[row_i][:, 1].copy_(self._stack(torch._foreach_norm([p.detach() for p in self._params])))
+
+    def _stack(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        out = torch.stack([t.to(self._device) for t in tensors]) if len(self._devices) > 1 else torch.stack(tensors)
+        return out.float()
+
+    def _index(self, idx: tuple[int, ...]) -> torch.Tensor:
+        t = self._index_cache.get(idx)
+        if t is None:
+            t = self._index_cache[idx] = torch.tensor(idx, dtype=torch.long, device=self._device)
+        return t
+
+    # ------------------------------------------------------------------ reading (host sync happens here)
+    @property
+    def memory_bytes(self) -> int:
+        """Device memory the monitor holds: the record tensor plus the copy of parameters for update norms."""
+        total = 0 if self._data is None else self._data.numel() * self._data.element_size()
+        if self._prev is not None:
+            total += sum(t.numel() * t.element_size() for t in self._prev)
+        return total
+
+    def array(self) -> np.ndarray:
+        """The recorded statistics as a numpy array of shape (recorded steps, parameters, fields)."""
+        if self._data is None:
+            return np.zeros((0, 0, len(FIELDS)))
+        return self._data[: self._rows].detach().cpu().double().numpy()
+
+    def frame(self) -> pd.DataFrame:
+        """One row per (recorded step, parameter): grad/param/update norms and ratios, zero fraction, non-finite."""
+        data = self.array()
+        steps, n, _ = data.shape
+        numel = self._numel.numpy() if self.names else np.zeros(0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            df = pd.DataFrame({
+                "step": np.repeat(np.asarray(self.recorded_steps[:steps], dtype=np.int64), n),
+                "name": np.tile(np.asarray(self.names, dtype=object), steps),
+                "numel": np.tile(numel, steps).astype(np.int64),
+                "grad_norm": data[:, :, 0].ravel(),
+                "grad_rms": (data[:, :, 0] / np.sqrt(numel)).ravel(),
+                "param_norm": data[:, :, 1].ravel(),
+                "update_norm": data[:, :, 2].ravel(),
+                "update_ratio": (data[:, :, 2] / data[:, :, 1]).ravel(),
+                "zero_fraction": (1.0 - data[:, :, 3] / numel).ravel(),
+                "nonfinite": data[:, :, 4].ravel(),
+            })
+            if self.detail:
+                df["grad_abs_mean"] = (data[:, :, 5] / numel).ravel()
+                df["grad_abs_max"] = data[:, :, 6].ravel()
+        return df
+
+    def global_norms(self) -> np.ndarray:
+        """Global gradient L2 norm (over all watched parameters with a gradient) at each recorded step."""
+        data = self.array()
+        if data.size == 0:
+            return np.zeros(0)
+        g = data[:, :, 0]
+        has = ~np.isnan(g) | (data[:, :, 4] > 0)
+        sq = np.where(has, g, 0.0) ** 2
+        return np.sqrt(sq.sum(axis=1))
+
+    def summary(self) -> pd.DataFrame:
+        """One row per parameter over all recorded steps (what the gradient-flow check judges)."""
+        return parameter_summary(self)
+
+    def result(self, **thresholds: Any):
+        """Judge the recorded steps with the ``model.gradient_flow`` rules; returns a :class:`tropt.CheckResult`."""
+        from .gradflow import judge_gradient_flow
+
+        return judge_gradient_flow(self, **thresholds)
+
+    def __repr__(self) -> str:
+        state = "active" if self._active else "closed"
+        return f"<GradientMonitor {state}: {len(self.names)} parameters, {self._rows} recorded steps of {self.steps_seen}>"
+
+
+def module_of(name: str) -> str:
+    """The owning module's name of a parameter name (``"net.0.weight"`` -> ``"net.0"``; top level -> ``"(root)"``)."""
+    return name.rsplit(".", 1)[0] if "." in name else "(root)"
+
+
+def parameter_summary(mon: GradientMonitor) -> pd.DataFrame:
+    """Per-parameter aggregates of a monitor's record."""
+    data = mon.array()
+    steps = data.shape[0]
+    numel = mon._numel.numpy() if mon.names else np.zeros(0)
+    rows = []
+    for i, name in enumerate(mon.names):
+        g = data[:, i, 0] if steps else np.zeros(0)
+        finite_g = g[np.isfinite(g)]
+        upd = data[:, i, 2] if steps else np.zeros(0)
+        par = data[:, i, 1] if steps else np.zeros(0)
+        nz = data[:, i, 3] if steps else np.zeros(0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = upd / par
+        rows.append({
+            "name": name,
+            "module": module_of(name),
+            "numel": int(numel[i]),
+            "steps_with_grad": int(mon.grad_seen[i]),
+            "in_optimizer": bool(mon.in_optimizer[i]),
+            "grad_norm_mean": float(finite_g.mean()) if finite_g.size else math.nan,
+            "grad_norm_max": float(finite_g.max()) if finite_g.size else math.nan,
+            "grad_rms_mean": float(finite_g.mean() / math.sqrt(numel[i])) if finite_g.size else math.nan,
+            "param_norm": float(par[-1]) if steps else math.nan,
+            "update_norm_max": float(np.nanmax(upd)) if steps and np.isfinite(upd).any() else math.nan,
+            "update_ratio_mean": float(np.nanmean(ratio)) if steps and np.isfinite(ratio).any() else math.nan,
+            "zero_fraction": float(np.nanmean(1.0 - nz / numel[i])) if steps and np.isfinite(nz).any() else math.nan,
+            "nonfinite_steps": int(np.nansum(data[:, i, 4] > 0)) if steps else 0,
+            "nonfinite_max": int(np.nanmax(data[:, i, 4])) if steps and np.isfinite(data[:, i, 4]).any() else 0,
+            "grad_abs_sum_mean": float(np.nanmean(data[:, i, 5])) if steps and np.isfinite(data[:, i, 5]).any() else math.nan,
+            "grad_abs_max": float(np.nanmax(data[:, i, 6])) if steps and np.isfinite(data[:, i, 6]).any() else math.nan,
+        })
+    return pd.DataFrame(rows, columns=["name", "module", "numel", "steps_with_grad", "in_optimizer", "grad_norm_mean",
+                                       "grad_norm_max", "grad_rms_mean", "param_norm", "update_norm_max",
+                                       "update_ratio_mean", "zero_fraction", "nonfinite_steps", "nonfinite_max",
+                                       "grad_abs_sum_mean", "grad_abs_max"])

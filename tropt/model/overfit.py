@@ -1,0 +1,230 @@
+"""``model.overfit_batch``: can the model memorise one small batch? (Karpathy: "overfit one batch")
+
+A copy is trained with the user's optimizer factory and step on one fixed batch of at most ``samples`` samples. A
+second copy, from the same initial weights, is trained on the same batch with its inputs zeroed: the
+input-independent baseline. A model that learns reaches a loss far below both its start and that baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..batching import split_batch
+from ..registry import register
+from ..result import CheckResult, Status
+from ..snapshot import preserved
+from ._common import Capture, dropout_off, fmt, get_leaf, names_list, probe, require_samples, take_samples, zero_inputs
+
+CHECK = "model.overfit_batch"
+
+
+def _evaluate(setup: Any, ctx: Any, batch: Any, objective: Any) -> tuple[float, float | None, torch.Tensor | None]:
+    """Loss and accuracy on the batch as trained (train mode so BatchNorm uses batch statistics; dropout off)."""
+    with torch.no_grad(), dropout_off(ctx.model), Capture(ctx.model) as cap, ctx.autocast():
+        loss = float(setup.loss(ctx.model, batch).detach().float())
+    out = cap.output
+    acc = None
+    if objective is not None and out is not None:
+        got = objective.correct(out, get_leaf(batch, objective.target_path).to(out.device))
+        if got is not None and got[1] > 0:
+            acc = got[0] / got[1]
+    return loss, acc, out
+
+
+def _train(setup: Any, batch: Any, objective: Any, steps: int, target_fraction: float, seed: int,
+           stop_early: bool, desc: str, progress: bool, fixed_steps: int | None = None) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    ctx = setup.build(seed=seed)
+    k = setup.accumulation_steps
+    micro = split_batch(batch, k) if k > 1 else [batch]
+    params = [p for p in ctx.model.parameters()]
+    names = [n for n, _ in ctx.model.named_parameters()]
+    start_values = [p.detach().clone() for p in params]
+    got_grad = torch.zeros(len(params), dtype=torch.bool)
+    opt_steps = [0]
+
+    def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        opt_steps[0] += 1
+        for i, p in enumerate(params):
+            if p.grad is not None and not got_grad[i] and bool((p.grad != 0).any()):
+                got_grad[i] = True
+
+    handle = ctx.optimizer.register_step_pre_hook(pre_hook)
+    losses, accs = [], []
+    loss0, acc0, out0 = _evaluate(setup, ctx, batch, objective)
+    losses.append(loss0)
+    accs.append(acc0)
+    nonfinite_at = None if math.isfinite(loss0) else 0
+    reached = False
+    n = fixed_steps if fixed_steps is not None else steps
+    try:
+        for t in tqdm(range(1, n + 1), desc=desc, disable=not progress, leave=False):
+            if nonfinite_at is not None:
+                break
+            setup.run_step(ctx, micro)
+            loss, acc, out = _evaluate(setup, ctx, batch, objective)
+            losses.append(loss)
+            accs.append(acc)
+            if not math.isfinite(loss):
+                nonfinite_at = t
+                break
+            if stop_early and loss <= target_fraction * loss0 and (acc is None or acc >= 1.0):
+                reached = True
+                break
+    finally:
+        handle.remove()
+    changed = [names[i] for i, (p, v) in enumerate(zip(params, start_values))
+               if p.shape != v.shape or not torch.equal(p.detach(), v)]
+    _, _, out_final = _evaluate(setup, ctx, batch, objective) if nonfinite_at is None else (None, None, None)
+    return {"losses": np.asarray(losses, dtype=float), "accs": accs, "reached": reached, "nonfinite_at": nonfinite_at,
+            "got_grad": [names[i] for i in range(len(params)) if got_grad[i]], "names": names,
+            "trainable": [names[i] for i, p in enumerate(params) if p.requires_grad], "changed": changed,
+            "optimizer_steps": opt_steps[0], "out": out_final}
+
+
+def _plateaued(losses: np.ndarray, window: float = 0.25, tol: float = 0.02) -> bool:
+    """Whether the last ``window`` of the curve improved by less than ``tol`` of the total range."""
+    n = len(losses)
+    if n < 8:
+        return False
+    w = max(2, int(n * window))
+    tail = losses[-w:]
+    span = max(losses[0] - losses.min(), 1e-12)
+    return (tail[0] - tail.min()) <= tol * max(span, abs(losses[0]))
+
+
+def _bounded_output_cause(out: torch.Tensor | None, objective: Any) -> str | None:
+    """A specific reason when the outputs are probabilities fed to a loss that expects logits."""
+    if out is None or objective is None:
+        return None
+    o = out.float()
+    in_unit = bool(((o >= 0) & (o <= 1)).all())
+    if objective.kind == "cross_entropy" and in_unit and o.ndim >= 2:
+        sums = o.sum(-1) if objective.layout == 0 else o.sum(1)
+        if torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
+            return ("the model's outputs are probabilities (each row sums to 1) but the loss is cross entropy, "
+                    "which applies log_softmax itself: softmax is applied twice, bounding the logits to [0, 1]")
+        return ("the model's outputs all lie in [0, 1] but the loss is cross entropy, which expects unbounded "
+                "logits: a sigmoid/softmax before the loss bounds them")
+    if objective.kind == "bce_logits" and in_unit:
+        return ("the model's outputs all lie in [0, 1] but the loss is binary cross entropy *with logits*, which "
+                "applies the sigmoid itself: the sigmoid is applied twice")
+    return None
+
+
+@register(CHECK, title="Overfit one small batch",
+          description="Train a copy on one fixed small batch; it must memorise it and beat a zeroed-input baseline.")
+def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, target_fraction: float = 0.1,
+                        baseline_ratio: float = 0.9, seed: int | None = None, progress: bool = True) -> CheckResult:
+    """Train a copy on one fixed batch and judge whether it can memorise it.
+
+    Parameters
+    ----------
+    setup
+        The :class:`tropt.Setup`.
+    samples
+        Samples taken from the first batch (at most; at least 2 are needed).
+    steps
+        Maximum optimizer steps (stops early once the batch is memorised).
+    target_fraction
+        PASS once the loss falls to this fraction of its start (and train accuracy reaches 100% for classes).
+    baseline_ratio
+        FAIL ("ignores its input") when the final loss is above this fraction of the zeroed-input baseline's.
+    seed
+        Seed of the copies (the Setup's seed when None).
+    progress
+        Show progress bars.
+    """
+    setup.validate()
+    seed = setup.seed if seed is None else seed
+    with preserved(setup.model):
+        batch = take_samples(setup.sample_batch(), max(2, samples))
+        n = require_samples(batch, 2, "with one sample even a model that ignores its input can memorise the target, "
+                                      "so the input-independent baseline cannot be told apart", CHECK)
+        require_samples(batch, setup.accumulation_steps, f"the step splits it into accumulation_steps="
+                                                         f"{setup.accumulation_steps} micro-batches", CHECK)
+        model_probe = setup.build(seed=seed)
+        _, _, objective, _ = probe(setup, model_probe.model, batch, model_probe)
+        del model_probe
+        real = _train(setup, batch, objective, steps, target_fraction, seed, True, "overfit batch", progress)
+        base_steps = max(len(real["losses"]) - 1, 1)
+        baseline_batch = zero_inputs(batch, objective.target_path if objective is not None else None)
+        base = _train(setup, baseline_batch, objective, steps, target_fraction, seed, False, "zeroed-input baseline",
+                      progress, fixed_steps=base_steps if real["reached"] else steps)
+    losses, base_losses = real["losses"], base["losses"]
+    start, final = float(losses[0]), float(losses[-1])
+    best = float(np.nanmin(losses)) if np.isfinite(losses).any() else math.nan
+    base_final = float(base_losses[-1])
+    acc = real["accs"][-1]
+    metrics: dict[str, Any] = {
+        "samples": n, "steps_run": len(losses) - 1, "max_steps": steps, "start_loss": start, "final_loss": final,
+        "best_loss": best, "loss_fraction": final / start if start else math.nan, "baseline_final_loss": base_final,
+        "target_fraction": target_fraction, "baseline_ratio": baseline_ratio,
+        "objective": objective.kind if objective is not None else "unknown",
+        "optimizer_steps": real["optimizer_steps"],
+    }
+    if acc is not None:
+        metrics["final_accuracy"] = acc
+        metrics["baseline_final_accuracy"] = base["accs"][-1] if base["accs"][-1] is not None else math.nan
+    series = {"loss": losses, "baseline_loss": base_losses}
+    curve = pd.DataFrame({"step": np.arange(len(losses)), "loss": losses,
+                          "accuracy": [math.nan if a is None else a for a in real["accs"]]})
+    tables = {"curve": curve.iloc[np.unique(np.linspace(0, len(curve) - 1, min(len(curve), 21)).astype(int))]}
+    no_grad = [x for x in real["trainable"] if x not in real["got_grad"]]
+
+    def fail(summary: str, advice: list[str], extra: dict | None = None) -> CheckResult:
+        return CheckResult(CHECK, Status.FAIL, summary, metrics, {**tables, **(extra or {})}, advice, series)
+
+    if real["nonfinite_at"] is not None:
+        return fail(f"the loss became non-finite at step {real['nonfinite_at']} while overfitting one batch of {n}",
+                    ["Lower the learning rate or clip gradients (grad_clip=1.0).",
+                     "Check the loss for log(0) or a division by zero (use F.cross_entropy on logits, add eps)."])
+    if not real["got_grad"]:
+        why = ("optimizer.step() was never called by the step" if real["optimizer_steps"] == 0
+               else "every .grad was None or zero when optimizer.step() ran")
+        return fail(f"no parameter received a gradient while overfitting one batch ({why})",
+                    ["Call loss.backward() before optimizer.step(), and do not detach the output or wrap the forward "
+                     "in torch.no_grad()."],
+                    {"no_gradient": pd.DataFrame({"parameter": no_grad})})
+    if not real["changed"]:
+        why = ("optimizer.step() was never called by the step" if real["optimizer_steps"] == 0
+               else "the optimizer ran but left every parameter as it was (learning rate 0, or an optimizer over no "
+                    "parameters of this model)")
+        return fail(f"no parameter changed in {real['optimizer_steps']} optimizer steps: {why}",
+                    ["Make the step call optimizer.step(), with a non-zero learning rate, on an optimizer built from "
+                     "the model's parameters."])
+    reached = real["reached"] or (final <= target_fraction * start and (acc is None or acc >= 1.0))
+    if reached:
+        summary = (f"memorised a batch of {n} in {len(losses) - 1} steps: loss {fmt(start)} -> {fmt(final)}"
+                   + (f", train accuracy {acc:.0%}" if acc is not None else "")
+                   + f" (zeroed-input baseline: {fmt(base_final)})")
+        return CheckResult(CHECK, Status.PASS, summary, metrics, tables, [], series)
+    cause = _bounded_output_cause(real["out"], objective)
+    if cause is not None:
+        return fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start): {cause}",
+                    ["Return raw logits from the model and let the loss apply softmax/sigmoid (remove the final "
+                     "Softmax/Sigmoid, or use NLLLoss on log_softmax outputs)."])
+    if base_final > 0 and final >= baseline_ratio * base_final and math.isfinite(base_final):
+        return fail(f"the model ignores its input: after {len(losses) - 1} steps its loss {fmt(final)} does not beat "
+                    f"the {fmt(base_final)} of the same model trained on zeroed inputs",
+                    ["Check that the forward pass uses its input (no torch.zeros_like/detached or overwritten input, "
+                     "no constant output path), and that inputs and labels are paired correctly."])
+    if _plateaued(losses):
+        return fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start) and stops "
+                    f"improving before memorising {n} samples"
+                    + (f" (train accuracy {acc:.0%})" if acc is not None else ""),
+                    ["Check for a bounded output (sigmoid/softmax/tanh before the loss), a too-small model, or "
+                     "labels the inputs cannot determine; then raise the learning rate."])
+    return CheckResult(
+        CHECK, Status.WARN,
+        f"the loss is still falling but did not memorise a batch of {n} within {steps} steps: "
+        f"{fmt(start)} -> {fmt(final)} ({final / start:.0%} of its start)"
+        + (f", train accuracy {acc:.0%}" if acc is not None else ""),
+        metrics, tables, [f"Raise the learning rate or the number of steps (steps={steps * 2}) and rerun; a model "
+                          "that can learn memorises a few dozen samples quickly."], series)
