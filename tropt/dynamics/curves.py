@@ -1,0 +1,323 @@
+"""Loss-curve classification on plain arrays: the computation behind ``dynamics.loss_curve``.
+
+:func:`classify_curve` works on numbers only (a training loss per step, optionally a validation loss at its own
+steps) so it serves both a short run of a :class:`tropt.Setup` and logs a user already has
+(:func:`tropt.dynamics.diagnose_curves`). Everything is computed on the log of the loss (relative changes, so
+thresholds do not depend on the loss's units) in O(n): the curve is cut into at most ``MAX_BINS`` equal-count bins
+whose medians give a robust trend, and noise is measured from first differences, which cancel the trend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import TroptError
+
+MAX_BINS = 50
+MIN_POINTS = 10
+
+# Classes in order of severity (the primary class is the first that applies).
+CLASSES = ("non_finite", "diverging", "flat", "overfitting", "unstable", "noisy_late", "still_improving", "healthy")
+FAIL_CLASSES = frozenset({"non_finite", "diverging", "flat"})
+
+
+@dataclass
+class CurveThresholds:
+    """Thresholds of the classifier; all changes are in natural-log units of the loss (0.05 ≈ 5%).
+
+    Attributes
+    ----------
+    min_decrease
+        Flat when the smoothed loss never falls more than this below its start (and the fall is not clearly
+        above the noise).
+    rise
+        Diverging when the loss ends more than this above its start.
+    rise_from_min
+        Diverging when the loss ends more than this above its own minimum (log 3: three times the best loss).
+    spike_z
+        A step whose log-loss change has a robust z-score above this is a spike ...
+    spike_min_jump
+        ... provided the loss also jumped by more than this (log 1.3: +30%), so tiny jumps on very smooth curves
+        are not spikes.
+    noisy_ratio, noisy_min
+        Noisy late when the step-to-step noise over the last quarter is more than ``noisy_ratio`` times that of
+        the first quarter in the loss's own units, and above ``noisy_min`` relative to the loss (log units).
+    overfit_rise
+        Overfitting when validation ends more than this above its minimum while training still falls.
+    improving
+        Still improving when the last tenth of the run is more than this below the tenth before it.
+    significance
+        Changes must also exceed this many standard errors of the bin medians to count.
+    """
+
+    min_decrease: float = 0.05
+    rise: float = math.log(1.1)
+    rise_from_min: float = math.log(3.0)
+    spike_z: float = 6.0
+    spike_min_jump: float = math.log(1.3)
+    noisy_ratio: float = 3.0
+    noisy_min: float = 0.15
+    overfit_rise: float = 0.05
+    improving: float = 0.02
+    significance: float = 3.0
+
+
+@dataclass
+class CurveDiagnosis:
+    """What :func:`classify_curve` found: the classes that apply (most severe first) and the evidence."""
+
+    classes: list[str]
+    metrics: dict[str, Any]
+    series: dict[str, np.ndarray]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+    @property
+    def primary(self) -> str:
+        return self.classes[0]
+
+
+def _robust_sigma(x: np.ndarray) -> float:
+    """1.4826 × MAD: the standard deviation of Gaussian data, unmoved by outliers."""
+    if x.size == 0:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
+def _bins(n: int, max_bins: int = MAX_BINS, min_count: int = 10) -> np.ndarray:
+    """Edges of at most ``max_bins`` contiguous bins of (nearly) equal count (>= ``min_count``) over ``n`` points."""
+    k = int(max(1, min(max_bins, n // min_count)))
+    return np.linspace(0, n, k + 1).round().astype(np.int64)
+
+
+def _as_float_array(values: Any, name: str) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise TroptError(f"{name}: cannot read the values as numbers ({exc})", "pass a 1-d array or list of losses") from None
+    return arr
+
+
+def classify_curve(
+    train: Any,
+    steps: Any = None,
+    val: Any = None,
+    val_steps: Any = None,
+    grad_norms: Any = None,
+    thresholds: CurveThresholds | None = None,
+) -> CurveDiagnosis:
+    """Classify a training-loss curve (and optionally a validation curve).
+
+    Parameters
+    ----------
+    train
+        Training loss per logged step (1-d).
+    steps
+        The step of each training value (default 0..n-1).
+    val, val_steps
+        Validation loss and the steps it was measured at (default: spread evenly over the training steps).
+    grad_norms
+        Optional gradient norms per step, used to suggest a clipping threshold (90th percentile).
+    thresholds
+        :class:`CurveThresholds`; the defaults suit most runs.
+
+    Returns
+    -------
+    CurveDiagnosis
+    """
+    th = thresholds or CurveThresholds()
+    y = _as_float_array(train, "train")
+    n = y.size
+    if n < MIN_POINTS and np.isfinite(y).all():
+        raise TroptError(f"the training curve has {n} points; classifying it needs at least {MIN_POINTS}",
+                         "log the loss at more steps (or run more steps)")
+    x = np.arange(n, dtype=np.float64) if steps is None else _as_float_array(steps, "steps")
+    if x.size != n:
+        raise TroptError(f"steps has {x.size} values but train has {n}", "give one step per training loss value")
+    metrics: dict[str, Any] = {"points": int(n), "first_step": float(x[0]), "last_step": float(x[-1])}
+    series: dict[str, np.ndarray] = {"step": x, "train_loss": y}
+    tables: dict[str, pd.DataFrame] = {}
+    classes: list[str] = []
+
+    finite = np.isfinite(y)
+    if not finite.all():
+        first_bad = int(np.argmin(finite))
+        metrics["non_finite"] = int((~finite).sum())
+        metrics["first_non_finite_step"] = float(x[first_bad])
+        classes.append("non_finite")
+        tables["non_finite_steps"] = pd.DataFrame({"step": x[~finite][:1000], "loss": y[~finite][:1000]})
+        y_use, x_use = y[:first_bad], x[:first_bad]
+    else:
+        metrics["non_finite"] = 0
+        y_use, x_use = y, x
+
+    if y_use.size < MIN_POINTS:  # went non-finite almost at once: nothing more to say
+        metrics["class"] = classes[0]
+        return CurveDiagnosis(classes, metrics, series, tables)
+
+    positive = bool((y_use > 0).all())
+    metrics["scale"] = "log" if positive else "linear"
+    if positive:
+        z = np.log(y_use)
+
+        def to_loss(v):
+            return np.exp(v)
+    else:
+        # Losses that can be negative (e.g. a negative log-likelihood): use linear units scaled so that one unit
+        # is the curve's own spread, so the (log-unit) thresholds keep a comparable meaning.
+        spread = float(np.subtract(*np.percentile(y_use, [90, 10]))) or 1.0
+        z = y_use / spread
+
+        def to_loss(v):
+            return np.asarray(v) * spread
+
+    n_use = z.size
+    # Trend: medians of <= MAX_BINS bins of >= 10 points each (robust to spikes, O(n)).
+    edges = _bins(n_use, min_count=10)
+    nb = edges.size - 1
+    centers = np.empty(nb)
+    level = np.empty(nb)
+    for i in range(nb):
+        level[i] = np.median(z[edges[i]:edges[i + 1]])
+        centers[i] = np.median(x_use[edges[i]:edges[i + 1]])
+    # Noise: from first differences (they cancel the trend), globally, per quarter and per local bin (>= 20 points).
+    dz = np.diff(z)
+    sigma = _robust_sigma(dz) / math.sqrt(2)  # white-noise level of one point
+    quarter = max(2, dz.size // 4)
+    early_noise = _robust_sigma(dz[:quarter]) / math.sqrt(2)
+    late_noise = _robust_sigma(dz[-quarter:]) / math.sqrt(2)
+    # ... and in the loss's own units: relative noise grows as a loss approaches zero (a few hard samples dominate
+    # a batch), which is not a problem; noise that is larger late than early in absolute terms is.
+    dy = np.diff(y_use)
+    early_noise_abs = _robust_sigma(dy[:quarter]) / math.sqrt(2)
+    late_noise_abs = _robust_sigma(dy[-quarter:]) / math.sqrt(2)
+    nedges = _bins(dz.size, min_count=20)
+    noise = np.array([_robust_sigma(dz[nedges[i]:nedges[i + 1]]) for i in range(nedges.size - 1)])  # of a change
+    if noise.size >= 3:  # a bin straddling a change of noise level underestimates it: take the neighbours' too
+        noise = np.maximum(noise, np.maximum(np.r_[noise[0], noise[:-1]], np.r_[noise[1:], noise[-1]]))
+
+    w = max(1, n_use // 10)  # start / end windows: a tenth of the run each
+
+    def sig_of(noise_level: float) -> float:
+        """How far apart two window medians must be to count (``significance`` standard errors)."""
+        return th.significance * math.sqrt(2) * 1.2533 * noise_level / math.sqrt(w)
+
+    start, end = float(np.median(z[:w])), float(np.median(z[-w:]))
+    best_i = int(np.argmin(level))
+    best = float(level[best_i])
+    decrease, rise, rise_from_min = start - best, end - start, end - best
+    sig = sig_of(max(early_noise, late_noise))
+    # The best bin median is the minimum of many noisy medians, biased low by a few of their standard errors.
+    per_bin = max(1, n_use // nb)
+    sig_best = sig + th.significance * 1.2533 * max(early_noise, late_noise) / math.sqrt(per_bin)
+    metrics.update(
+        start_loss=float(to_loss(start)),
+        end_loss=float(to_loss(end)),
+        best_loss=float(to_loss(best)),
+        best_loss_step=float(centers[best_i]),
+        decrease=decrease,
+        noise=sigma,
+    )
+
+    # --- diverging: ends clearly above where it started, or far above its own best
+    if (rise > max(th.rise, sig)) or (rise_from_min > max(th.rise_from_min, sig_best)):
+        classes.append("diverging")
+        metrics["rise_from_start"] = rise
+        metrics["rise_from_best"] = rise_from_min
+    # --- flat: never decreased meaningfully
+    elif decrease < max(th.min_decrease, sig_best):
+        classes.append("flat")
+
+    # --- spikes: robust z-scores of log-loss changes
+    # The noise scale is local (that of the bin the change falls in), so a run whose noise grows late is "noisy",
+    # not a string of spikes; the global scale is a floor for bins that happen to be very smooth.
+    local = np.repeat(noise, np.diff(nedges))
+    scale = np.maximum(local, 0.25 * sigma * math.sqrt(2)) if sigma > 0 else local
+    scale = np.where(scale > 0, scale, float(np.std(dz)) or 1.0)
+    rz = (dz - np.median(dz)) / scale
+    up = np.flatnonzero((rz > th.spike_z) & (dz > th.spike_min_jump))
+    if up.size:
+        events = up[np.concatenate(([True], np.diff(up) > 1))]  # consecutive jumps are one event
+    else:
+        events = up
+    metrics["spikes"] = int(events.size)
+    series["spike_step"] = x_use[events + 1] if events.size else np.empty(0)
+    if events.size:
+        tables["spikes"] = pd.DataFrame(
+            {
+                "step": x_use[events + 1],
+                "loss": y_use[events + 1],
+                "loss_before": y_use[events],
+                "robust_z": rz[events],
+            }
+        ).head(1000)
+    if events.size and "diverging" not in classes:
+        classes.append("unstable")
+
+    # --- noisy late in training
+    metrics["early_noise"], metrics["late_noise"] = early_noise, late_noise
+    metrics["early_noise_abs"], metrics["late_noise_abs"] = early_noise_abs, late_noise_abs
+    if (late_noise > th.noisy_min and late_noise_abs > th.noisy_ratio * max(early_noise_abs, 1e-300)
+            and "diverging" not in classes):
+        classes.append("noisy_late")
+
+    # --- overfitting (needs validation)
+    if val is not None:
+        v = _as_float_array(val, "val")
+        if v.size:
+            vx = (np.linspace(x[0], x[-1], v.size) if val_steps is None else _as_float_array(val_steps, "val_steps"))
+            if vx.size != v.size:
+                raise TroptError(f"val_steps has {vx.size} values but val has {v.size}", "give one step per validation value")
+            series["val_step"], series["val_loss"] = vx, v
+            ok = np.isfinite(v)
+            metrics["val_points"] = int(v.size)
+            if ok.sum() >= 3:
+                vv, vxx = v[ok], vx[ok]
+                vz = np.log(vv) if (vv > 0).all() else vv / (float(np.subtract(*np.percentile(vv, [90, 10]))) or 1.0)
+                if vz.size >= 5:  # light smoothing: a running median of 3 keeps one noisy evaluation from deciding
+                    vz_s = np.median(np.stack([np.r_[vz[0], vz[:-1]], vz, np.r_[vz[1:], vz[-1]]]), axis=0)
+                else:
+                    vz_s = vz
+                bi = int(np.argmin(vz_s))
+                v_tail = max(1, vz_s.size // 5)
+                v_end = float(np.median(vz_s[-v_tail:]))
+                best_step = float(vxx[bi])
+                metrics.update(val_best_step=best_step, val_best_loss=float(vv[bi]), val_end_loss=float(vv[-1]))
+                # training still falling after the validation minimum?
+                after = x_use >= best_step
+                train_falls = bool(after.sum() >= 4 and np.median(z[after][: max(2, after.sum() // 4)]) - end > 0)
+                if v_end - float(vz_s[bi]) > th.overfit_rise and bi < vz_s.size - v_tail and train_falls:
+                    classes.append("overfitting")
+                    metrics["val_rise"] = v_end - float(vz_s[bi])
+                if not np.isfinite(v).all() and "non_finite" not in classes:
+                    classes.insert(0, "non_finite")
+                    metrics["val_non_finite"] = int((~np.isfinite(v)).sum())
+
+    # --- still improving at the end (budget-bound)
+    # (not when overfitting: more budget would make that worse)
+    if n_use >= 20 and not (set(classes) & {"diverging", "flat", "non_finite", "overfitting"}):
+        last, prev = float(np.median(z[-w:])), float(np.median(z[-2 * w:-w]))
+        metrics["late_improvement"] = prev - last
+        if prev - last > max(th.improving, sig_of(late_noise)):
+            classes.append("still_improving")
+
+    if grad_norms is not None:
+        g = _as_float_array(grad_norms, "grad_norms")
+        g = g[np.isfinite(g)]
+        if g.size:
+            metrics["grad_norm_median"] = float(np.median(g))
+            metrics["grad_norm_p90"] = float(np.percentile(g, 90))
+            series["grad_norm"] = _as_float_array(grad_norms, "grad_norms")
+
+    if not classes:
+        classes.append("healthy")
+    classes.sort(key=CLASSES.index)
+    metrics["class"] = classes[0]
+    metrics["classes"] = ",".join(classes)
+    series["trend_step"] = centers
+    series["trend_loss"] = np.asarray(to_loss(level), dtype=np.float64)
+    return CurveDiagnosis(classes, metrics, series, tables)

@@ -1,0 +1,220 @@
+"""Read loss curves a user already has: arrays, Series, DataFrames, CSV files (including TensorBoard's "Download
+CSV" export and Lightning's ``CSVLogger`` ``metrics.csv``) and TensorBoard event files or log directories.
+
+TensorBoard event files are parsed directly (TFRecord framing + the few protobuf fields scalars use), so neither
+tensorboard nor tensorflow is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import TroptError
+
+TRAIN_NAMES = ("train_loss_step", "train_loss", "train/loss", "loss/train", "training_loss", "train_loss_epoch", "loss")
+VAL_NAMES = ("val_loss", "val/loss", "loss/val", "valid_loss", "validation_loss", "val_loss_epoch", "eval_loss", "eval/loss")
+STEP_NAMES = ("step", "Step", "global_step", "iteration", "iter", "epoch")
+
+Curve = tuple[np.ndarray | None, np.ndarray]  # (steps or None, values)
+
+
+# ---------------------------------------------------------------------------------------------- TensorBoard events
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        b = buf[i]
+        i += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, i
+        shift += 7
+
+
+def _fields(buf: bytes):
+    """Yield (field_number, wire_type, value) of one protobuf message (value: int, or bytes for len/fixed)."""
+    i, n = 0, len(buf)
+    while i < n:
+        key, i = _varint(buf, i)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            val, i = _varint(buf, i)
+        elif wt == 1:
+            val, i = buf[i:i + 8], i + 8
+        elif wt == 2:
+            ln, i = _varint(buf, i)
+            val, i = buf[i:i + ln], i + ln
+        elif wt == 5:
+            val, i = buf[i:i + 4], i + 4
+        else:  # groups (3/4) are not used by event files
+            return
+        yield num, wt, val
+
+
+def _tensor_scalar(buf: bytes) -> float | None:
+    """The single number in a TensorProto (float_val, double_val or tensor_content of DT_FLOAT/DT_DOUBLE)."""
+    dtype, content, vals = 1, None, []
+    for num, wt, val in _fields(buf):
+        if num == 1 and wt == 0:
+            dtype = val
+        elif num == 4 and wt == 2:
+            content = val
+        elif num == 5:  # float_val: packed (wt 2) or not (wt 5)
+            vals += list(struct.unpack(f"<{len(val) // 4}f", val))
+        elif num == 6:  # double_val
+            vals += list(struct.unpack(f"<{len(val) // 8}d", val))
+    if vals:
+        return float(vals[0]) if len(vals) == 1 else None
+    if content is not None:
+        fmt = {1: "f", 2: "d"}.get(dtype)
+        size = {1: 4, 2: 8}.get(dtype, 0)
+        if fmt and len(content) == size:
+            return float(struct.unpack(f"<{fmt}", content)[0])
+    return None
+
+
+def read_tensorboard(path: str | os.PathLike) -> dict[str, Curve]:
+    """Scalars of a TensorBoard event file, or of every event file under a log directory: ``{tag: (steps, values)}``.
+
+    Reads the TFRecord framing (length, crc, payload, crc) without checking CRCs, and the ``Event`` fields
+    wall_time/step/summary; scalar values come from ``simple_value`` (``torch.utils.tensorboard``) or a one-element
+    tensor (TF2's ``tf.summary.scalar``).
+    """
+    path = os.fspath(path)
+    files = []
+    if os.path.isdir(path):
+        for root, _, names in os.walk(path):
+            files += sorted(os.path.join(root, f) for f in names if "tfevents" in f)
+        if not files:
+            raise TroptError(f"no TensorBoard event files (*tfevents*) under {path}", "point at the run's log directory or an events file")
+    else:
+        files = [path]
+    out: dict[str, list[tuple[int, float]]] = {}
+    for f in files:
+        with open(f, "rb") as fh:
+            data = fh.read()
+        i = 0
+        while i + 12 <= len(data):
+            (length,) = struct.unpack_from("<Q", data, i)
+            i += 12  # length + its crc
+            payload = data[i:i + length]
+            i += length + 4  # payload + its crc
+            if len(payload) < length:
+                break  # truncated last record (a run still writing)
+            step = 0
+            for num, wt, val in _fields(payload):
+                if num == 2 and wt == 0:
+                    step = val if val < (1 << 63) else val - (1 << 64)
+                elif num == 5 and wt == 2:
+                    for snum, swt, sval in _fields(val):
+                        if snum != 1 or swt != 2:
+                            continue
+                        tag, value = None, None
+                        for vnum, vwt, vval in _fields(sval):
+                            if vnum == 1 and vwt == 2:
+                                tag = vval.decode("utf-8", "replace")
+                            elif vnum == 2 and vwt == 5:
+                                value = struct.unpack("<f", vval)[0]
+                            elif vnum == 8 and vwt == 2 and value is None:
+                                value = _tensor_scalar(vval)
+                        if tag is not None and value is not None:
+                            out.setdefault(tag, []).append((step, float(value)))
+    if not out:
+        raise TroptError(f"{path}: no scalar summaries found in the TensorBoard event file(s)",
+                         "log the loss with SummaryWriter.add_scalar('train/loss', loss, step)")
+    curves = {}
+    for tag, pairs in out.items():
+        arr = np.asarray(pairs, dtype=np.float64)
+        order = np.argsort(arr[:, 0], kind="stable")
+        curves[tag] = (arr[order, 0], arr[order, 1])
+    return curves
+
+
+def _pick(names: list[str], preferred: tuple[str, ...], want_val: bool) -> str | None:
+    lower = {n.lower(): n for n in names}
+    for p in preferred:
+        if p.lower() in lower:
+            return lower[p.lower()]
+    for n in names:
+        low = n.lower()
+        is_val = any(t in low for t in ("val", "valid", "eval", "test"))
+        if "loss" in low and is_val == want_val:
+            return n
+    return None
+
+
+def _from_tags(curves: dict[str, Curve], role: str, source: str) -> Curve | None:
+    tag = _pick(list(curves), TRAIN_NAMES if role == "train" else VAL_NAMES, want_val=role == "val")
+    if tag is None:
+        if role == "val":
+            return None
+        raise TroptError(f"{source}: none of the tags {sorted(curves)} looks like a training loss",
+                         "name the tag 'train/loss' or 'train_loss', or pass the values as an array")
+    return curves[tag]
+
+
+# ---------------------------------------------------------------------------------------------- tables
+def _from_frame(df: pd.DataFrame, role: str, source: str) -> Curve | None:
+    cols = [str(c) for c in df.columns]
+    df = df.copy()
+    df.columns = cols
+    if {"Step", "Value"} <= set(cols):  # TensorBoard "Download CSV": Wall time, Step, Value
+        d = df[["Step", "Value"]].dropna()
+        return d["Step"].to_numpy(np.float64), d["Value"].to_numpy(np.float64)
+    step_col = next((c for c in STEP_NAMES if c in cols), None)
+    numeric = [c for c in cols if c != step_col and pd.api.types.is_numeric_dtype(df[c]) and c not in STEP_NAMES
+               and c.lower() not in ("wall time", "wall_time", "time", "timestamp", "lr")]
+    col = _pick(numeric, TRAIN_NAMES if role == "train" else VAL_NAMES, want_val=role == "val")
+    if col is None and role == "train" and len(numeric) == 1:
+        col = numeric[0]
+    if col is None:
+        if role == "val":
+            return None
+        raise TroptError(f"{source}: cannot tell which column is the training loss (columns: {cols})",
+                         "name it 'train_loss' or 'loss', or pass the column itself: diagnose_curves(df['my_loss'])")
+    d = df[[col] + ([step_col] if step_col else [])].dropna(subset=[col])
+    values = d[col].to_numpy(np.float64)
+    if step_col is None:
+        return None, values
+    steps = d[step_col].to_numpy(np.float64)
+    if role == "train" and step_col == "epoch" and np.unique(steps).size < values.size:
+        return None, values  # several logged values per epoch: their order is the best step we have
+    return steps, values
+
+
+def read_curve(obj: Any, role: str = "train") -> Curve | None:
+    """One curve from any supported input: (steps or None, values). None when ``role='val'`` finds none."""
+    source = type(obj).__name__
+    if isinstance(obj, (str, os.PathLike)):
+        path = os.fspath(obj)
+        source = path
+        if not os.path.exists(path):
+            raise TroptError(f"{path} does not exist", "pass the path of a CSV file, an events file or a TensorBoard log directory")
+        if os.path.isdir(path) or "tfevents" in os.path.basename(path):
+            return _from_tags(read_tensorboard(path), role, source)
+        try:
+            obj = pd.read_csv(path)
+        except Exception as exc:  # noqa: BLE001 - any parse failure gets the same advice
+            raise TroptError(f"cannot read {path} as CSV ({type(exc).__name__}: {exc})",
+                             "pass a CSV with a loss column, a TensorBoard events file/directory, or an array") from None
+    if isinstance(obj, pd.DataFrame):
+        return _from_frame(obj, role, source)
+    if isinstance(obj, pd.Series):
+        s = obj.dropna()
+        idx = s.index
+        steps = idx.to_numpy(np.float64) if pd.api.types.is_numeric_dtype(idx) else None
+        return steps, s.to_numpy(np.float64)
+    if isinstance(obj, dict) and obj and all(isinstance(v, tuple) and len(v) == 2 for v in obj.values()):
+        return _from_tags(obj, role, source)  # what read_tensorboard returns
+    if hasattr(obj, "detach"):
+        obj = obj.detach().cpu().numpy()
+    try:
+        values = np.asarray(obj, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise TroptError(f"cannot read a loss curve from a {source}",
+                         "pass an array/list of losses, a pandas Series or DataFrame, a CSV path or a TensorBoard log directory") from None
+    return None, values

@@ -1,0 +1,277 @@
+"""``dynamics.loss_curve``: is training diverging, flat, unstable, noisy late, overfitting or budget-bound?
+
+Works on a short run of a :class:`tropt.Setup` (:func:`check_loss_curve`) and on curves a user already has
+(:func:`diagnose_curves`: arrays, DataFrames, CSV files, TensorBoard / CSV-logger exports).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..batching import split_batch
+from ..errors import TroptError
+from ..registry import register
+from ..result import CheckResult, Status
+from .curves import FAIL_CLASSES, CurveDiagnosis, CurveThresholds, classify_curve
+from .logs import read_curve
+
+CHECK_ID = "dynamics.loss_curve"
+
+_LABEL = {
+    "non_finite": "non-finite loss",
+    "diverging": "diverging",
+    "flat": "flat",
+    "unstable": "unstable",
+    "noisy_late": "noisy late in training",
+    "overfitting": "overfitting",
+    "still_improving": "still improving at the end",
+    "healthy": "healthy",
+}
+
+
+def _g(x: float) -> str:
+    return f"{x:.3g}" if isinstance(x, (int, float)) and math.isfinite(x) else str(x)
+
+
+def _step(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else _g(x)
+
+
+def _clip_advice(m: dict) -> str:
+    if "grad_norm_p90" in m:
+        return (f"Clip gradients at about {_g(m['grad_norm_p90'])} (the 90th percentile of the observed gradient "
+                "norms): torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).")
+    return ("Clip gradients at about the 90th percentile of the gradient norms you observe "
+            "(torch.nn.utils.clip_grad_norm_).")
+
+
+def _describe(cls: str, m: dict) -> str:
+    if cls == "non_finite":
+        if m.get("non_finite"):
+            return f"the loss became non-finite at step {_step(m['first_non_finite_step'])} ({m['non_finite']} non-finite values)"
+        return f"the validation loss is non-finite ({m.get('val_non_finite', '?')} values)"
+    if cls == "diverging":
+        return (f"the loss rose to {_g(m['end_loss'])} at the end (start {_g(m['start_loss'])}, "
+                f"best {_g(m['best_loss'])} at step {_step(m['best_loss_step'])})")
+    if cls == "flat":
+        return f"no significant decrease: {_g(m['start_loss'])} → {_g(m['end_loss'])} over {m['points']} points"
+    if cls == "unstable":
+        return f"{m['spikes']} loss spike(s) (robust z of log-loss change above threshold)"
+    if cls == "noisy_late":
+        return (f"step-to-step noise grew from {_g(m['early_noise_abs'])} to {_g(m['late_noise_abs'])} "
+                f"(±{m['late_noise']:.0%} of the loss) in the last quarter")
+    if cls == "overfitting":
+        return (f"validation was best at step {_step(m['val_best_step'])} ({_g(m['val_best_loss'])}) and rose to "
+                f"{_g(m['val_end_loss'])} while training kept falling")
+    if cls == "still_improving":
+        return f"still improving at the end ({_g(m['late_improvement'])} log-loss over the last tenth)"
+    if "late_improvement" in m and "still_improving" in m.get("classes", ""):
+        return f"the loss fell from {_g(m['start_loss'])} to {_g(m['end_loss'])}"
+    return f"the loss fell from {_g(m['start_loss'])} to {_g(m['end_loss'])} and settled"
+
+
+def _advice(cls: str, m: dict) -> list[str]:
+    if cls in ("non_finite", "diverging"):
+        return ["Lower the learning rate (3–10× lower, or run dynamics.lr_range) and add a warm-up of a few hundred steps.",
+                _clip_advice(m)]
+    if cls == "flat":
+        return ["Raise the learning rate (run dynamics.lr_range to find one that lowers the loss) and check that "
+                "gradients reach every layer (model.gradient_flow)."]
+    if cls == "unstable":
+        return ["Add a learning-rate warm-up and lower the peak learning rate.", _clip_advice(m)]
+    if cls == "noisy_late":
+        return ["Decay the learning rate towards the end (cosine or step schedule) or increase the batch size."]
+    if cls == "overfitting":
+        return [f"Regularise (weight decay, dropout, augmentation, more data) or stop at step "
+                f"{_step(m['val_best_step'])}, where validation was best."]
+    if cls == "still_improving":
+        return ["Train longer: the loss was still falling when the run ended (it is budget-bound)."]
+    return []
+
+
+def _trend_table(diag: CurveDiagnosis) -> pd.DataFrame:
+    if "trend_step" not in diag.series:
+        return pd.DataFrame({"step": diag.series["step"], "loss": diag.series["train_loss"]})
+    return pd.DataFrame({"step": diag.series["trend_step"], "smoothed_loss": diag.series["trend_loss"]})
+
+
+def curve_result(diag: CurveDiagnosis, *, probe_steps: int | None = None, extra_metrics: dict | None = None) -> CheckResult:
+    """Turn a :class:`CurveDiagnosis` into the ``dynamics.loss_curve`` result.
+
+    ``probe_steps`` marks a short diagnostic run chosen by tropt: there "still improving" is expected and reported
+    without a warning (the user's real budget is longer than the probe).
+    """
+    m = dict(diag.metrics)
+    if extra_metrics:
+        m.update(extra_metrics)
+    classes = list(diag.classes)
+    flagged = [c for c in classes if c != "healthy" and not (probe_steps and c == "still_improving")]
+    if any(c in FAIL_CLASSES or c == "non_finite" for c in flagged):
+        status = Status.FAIL
+    elif flagged:
+        status = Status.WARN
+    else:
+        status = Status.PASS
+    head = flagged[0] if flagged else "healthy"
+    summary = f"{_LABEL[head]}: {_describe(head, m)}"
+    others = [c for c in flagged[1:]]
+    if others:
+        summary += "; also " + ", ".join(_LABEL[c] for c in others)
+    if probe_steps and "still_improving" in classes:
+        summary += f" (still improving after the {probe_steps}-step probe, as expected of a short run)"
+    advice: list[str] = []
+    for c in flagged:
+        for a in _advice(c, m):
+            if a not in advice:
+                advice.append(a)
+    tables = {"trend": _trend_table(diag), **diag.tables}
+    findings = pd.DataFrame(
+        [{"class": c, "flagged": c in flagged, "evidence": _describe(c, m)} for c in classes],
+        columns=["class", "flagged", "evidence"],
+    )
+    tables = {"findings": findings, **tables}
+    return CheckResult(CHECK_ID, status, summary, m, tables, advice, dict(diag.series))
+
+
+def diagnose_curves(
+    train: Any,
+    val: Any = None,
+    steps: Any = None,
+    *,
+    val_steps: Any = None,
+    grad_norms: Any = None,
+    thresholds: CurveThresholds | None = None,
+) -> CheckResult:
+    """Classify loss curves you already have (no Setup needed); returns the ``dynamics.loss_curve`` result.
+
+    Parameters
+    ----------
+    train
+        The training loss: an array/list/tensor, a pandas Series (its index is the step), a DataFrame (a
+        ``train_loss``/``loss`` column and an optional ``step`` column; TensorBoard's "Download CSV" columns
+        ``Wall time, Step, Value``; Lightning ``CSVLogger`` metrics with ``val_loss`` too), a CSV path, or a
+        TensorBoard events file / log directory (tags like ``train/loss`` and ``val/loss``).
+    val
+        Validation loss in any of those forms. When None and ``train`` is a table or log directory holding a
+        validation loss as well, that one is used.
+    steps
+        Steps of the training values, when ``train`` is a plain array (default 0..n-1).
+    val_steps
+        Steps of the validation values, when ``val`` is a plain array (default: spread over the training steps).
+    grad_norms
+        Optional gradient norms per step; the clipping advice then names a threshold (their 90th percentile).
+    thresholds
+        :class:`tropt.dynamics.CurveThresholds` to change the classifier's sensitivity.
+
+    Returns
+    -------
+    CheckResult
+        FAIL for diverging / non-finite / flat, WARN for unstable, noisy late, overfitting, still improving;
+        PASS for a healthy curve. ``metrics['class']`` is the primary class, ``metrics['classes']`` all of them.
+    """
+    t_steps, t_values = read_curve(train, "train")
+    if steps is not None:
+        t_steps = np.asarray(steps, dtype=np.float64).reshape(-1)
+    v = None
+    if val is not None:
+        v = read_curve(val, "val")
+        if v is None:
+            v = read_curve(val, "train")  # a table whose only loss column is the validation loss
+    elif not isinstance(train, (list, tuple, np.ndarray, pd.Series)) and not hasattr(train, "detach"):
+        v = read_curve(train, "val")  # a table or log directory that holds both curves
+    v_steps, v_values = (None, None) if v is None else v
+    if val_steps is not None:
+        v_steps = np.asarray(val_steps, dtype=np.float64).reshape(-1)
+    if v_values is not None and v_steps is None and t_steps is not None and v_values.size:
+        v_steps = np.linspace(t_steps[0], t_steps[-1], v_values.size)
+    if t_steps is not None and t_steps.size == t_values.size and np.any(np.diff(t_steps) < 0):
+        order = np.argsort(t_steps, kind="stable")  # logs appended out of order (resumed runs)
+        t_steps, t_values = t_steps[order], t_values[order]
+    diag = classify_curve(t_values, t_steps, v_values, v_steps, grad_norms, thresholds)
+    return curve_result(diag, extra_metrics={"source": "logs"})
+
+
+@register(CHECK_ID, title="Loss-curve diagnosis",
+          description="Run a few hundred steps on a copy and classify the curve: diverging, flat, unstable, noisy, overfitting, budget-bound or healthy.")
+def check_loss_curve(
+    setup: Any,
+    *,
+    steps: int = 300,
+    eval_every: int | None = None,
+    val_batches: int = 4,
+    thresholds: CurveThresholds | None = None,
+    progress: bool = True,
+) -> CheckResult:
+    """Train a copy of the Setup for ``steps`` optimizer steps with its own step, scheduler and data order, then
+    classify the training (and validation, when ``val_data`` is given) loss curve.
+
+    Parameters
+    ----------
+    setup
+        The :class:`tropt.Setup`; never modified (the run works on a copy inside :func:`tropt.snapshot.preserved`).
+    steps
+        Optimizer steps of the probe run (each takes ``accumulation_steps`` micro-batches of one batch).
+    eval_every
+        Evaluate ``val_data`` every this many steps (default: about 15 evaluations).
+    val_batches
+        Validation batches per evaluation.
+    thresholds
+        :class:`tropt.dynamics.CurveThresholds`.
+    progress
+        Show a progress bar.
+
+    The loss of a step is what the step returns, else what its ``ctx.loss_fn`` calls computed, else an extra
+    forward pass before the step. The run stops early at the first non-finite loss. "Still improving at the end"
+    is expected of a short probe and does not warn here (it does in :func:`diagnose_curves`).
+    """
+    from tqdm.auto import tqdm
+
+    from ..snapshot import preserved
+    from ._run import GradNormHook, StepRunner, evaluate
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 10:
+        raise TroptError(f"steps={steps!r}; the loss-curve probe needs an integer >= 10", "use e.g. steps=300")
+    setup.validate()
+    has_val = setup.val_data is not None
+    every = eval_every or max(1, steps // 15)
+    with preserved(setup.model):
+        ctx = setup.build()
+        runner = StepRunner(setup, ctx)
+        hook = GradNormHook(ctx.optimizer)
+        losses: list[Any] = []
+        loss_steps: list[int] = []
+        val_losses: list[float] = []
+        val_at: list[int] = []
+        if has_val:
+            val_at.append(0)
+            val_losses.append(evaluate(setup, ctx, val_batches))
+        bar = tqdm(total=steps, desc=CHECK_ID, disable=not progress, leave=False)
+        try:
+            for i, batch in enumerate(setup.batches(steps)):
+                loss = runner.step(split_batch(batch, ctx.accumulation_steps))
+                bar.update(1)
+                if loss is not None:
+                    losses.append(loss)
+                    loss_steps.append(i)
+                    if not math.isfinite(float(loss)):
+                        break
+                if has_val and ((i + 1) % every == 0 or i + 1 == steps):
+                    val_at.append(i + 1)
+                    val_losses.append(evaluate(setup, ctx, val_batches))
+        finally:
+            bar.close()
+            hook.remove()
+        values = np.array([float(v) for v in losses])
+        norms = hook.values()
+    diag = classify_curve(values, np.asarray(loss_steps, dtype=np.float64),
+                          np.asarray(val_losses) if has_val else None,
+                          np.asarray(val_at, dtype=np.float64) if has_val else None,
+                          norms or None, thresholds)
+    extra = {"source": "setup run", "steps_run": int(len(loss_steps)), "loss_from": runner.source or "none"}
+    if setup.scheduler is not None:
+        extra["scheduler"] = "the Setup's scheduler"
+    return curve_result(diag, probe_steps=steps, extra_metrics=extra)

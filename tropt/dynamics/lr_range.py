@@ -1,0 +1,276 @@
+"""``dynamics.lr_range``: the learning-rate range test, with several suggestions and how much they agree.
+
+An exponential LR sweep on a copy of the Setup (its own step, accumulation and data order), smoothed with a
+bias-corrected EMA, stopped once the smoothed loss exceeds ``stop_factor`` × its best. Instead of one argmin
+suggestion (which users of Lightning's and torch-lr-finder's finders report as unreliable) it gives three —
+steepest descent of the smoothed loss against log-LR, fastai's "valley", and the minimum / 10 — repeated over
+seeds for a noise estimate, and says how far apart they are.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..batching import split_batch
+from ..errors import TroptError
+from ..registry import register
+from ..result import CheckResult, Status
+
+CHECK_ID = "dynamics.lr_range"
+METHODS = ("steepest", "valley", "min_div_10")
+
+
+class _HeldScheduler:
+    """Stands in for the user's scheduler during the sweep: a step function may call ``ctx.scheduler.step()``
+    without moving the swept learning rate."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def ema_smooth(losses: np.ndarray, beta: float) -> np.ndarray:
+    """Bias-corrected exponential moving average (as in Adam / fastai): unbiased from the first value on."""
+    out = np.empty(len(losses))
+    avg = 0.0
+    for i, v in enumerate(losses):
+        avg = beta * avg + (1 - beta) * v
+        out[i] = avg / (1 - beta ** (i + 1))
+    return out
+
+
+def suggest(lrs: np.ndarray, smooth: np.ndarray, skip_start: int = 0) -> dict[str, float]:
+    """The three suggestions on one smoothed sweep (NaN when the curve gives none).
+
+    ``steepest``: the most negative slope of the smoothed loss against log10(lr), before the minimum.
+    ``valley``: fastai's valley — the longest run of decreasing loss, two thirds down it.
+    ``min_div_10``: the LR of the smoothed minimum, divided by 10.
+    """
+    out = {m: math.nan for m in METHODS}
+    n = len(smooth)
+    if n < 5:
+        return out
+    i_min = int(np.nanargmin(smooth))
+    out["min_div_10"] = float(lrs[i_min] / 10)
+    lo = min(skip_start, max(0, i_min - 2))
+    seg = slice(lo, i_min + 1)
+    if i_min - lo >= 2:
+        grad = np.gradient(smooth[seg], np.log10(lrs[seg]))
+        out["steepest"] = float(lrs[lo + int(np.argmin(grad))])
+    # fastai valley: longest decreasing subsequence (O(n^2) with n <= a few hundred)
+    lds = np.ones(n, dtype=np.int64)
+    max_start = max_end = 0
+    for i in range(1, n):
+        prev = lds[:i][smooth[i] < smooth[:i]]
+        if prev.size:
+            lds[i] = prev.max() + 1
+        if lds[max_end] < lds[i]:
+            max_end = i
+            max_start = max_end - lds[max_end]
+    sections = (max_end - max_start) / 3
+    idx = max_start + int(sections) + int(sections / 2)
+    if max_end > max_start:
+        out["valley"] = float(lrs[min(idx, n - 1)])
+    return out
+
+
+@register(CHECK_ID, title="Learning-rate range test",
+          description="Sweep the LR exponentially on a copy; suggest a range (steepest, valley, min/10 over seeds) and compare the Setup's LR.")
+def check_lr_range(
+    setup: Any,
+    *,
+    start_lr: float = 1e-7,
+    end_lr: float = 10.0,
+    num_steps: int = 100,
+    beta: float = 0.98,
+    stop_factor: float = 4.0,
+    repeats: int = 2,
+    tolerance: float = 10.0,
+    progress: bool = True,
+) -> CheckResult:
+    """LR range test on a copy of the Setup.
+
+    Parameters
+    ----------
+    setup
+        The :class:`tropt.Setup`. Never modified: the sweep runs on a fresh copy inside
+        :func:`tropt.snapshot.preserved` (parameters, modes, hooks and RNG states restored even on errors).
+    start_lr, end_lr
+        Ends of the exponential sweep; at step i the LR is start·(end/start)^(i/(num_steps-1)).
+    num_steps
+        Optimizer steps per sweep (each respects ``accumulation_steps`` and uses the Setup's own step).
+    beta
+        EMA factor of the bias-corrected smoothing.
+    stop_factor
+        Stop a sweep once the smoothed loss exceeds this multiple of its best (or the loss is not finite).
+    repeats
+        Sweeps with different seeds (data order, dropout); the spread of their suggestions is the noise estimate.
+    tolerance
+        WARN when the Setup's LR is more than this factor outside the suggested range.
+    progress
+        Show a progress bar.
+
+    Notes
+    -----
+    The sweep sets the LR of every param group each step, keeping the user's ratios between groups (the
+    reported LR is group 0's). The Setup's scheduler would fight the sweep, so it is not built; a step function
+    that calls ``ctx.scheduler.step()`` gets a stand-in that leaves the LR alone.
+    """
+    from tqdm.auto import tqdm
+
+    from ..snapshot import preserved
+    from ._run import StepRunner
+
+    if not (0 < start_lr < end_lr) or not math.isfinite(end_lr):
+        raise TroptError(f"start_lr={start_lr!r}, end_lr={end_lr!r}; the sweep needs 0 < start_lr < end_lr < inf",
+                         "use e.g. start_lr=1e-7, end_lr=10")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 10:
+        raise TroptError(f"num_steps={num_steps!r}; the sweep needs an integer >= 10", "use e.g. num_steps=100")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise TroptError(f"repeats={repeats!r}; it must be an integer >= 1", "use repeats=1 for a single sweep")
+    if not (0 <= beta < 1):
+        raise TroptError(f"beta={beta!r}; the EMA factor must be in [0, 1)", "use e.g. beta=0.98")
+    setup.validate()
+    sweep_setup = setup.replace(scheduler=None)
+    lrs_plan = start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1))
+    sweeps: list[dict[str, Any]] = []
+    group_lrs: list[float] = []
+    loss_from = None
+    with preserved(setup.model):
+        bar = tqdm(total=num_steps * repeats, desc=CHECK_ID, disable=not progress, leave=False)
+        try:
+            for r in range(repeats):
+                seed = setup.seed + r
+                ctx = sweep_setup.build(seed=seed)
+                if setup.scheduler is not None:
+                    ctx.scheduler = _HeldScheduler(ctx.optimizer)
+                group_lrs = [float(g["lr"]) for g in ctx.optimizer.param_groups]
+                ref = group_lrs[0] if group_lrs[0] > 0 else (max(group_lrs) or 1.0)
+                ratios = [g / ref for g in group_lrs]
+                runner = StepRunner(sweep_setup, ctx)
+                raw: list[float] = []
+                used: list[float] = []
+                best, avg = math.inf, 0.0
+                for i, batch in enumerate(sweep_setup.batches(num_steps, seed=seed)):
+                    lr = float(lrs_plan[i])
+                    for g, ratio in zip(ctx.optimizer.param_groups, ratios):
+                        g["lr"] = lr * ratio
+                    loss = runner.step(split_batch(batch, ctx.accumulation_steps))
+                    bar.update(1)
+                    if loss is None:
+                        continue
+                    value = float(loss)
+                    raw.append(value)
+                    used.append(lr)
+                    if not math.isfinite(value):
+                        break
+                    avg = beta * avg + (1 - beta) * value
+                    smooth_now = avg / (1 - beta ** len(raw))
+                    best = min(best, smooth_now)
+                    if len(raw) > 1 and smooth_now > stop_factor * best:
+                        break
+                loss_from = runner.source
+                raw_arr = np.asarray(raw)
+                finite = np.isfinite(raw_arr)
+                n_ok = int(np.argmin(finite)) if not finite.all() else raw_arr.size
+                smooth = ema_smooth(raw_arr[:n_ok], beta)
+                lrs_used = np.asarray(used[:n_ok])
+                sweeps.append({"seed": seed, "lr": lrs_used, "raw": raw_arr[:n_ok], "smooth": smooth,
+                               "steps": len(raw), "suggest": suggest(lrs_used, smooth, skip_start=max(1, num_steps // 10)),
+                               "stopped_at": float(used[-1]) if used else math.nan})
+                del ctx, runner
+        finally:
+            bar.close()
+    return _result(setup, sweeps, group_lrs, num_steps, tolerance, stop_factor, loss_from)
+
+
+def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: int, tolerance: float,
+            stop_factor: float, loss_from: str | None) -> CheckResult:
+    rows = []
+    for s in sweeps:
+        for m in METHODS:
+            rows.append({"method": m, "seed": s["seed"], "lr": s["suggest"][m]})
+    table = pd.DataFrame(rows, columns=["method", "seed", "lr"])
+    agg_rows = []
+    per_method: dict[str, float] = {}
+    for m in METHODS:
+        vals = table.loc[(table["method"] == m) & np.isfinite(table["lr"].astype(float)) & (table["lr"] > 0), "lr"].astype(float)
+        if vals.empty:
+            agg_rows.append({"method": m, "lr": math.nan, "seed_spread_x": math.nan, "sweeps": 0})
+            continue
+        logs = np.log10(vals.to_numpy())
+        per_method[m] = float(10 ** np.mean(logs))
+        agg_rows.append({"method": m, "lr": per_method[m], "seed_spread_x": float(10 ** (logs.max() - logs.min())),
+                         "sweeps": int(vals.size)})
+    suggestions = pd.DataFrame(agg_rows, columns=["method", "lr", "seed_spread_x", "sweeps"])
+    setup_lr = float(group_lrs[0]) if group_lrs else math.nan
+    metrics: dict[str, Any] = {
+        "setup_lr": setup_lr,
+        "sweeps": len(sweeps),
+        "steps_per_sweep": int(np.median([s["steps"] for s in sweeps])) if sweeps else 0,
+        "planned_steps": num_steps,
+        "stop_factor": stop_factor,
+        "loss_from": loss_from or "none",
+    }
+    if setup.scheduler is not None:
+        metrics["note"] = "the Setup's scheduler was held still during the sweep; setup_lr is the optimizer's base LR"
+    for m, v in per_method.items():
+        metrics[f"suggested_{m}"] = v
+    series: dict[str, Any] = {}
+    for s in sweeps:
+        series[f"lr_seed{s['seed']}"] = s["lr"]
+        series[f"loss_seed{s['seed']}"] = s["raw"]
+        series[f"smoothed_seed{s['seed']}"] = s["smooth"]
+    tables = {"suggestions": suggestions, "per_seed": table}
+    if sweeps:
+        s0 = sweeps[0]
+        tables["sweep"] = pd.DataFrame({"lr": s0["lr"], "loss": s0["raw"], "smoothed": s0["smooth"]})
+
+    if not per_method:
+        best_drop = max((float(s["smooth"][0] - np.min(s["smooth"])) / abs(float(s["smooth"][0])) if s["smooth"].size else 0.0)
+                        for s in sweeps) if sweeps else 0.0
+        return CheckResult(CHECK_ID, Status.WARN,
+                           f"no learning rate in the sweep decreased the loss (best relative drop {best_drop:.1%}); no suggestion",
+                           metrics, tables,
+                           ["Check that the model can learn at all (model.overfit_batch, model.gradient_flow), then widen the "
+                            "sweep (start_lr / end_lr) or give it more steps."], series)
+    vals = np.array(list(per_method.values()))
+    low, high = float(vals.min()), float(vals.max())
+    agreement = high / low
+    metrics.update(suggested_low=low, suggested_high=high, agreement_x=agreement,
+                   seed_spread_x=float(np.nanmax(suggestions["seed_spread_x"].to_numpy(dtype=float))))
+    # the range a user should try: the suggestions' span (their geometric middle when they coincide)
+    within = low / tolerance <= setup_lr <= high * tolerance if math.isfinite(setup_lr) and setup_lr > 0 else False
+    metrics["setup_lr_in_range"] = "yes" if within else "no"
+    agree_text = (f"the methods agree within {agreement:.1f}×" if agreement <= 10
+                  else f"the methods span {agreement:.0f}× (treat the range as rough)")
+    summary = (f"suggested LR {low:.2g}–{high:.2g} (steepest {per_method.get('steepest', math.nan):.2g}, "
+               f"valley {per_method.get('valley', math.nan):.2g}, min/10 {per_method.get('min_div_10', math.nan):.2g}); "
+               f"{agree_text}; the Setup's LR is {setup_lr:.2g}")
+    advice: list[str] = []
+    if within:
+        status = Status.PASS
+    else:
+        status = Status.WARN
+        direction = "lower" if setup_lr > high * tolerance else "higher"
+        summary += f", more than {tolerance:g}× outside that range"
+        advice.append(f"Try a {direction} learning rate, between {low:.2g} and {high:.2g} "
+                      f"(geometric middle {math.sqrt(low * high):.2g}), and confirm with a short run (dynamics.loss_curve).")
+    if metrics["seed_spread_x"] > 10:
+        advice.append("The suggestions moved more than 10× between seeds: run more repeats or steps before trusting them.")
+    return CheckResult(CHECK_ID, status, summary, metrics, tables, advice, series)
