@@ -1,0 +1,345 @@
+"""Stage 4 with known answers: standard_step passes everything; each planted bug is caught by exactly its check."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import tropt
+from tropt.loop import check_accumulation, check_loss_scaling, check_resume, check_scheduler_cadence, check_zero_grad
+from tropt.result import Status
+from tropt.testing import untouched
+
+from conftest import ce_loss, make_classification
+
+CHECKS = {
+    "loop.zero_grad": check_zero_grad,
+    "loop.accumulation": check_accumulation,
+    "loop.loss_scaling": check_loss_scaling,
+    "loop.scheduler_cadence": check_scheduler_cadence,
+    "loop.resume": check_resume,
+}
+
+
+def mlp_setup(step=None, *, k=1, scheduler=True, clip=None, scaler=False, optimizer="adamw", dropout=0.0, **kw):
+    x, y = make_classification(n=96, d=10, classes=4, seed=1)
+    batches = [(x[i:i + 24], y[i:i + 24]) for i in range(0, 96, 24)]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 4))
+    opt = {"adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
+           "sgd": lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)}[optimizer]
+    return tropt.Setup(model, ce_loss, opt, batches, step=step, accumulation_steps=k,
+                       scheduler=(lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s))) if scheduler else None,
+                       grad_clip=clip, use_scaler=scaler, precision="fp16" if scaler else "fp32", num_classes=4, **kw)
+
+
+def run_all(setup):
+    out = {}
+    for cid, fn in CHECKS.items():
+        with untouched(setup):  # the shared no-mutation helper, on every check
+            out[cid] = fn(setup)
+    return out
+
+
+def statuses(results):
+    return {cid: r.status for cid, r in results.items()}
+
+
+# ------------------------------------------------------------------ the reference step passes everything
+@pytest.mark.parametrize("k, clip, scaler, scheduler", [
+    (1, None, False, True), (4, None, False, True), (4, 0.5, False, False), (1, 0.5, True, True), (4, 0.05, True, True),
+])
+def test_standard_step_passes_every_check(k, clip, scaler, scheduler):
+    results = run_all(mlp_setup(k=k, clip=clip, scaler=scaler, scheduler=scheduler))
+    for cid, r in results.items():
+        expected = Status.SKIP if (cid == "loop.loss_scaling" and not scaler) or (cid == "loop.scheduler_cadence" and not scheduler) else Status.PASS
+        assert r.status is expected, (cid, r.summary)
+
+
+# ------------------------------------------------------------------ planted bugs
+def step_without_zero_grad(ctx, micro_batches):
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
+    ctx.optimizer.step()
+    if ctx.scheduler is not None:
+        ctx.scheduler.step()
+
+
+def step_loss_not_divided(ctx, micro_batches):
+    for mb in micro_batches:
+        ctx.loss_fn(ctx.model, mb).backward()
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+    if ctx.scheduler is not None:
+        ctx.scheduler.step()
+
+
+def step_scheduler_per_micro_batch(ctx, micro_batches):
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
+        ctx.scheduler.step()
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+
+
+def step_clip_before_unscale(ctx, micro_batches):
+    for mb in micro_batches:
+        with ctx.autocast():
+            loss = ctx.loss_fn(ctx.model, mb) / len(micro_batches)
+        ctx.scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.grad_clip)  # still scaled!
+    ctx.scaler.step(ctx.optimizer)
+    ctx.scaler.update()
+    ctx.optimizer.zero_grad()
+    ctx.scheduler.step()
+
+
+def test_missing_zero_grad_is_caught_by_zero_grad_only():
+    results = run_all(mlp_setup(step_without_zero_grad, k=2))
+    r = results["loop.zero_grad"]
+    assert r.status is Status.FAIL and "left over from step 1" in r.summary
+    assert r.metrics["leak_equals_leftover_gradient"] is True
+    assert "zero_grad" in r.advice[0]
+    assert {c: s for c, s in statuses(results).items() if s is Status.FAIL} == {"loop.zero_grad": Status.FAIL}
+
+
+def test_zero_grad_between_backward_and_step_is_caught():
+    def step(ctx, mbs):
+        ctx.loss_fn(ctx.model, mbs[0]).backward()
+        ctx.optimizer.zero_grad()
+        ctx.optimizer.step()
+
+    r = check_zero_grad(mlp_setup(step, scheduler=False))
+    assert r.status is Status.FAIL and "no gradient reaches optimizer.step()" in r.summary
+
+
+def test_loss_not_divided_by_k_is_caught_by_accumulation_only():
+    results = run_all(mlp_setup(step_loss_not_divided, k=4))
+    r = results["loop.accumulation"]
+    assert r.status is Status.FAIL and "summed, not averaged" in r.summary
+    assert abs(r.metrics["grad_norm_ratio"] - 4) < 0.01 and r.metrics["k"] == 4
+    assert "Divide each micro-batch loss by K=4" in r.advice[0]
+    assert set(r.tables["parameters"]["tensor"]) == {"0.weight", "0.bias", "3.weight", "3.bias"}
+    assert [c for c, s in statuses(results).items() if s is Status.FAIL] == ["loop.accumulation"]
+
+
+def test_step_per_micro_batch_is_named():
+    def step(ctx, mbs):
+        for mb in mbs:
+            (ctx.loss_fn(ctx.model, mb) / len(mbs)).backward()
+            ctx.optimizer.step()
+            ctx.optimizer.zero_grad()
+
+    r = check_accumulation(mlp_setup(step, k=4, scheduler=False))
+    assert r.status is Status.FAIL and "optimizer.step() ran 4 times" in r.summary
+
+
+def test_scheduler_per_micro_batch_is_caught_by_cadence_only():
+    results = run_all(mlp_setup(step_scheduler_per_micro_batch, k=4))
+    r = results["loop.scheduler_cadence"]
+    assert r.status is Status.FAIL and "stepped per micro-batch" in r.summary and "4× faster" in r.summary
+    sched = r.tables["schedule"]
+    assert list(sched["position_k1"]) == [1, 2, 3] and list(sched["position_k4"]) == [4, 8, 12]
+    assert [c for c, s in statuses(results).items() if s is Status.FAIL] == ["loop.scheduler_cadence"]
+
+
+def test_scheduler_never_stepped_fails():
+    r = check_scheduler_cadence(mlp_setup(lambda ctx, mbs: tropt.standard_step(ctx.__class__(**{**ctx.__dict__, "scheduler": None}), mbs)))
+    assert r.status is Status.FAIL and "never advances" in r.summary
+
+
+def test_clipping_before_unscale_is_caught_by_loss_scaling_only():
+    results = run_all(mlp_setup(step_clip_before_unscale, clip=0.5, scaler=True))
+    r = results["loop.loss_scaling"]
+    assert r.status is Status.FAIL and "clip_grad_norm_ ran on still-scaled gradients" in r.summary
+    assert "unscale_(optimizer) before clip_grad_norm_" in r.advice[0]
+    assert [c for c, s in statuses(results).items() if s is Status.FAIL] == ["loop.loss_scaling"]
+
+
+def test_resume_saving_only_the_model_is_caught_by_resume_only():
+    setup = mlp_setup(save_state=lambda ctx: {"model": ctx.model.state_dict()},
+                      load_state=lambda ctx, s: ctx.model.load_state_dict(s["model"]))
+    results = run_all(setup)
+    r = results["loop.resume"]
+    assert r.status is Status.FAIL and "first divergence: optimizer moments" in r.summary
+    comp = r.tables["components"].set_index("component")
+    assert comp.loc["model weights", "restored"] and not comp.loc["optimizer moments", "restored"]
+    assert not comp.loc["schedule position", "restored"] and not comp.loc["RNG", "restored"]
+    assert any("optimizer.state_dict()" in a for a in r.advice)
+    assert [c for c, s in statuses(results).items() if s is Status.FAIL] == ["loop.resume"]
+
+
+def test_resume_without_rng_but_nothing_random_warns():
+    def save(ctx):
+        return {"m": ctx.model.state_dict(), "o": ctx.optimizer.state_dict(), "s": ctx.scheduler.state_dict()}
+
+    def load(ctx, s):
+        ctx.model.load_state_dict(s["m"]); ctx.optimizer.load_state_dict(s["o"]); ctx.scheduler.load_state_dict(s["s"])
+
+    r = check_resume(mlp_setup(save_state=save, load_state=load))
+    assert r.status is Status.WARN and "RNG is not restored" in r.summary
+    r = check_resume(mlp_setup(save_state=save, load_state=load, dropout=0.3))  # now dropout masks diverge
+    assert r.status is Status.FAIL and "first divergence: RNG" in r.summary
+    assert check_resume(mlp_setup(dropout=0.3)).status is Status.PASS  # tropt's full checkpoint restores RNG
+
+
+def test_state_holding_live_references_is_caught():
+    # Returning the live parameters (no copy) looks fine in memory but the "checkpoint" keeps training along.
+    r = check_resume(mlp_setup(optimizer="sgd", scheduler=False,
+                               save_state=lambda ctx: {"params": list(ctx.model.parameters()), "opt": ctx.optimizer.state_dict()},
+                               load_state=lambda ctx, s: [p.data.copy_(q) for p, q in zip(ctx.model.parameters(), s["params"])]
+                               and ctx.optimizer.load_state_dict(s["opt"])))
+    assert r.status in (Status.PASS, Status.WARN)  # torch.save cuts the references, so the file is what was saved
+    assert r.metrics["final_param_max_rel_error"] <= 1e-5
+
+
+# ------------------------------------------------------------------ token-level losses (the 2024 transformers bug)
+class TinyLM(nn.Module):
+    def __init__(self, vocab=20, dim=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.out = nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        return self.out(torch.tanh(self.emb(ids)))
+
+
+def token_batches(n_batches=3, b=8, max_len=12, vocab=20):
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for _ in range(n_batches):
+        lengths = torch.randint(2, max_len + 1, (b,), generator=g)
+        ids = torch.randint(1, vocab, (b, max_len), generator=g)
+        mask = torch.arange(max_len)[None, :] < lengths[:, None]
+        out.append({"input_ids": ids * mask, "attention_mask": mask})
+    return out
+
+
+def token_losses(model, batch):
+    logits = model(batch["input_ids"][:, :-1])
+    target = batch["input_ids"][:, 1:]
+    valid = batch["attention_mask"][:, 1:]
+    per_token = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    return (per_token * valid).sum(), valid.sum()
+
+
+def lm_loss(model, batch):
+    total, count = token_losses(model, batch)
+    return total / count
+
+
+def step_per_micro_batch_token_mean(ctx, micro_batches):  # the bug
+    for mb in micro_batches:
+        total, count = token_losses(ctx.model, mb)
+        (total / count / len(micro_batches)).backward()
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+
+
+def step_global_token_mean(ctx, micro_batches):  # the fix
+    n_tokens = sum(int(mb["attention_mask"][:, 1:].sum()) for mb in micro_batches)
+    for mb in micro_batches:
+        total, _ = token_losses(ctx.model, mb)
+        (total / n_tokens).backward()
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+
+
+def lm_setup(step):
+    torch.manual_seed(0)
+    return tropt.Setup(TinyLM(), lm_loss, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), token_batches(), step=step,
+                       accumulation_steps=4)
+
+
+def test_token_mean_bug_is_caught_and_fix_passes():
+    buggy = lm_setup(step_per_micro_batch_token_mean)
+    with untouched(buggy):
+        r = check_accumulation(buggy)
+    assert r.status is Status.FAIL and "normalised by its own item count" in r.summary
+    assert "total item count of the whole optimizer step" in r.advice[0]
+    fixed = lm_setup(step_global_token_mean)
+    results = run_all(fixed)
+    assert results["loop.accumulation"].status is Status.PASS, results["loop.accumulation"].summary
+    assert not [c for c, rr in results.items() if rr.status is Status.FAIL]
+
+
+# ------------------------------------------------------------------ batch-dependent layers
+def bn_cnn_setup():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 1, 8, 8, generator=g)
+    y = (x.mean((1, 2, 3)) > 0).long()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 2))
+    return tropt.Setup(model, ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+                       [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)], accumulation_steps=4)
+
+
+def test_batchnorm_cnn_with_correct_loop_warns_never_fails():
+    results = run_all(bn_cnn_setup())
+    r = results["loop.accumulation"]
+    assert r.status is Status.WARN and "BatchNorm" in r.summary
+    assert r.metrics["frozen_max_rel_error"] <= r.metrics["tolerance"] < r.metrics["max_rel_error"]
+    assert list(r.tables["batch_dependent_layers"]["layer"]) == ["1"]
+    assert not [c for c, rr in results.items() if rr.status is Status.FAIL]
+
+
+def test_batchnorm_cnn_with_wrong_loop_still_fails():
+    setup = bn_cnn_setup().replace(step=step_loss_not_divided)
+    r = check_accumulation(setup)
+    assert r.status is Status.FAIL and "even with BatchNorm statistics frozen" in r.summary
+
+
+# ------------------------------------------------------------------ uneven micro-batches and dict batches
+def test_divide_by_k_is_exact_only_for_equal_micro_batches():
+    def step(ctx, mbs):  # the common loop: loss / K
+        for mb in mbs:
+            (ctx.loss_fn(ctx.model, mb) / len(mbs)).backward()
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+
+    r = check_accumulation(mlp_setup(step, k=4, scheduler=False))
+    assert r.status is Status.WARN and "unequal sizes" in r.summary and r.metrics["uneven_sizes"] == "12+4+4+4"
+
+
+def test_dict_batches_work():
+    x, y = make_classification(n=64, d=6, classes=3)
+    batches = [{"features": x[i:i + 16], "label": y[i:i + 16], "source": "synthetic"} for i in range(0, 64, 16)]
+    setup = tropt.Setup(nn.Linear(6, 3), lambda m, b: F.cross_entropy(m(b["features"]), b["label"]),
+                        lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), batches, accumulation_steps=2,
+                        scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 1, 0.5))
+    assert {cid: r.status for cid, r in run_all(setup).items()} == {
+        "loop.zero_grad": Status.PASS, "loop.accumulation": Status.PASS, "loop.loss_scaling": Status.SKIP,
+        "loop.scheduler_cadence": Status.PASS, "loop.resume": Status.PASS}
+
+
+# ------------------------------------------------------------------ broken steps give a clear ERROR
+def test_step_that_raises_or_never_steps_is_an_error_in_diagnose():
+    def raises(ctx, mbs):
+        raise RuntimeError("CUDA out of memory (pretend)")
+
+    report = tropt.diagnose(mlp_setup(raises), checks="loop", progress=False)
+    for r in report:
+        if r.status is not Status.SKIP:
+            assert r.status is Status.ERROR and "raised RuntimeError: CUDA out of memory (pretend)" in r.summary, r.check
+
+    def never_steps(ctx, mbs):
+        for mb in mbs:
+            ctx.loss_fn(ctx.model, mb).backward()
+        return None
+
+    report = tropt.diagnose(mlp_setup(never_steps), checks="loop", progress=False)
+    for r in report:
+        if r.status is not Status.SKIP:
+            assert r.status is Status.ERROR and "never called optimizer.step()" in r.summary, r.check
+            assert "once per call" in r.advice[0]
+
+
+def test_plots_draw():
+    results = run_all(mlp_setup(step_loss_not_divided, k=4))
+    for r in results.values():
+        if r.status is not Status.SKIP:
+            ax = r.plot()
+            assert ax.get_title(loc="left").startswith(r.check)

@@ -1,0 +1,210 @@
+"""The invariance harness: run the user's step on seeded copies and capture what reaches ``optimizer.step()``.
+
+Capture uses ``Optimizer.register_step_pre_hook`` (never monkey-patching ``step``, which confuses LR schedulers):
+at each optimizer step we record every parameter's gradient (by name), each group's learning rate, the
+GradScaler's scale and the global gradient norm. ``GradScaler.step`` unscales before it calls ``optimizer.step``,
+so captured gradients are always the true (unscaled) ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from ..errors import StepError
+from ..setup import Setup
+from ..training import StepContext
+
+# Relative gradient error allowed between two runs that must give the same update, by precision. fp32 differs
+# only by summation order (about 1e-7 relative); half precisions round every activation.
+TOLERANCE = {"fp32": 1e-5, "bf16": 3e-2, "fp16": 1e-2}
+_DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+_BATCH_DEPENDENT = (nn.modules.batchnorm._BatchNorm,)
+
+
+def tolerance_for(setup: Setup, tol: float | None = None) -> float:
+    """The relative-error tolerance for the Setup's precision (or ``tol`` when given)."""
+    return float(tol) if tol is not None else TOLERANCE[setup.precision]
+
+
+@dataclass
+class StepRecord:
+    """What reached one ``optimizer.step()`` call."""
+
+    grads: dict[str, torch.Tensor | None]
+    lrs: list[float]
+    scale: float | None
+    grad_norm: float
+
+
+@dataclass
+class StepRecorder:
+    """Context manager recording a :class:`StepRecord` at every ``optimizer.step()`` of ``ctx``.
+
+    ``calls`` counts optimizer steps per harness call (see :func:`run_steps`), so a loop that steps once per
+    micro-batch, or never, is visible.
+    """
+
+    ctx: StepContext
+    grads: bool = True
+    records: list[StepRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._names = {id(p): n for n, p in self.ctx.model.named_parameters()}
+        self._handle = None
+
+    def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        grads: dict[str, torch.Tensor | None] = {}
+        squares = []
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                g = None if p.grad is None else p.grad.detach().float().clone()
+                grads[self._names.get(id(p), f"unnamed_{len(grads)}")] = g if self.grads else None
+                if g is not None:
+                    squares.append(g.pow(2).sum())
+        norm = math.sqrt(float(torch.stack(squares).sum())) if squares else 0.0
+        scale = float(self.ctx.scaler.get_scale()) if self.ctx.scaler is not None else None
+        self.records.append(StepRecord(grads, [float(g["lr"]) for g in optimizer.param_groups], scale, norm))
+
+    def __enter__(self) -> "StepRecorder":
+        self._handle = self.ctx.optimizer.register_step_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._handle.remove()
+
+
+def run_steps(setup: Setup, ctx: StepContext, steps: list[list], *, grads: bool = True) -> tuple[list[StepRecord], list[int]]:
+    """Run the step under test once per entry of ``steps`` (each a list of micro-batches).
+
+    Returns the optimizer-step records and, per call, how many times ``optimizer.step()`` ran.
+    """
+    calls = []
+    with StepRecorder(ctx, grads=grads) as rec:
+        for micro_batches in steps:
+            before = len(rec.records)
+            setup.run_step(ctx, micro_batches)
+            calls.append(len(rec.records) - before)
+    return rec.records, calls
+
+
+def require_steps(setup: Setup, calls: list[int], what: str) -> None:
+    """Raise a clear StepError when the step under test never reached ``optimizer.step()``."""
+    if sum(calls) == 0:
+        who = "tropt.standard_step" if setup.uses_standard_step else "your step function"
+        raise StepError(
+            f"{who} never called optimizer.step() during {what}"
+            + (" (or the GradScaler skipped every step because the gradients were inf/NaN)" if setup.use_scaler else ""),
+            "call ctx.optimizer.step() (or ctx.scaler.step(ctx.optimizer)) once per call of step(ctx, micro_batches)",
+        )
+
+
+def quiet_randomness(model: nn.Module) -> int:
+    """Switch off dropout in a copy (p = 0) so randomness not under test cannot fake or mask a difference.
+
+    Returns how many modules were changed. Works even if the user's step calls ``model.train()``.
+    """
+    changed = 0
+    for m in model.modules():
+        if isinstance(m, _DROPOUT) and m.p:
+            m.p = 0.0
+            changed += 1
+        elif isinstance(m, nn.MultiheadAttention) and m.dropout:
+            m.dropout = 0.0
+            changed += 1
+    return changed
+
+
+def batch_dependent_layers(model: nn.Module) -> list[str]:
+    """Names of layers whose output for one sample depends on the rest of the batch (BatchNorm and friends)."""
+    return [name for name, m in model.named_modules() if isinstance(m, _BATCH_DEPENDENT) and (m.training or not m.track_running_stats)]
+
+
+def freeze_batch_stats(model: nn.Module) -> int:
+    """Make batch-dependent layers of a copy normalise with their running statistics, whatever mode is set.
+
+    ``model.train()`` calls ``child.train(mode)``; an instance-level override keeps these layers in eval mode.
+    Layers without running statistics get fresh ones (mean 0, variance 1), which is still per-sample.
+    """
+    count = 0
+    for m in model.modules():
+        if isinstance(m, _BATCH_DEPENDENT):
+            if m.running_mean is None:
+                m.register_buffer("running_mean", torch.zeros(m.num_features, device=next(m.parameters(), torch.zeros(0)).device))
+                m.register_buffer("running_var", torch.ones(m.num_features, device=m.running_mean.device))
+                m.track_running_stats = True
+            m.training = False
+            m.train = (lambda self_: (lambda mode=True: self_))(m)
+            count += 1
+    return count
+
+
+def _norm(t: torch.Tensor | None) -> float:
+    return 0.0 if t is None else float(t.float().norm())
+
+
+def compare_tensors(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None], *,
+                    labels: tuple[str, str] = ("a", "b")) -> pd.DataFrame:
+    """Per-tensor relative error ``|a - b| / max(|a|, |b|)`` (Frobenius norms), worst first.
+
+    A tensor present on one side only (e.g. a gradient that is None in one run) counts as error 1. The
+    denominator is floored at 1e-6 of the largest norm so tensors that are zero in both runs compare as equal.
+    """
+    la, lb = labels
+    scale = max([_norm(t) for t in list(a.values()) + list(b.values())] + [1e-30])
+    rows = []
+    for name in list(a) + [n for n in b if n not in a]:
+        x, y = a.get(name), b.get(name)
+        nx, ny = _norm(x), _norm(y)
+        if (x is None) != (y is None):
+            diff, rel = max(nx, ny), 1.0
+        elif x is None:
+            diff, rel = 0.0, 0.0
+        else:
+            diff = float((x.float() - y.float()).norm())
+            rel = diff / max(nx, ny, 1e-6 * scale)
+        rows.append({"tensor": name, f"norm_{la}": nx, f"norm_{lb}": ny, "abs_diff": diff, "rel_error": rel})
+    df = pd.DataFrame(rows, columns=["tensor", f"norm_{la}", f"norm_{lb}", "abs_diff", "rel_error"])
+    return df.sort_values("rel_error", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def global_rel_error(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None]) -> float:
+    """Relative error of all tensors together: ``|a - b| / max(|a|, |b|)`` over the concatenation."""
+    diff2 = na2 = nb2 = 0.0
+    for name in set(a) | set(b):
+        x, y = a.get(name), b.get(name)
+        x = torch.zeros_like(y) if x is None and y is not None else x
+        y = torch.zeros_like(x) if y is None and x is not None else y
+        if x is None:
+            continue
+        diff2 += float((x.float() - y.float()).pow(2).sum())
+        na2 += float(x.float().pow(2).sum())
+        nb2 += float(y.float().pow(2).sum())
+    denom = math.sqrt(max(na2, nb2))
+    return math.sqrt(diff2) / denom if denom > 0 else 0.0
+
+
+def flatten_state(obj: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor (and number, as a 0-d tensor) in a nested state, by dotted path — for comparing states."""
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(obj, torch.Tensor):
+        out[prefix] = obj.detach().to("cpu", torch.float32, copy=True)  # a copy: live tensors keep training
+    elif isinstance(obj, bool):
+        out[prefix] = torch.tensor(float(obj))
+    elif isinstance(obj, (int, float)):
+        out[prefix] = torch.tensor(float(obj), dtype=torch.float64)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(flatten_state(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(flatten_state(v, f"{prefix}.{i}" if prefix else str(i)))
+    return out
+
+

@@ -1,0 +1,383 @@
+"""Stage 4 invariance checks: run the user's own step under a change that must not change the update, compare.
+
+- ``loop.zero_grad``: step t's gradient vs the same step rerun from the same state with gradients cleared.
+- ``loop.accumulation``: one batch as 1 micro-batch vs as K micro-batches (even, then uneven sizes).
+- ``loop.loss_scaling``: GradScaler initial scale 1 vs 2^16: unscaled gradients and the clipped norm.
+- ``loop.scheduler_cadence``: learning rate and schedule position at each optimizer step with K = 1 vs K = 4.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..batching import batch_size, split_batch, split_sizes
+from ..errors import TroptError
+from ..registry import register
+from ..result import CheckResult, Status
+from ..setup import Setup
+from ..snapshot import Snapshot, preserved
+from .harness import (
+    StepRecorder,
+    batch_dependent_layers,
+    compare_tensors,
+    freeze_batch_stats,
+    global_rel_error,
+    quiet_randomness,
+    require_steps,
+    run_steps,
+    tolerance_for,
+)
+
+_STANDARD_STEP_ADVICE = "Compare your step with tropt.standard_step, the reference implementation of this contract."
+
+
+def _norm(grads: dict) -> float:
+    return math.sqrt(sum(float(g.pow(2).sum()) for g in grads.values() if g is not None))
+
+
+def _cosine(a: dict, b: dict) -> float:
+    dot = sum(float((a[n] * b[n]).sum()) for n in a if a[n] is not None and b.get(n) is not None)
+    na, nb = _norm(a), _norm(b)
+    return dot / (na * nb) if na > 0 and nb > 0 else float("nan")
+
+
+def _grads_of(setup: Setup, micro_batches: list, k: int, *, freeze: bool = False, what: str) -> tuple[dict, list[int]]:
+    """Gradients at the first optimizer step of a fresh seeded copy fed ``micro_batches`` (configured for K=k)."""
+    ctx = setup.build(accumulation_steps=k)
+    quiet_randomness(ctx.model)
+    if freeze:
+        freeze_batch_stats(ctx.model)
+    records, calls = run_steps(setup, ctx, [micro_batches])
+    require_steps(setup, calls, what)
+    return records[0].grads, calls
+
+
+# --------------------------------------------------------------------------------------------- zero_grad
+@register(
+    "loop.zero_grad",
+    title="Gradients cleared every step",
+    description="step t's gradient equals the gradient of the same step rerun from the same state with gradients cleared",
+)
+def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progress: bool = True) -> CheckResult:
+    """FAIL when gradients of earlier steps leak into step ``t`` (missing or misplaced ``zero_grad``).
+
+    Runs ``t - 1`` steps, snapshots the full training state, runs step ``t`` (run A), restores the snapshot,
+    clears every gradient and reruns step ``t`` (run B). Both must reach ``optimizer.step()`` with the same
+    gradients. Also FAIL when no gradient at all reaches ``optimizer.step()`` (``zero_grad`` between backward
+    and step).
+    """
+    if t < 2:
+        raise TroptError(f"check_zero_grad needs t >= 2 (got {t}): a leak needs an earlier step", "use t=2")
+    setup.validate()
+    tol = tolerance_for(setup, tol)
+    k = setup.accumulation_steps
+    with preserved(setup.model):
+        ctx = setup.build()
+        quiet_randomness(ctx.model)
+        steps = [split_batch(b, k) for b in setup.batches(t)]
+        earlier, calls = run_steps(setup, ctx, steps[:-1])
+        require_steps(setup, calls, f"the first {t - 1} step(s)")
+        state = Snapshot.take([ctx.model, ctx.optimizer, ctx.scheduler, ctx.scaler])
+        leftover = {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in ctx.model.named_parameters()}
+        rec_a, calls_a = run_steps(setup, ctx, [steps[-1]])
+        state.restore()
+        for p in ctx.model.parameters():
+            p.grad = None
+        rec_b, calls_b = run_steps(setup, ctx, [steps[-1]])
+    require_steps(setup, calls_a + calls_b, f"step {t}")
+    a, b = rec_a[0].grads, rec_b[0].grads
+    table = compare_tensors(a, b, labels=("step_t", "fresh"))
+    worst = float(table["rel_error"].max())
+    leftover_norm = _norm(leftover)
+    metrics = {"t": t, "max_rel_error": worst, "global_rel_error": global_rel_error(a, b), "tolerance": tol,
+               "grad_norm_step_t": _norm(a), "grad_norm_fresh": _norm(b), "leftover_grad_norm_before_step_t": leftover_norm}
+    tables = {"parameters": table}
+    if _norm(a) == 0.0 and _norm(b) == 0.0:
+        return CheckResult(
+            "loop.zero_grad", Status.FAIL,
+            "no gradient reaches optimizer.step(): every gradient is zero or None when the optimizer steps",
+            metrics, tables,
+            advice=["Call optimizer.zero_grad() after optimizer.step() (or before the first backward of the next step), "
+                    "never between backward() and step().", _STANDARD_STEP_ADVICE])
+    if worst <= tol:
+        return CheckResult("loop.zero_grad", Status.PASS,
+                           f"step {t}'s gradient equals a fresh gradient (max relative error {worst:.1e} ≤ {tol:.0e})", metrics, tables)
+    # Evidence: is the extra exactly what the earlier step left behind?
+    expected = {n: (b[n] if b.get(n) is not None else 0) + (leftover[n] if leftover.get(n) is not None else 0) for n in b}
+    expected = {n: (v if isinstance(v, torch.Tensor) else None) for n, v in expected.items()}
+    explained = global_rel_error(a, expected) <= max(tol, 1e-4) if leftover_norm > 0 else False
+    metrics["leak_equals_leftover_gradient"] = bool(explained)
+    last = earlier[-1].grads if earlier else {}
+    metrics["previous_step_grad_norm"] = _norm(last)
+    why = ("it equals the fresh gradient plus the gradient left over from step " f"{t - 1}" if explained
+           else "gradients from earlier steps leak into it")
+    return CheckResult(
+        "loop.zero_grad", Status.FAIL,
+        f"step {t}'s gradient differs from a fresh gradient by {worst:.1%} (max over parameters): {why}",
+        metrics, tables,
+        advice=["Call optimizer.zero_grad(set_to_none=True) once per optimizer step: right after optimizer.step() "
+                "(or before the first backward of the next step).", _STANDARD_STEP_ADVICE])
+
+
+# --------------------------------------------------------------------------------------------- accumulation
+def _loss_grads(setup: Setup, micro_batches: list, weights: list[float], freeze: bool) -> dict:
+    """Gradient of ``sum_i w_i * loss_fn(model, mb_i)`` on a fresh seeded copy: a hypothesis about the user's step."""
+    ctx = setup.build()
+    quiet_randomness(ctx.model)
+    if freeze:
+        freeze_batch_stats(ctx.model)
+    ctx.model.train()
+    for mb, w in zip(micro_batches, weights):
+        with ctx.autocast():
+            loss = ctx.loss_fn(ctx.model, mb)
+        (loss.float() * w).backward()
+    return {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in ctx.model.named_parameters()}
+
+
+def _accumulation_cause(setup: Setup, micro: list, a: dict, b: dict, k: int, calls_b: int, tol: float,
+                        freeze: bool) -> tuple[str, list[str]]:
+    """Name the cause of an accumulation mismatch by testing what the K-micro-batch gradient equals."""
+    if calls_b > 1:
+        return (f"optimizer.step() ran {calls_b} times for one step of {k} micro-batches",
+                [f"Call optimizer.step() once per {k} micro-batches, after the last backward.",
+                 "Clear gradients only after that step, not per micro-batch."])
+    close = max(10 * tol, 1e-4)
+    scaled = lambda g, c: {n: (None if v is None else v * c) for n, v in g.items()}  # noqa: E731
+    if global_rel_error(b, scaled(a, k)) <= close:
+        return (f"the accumulated gradient is {k}× the full-batch one: micro-batch losses are summed, not averaged",
+                [f"Divide each micro-batch loss by K={k} before backward() (or weight it by its share of the step's samples)."])
+    if global_rel_error(b, scaled(a, 1 / k)) <= close:
+        return (f"the accumulated gradient is 1/{k} of the full-batch one: the loss is divided by K twice",
+                ["Divide the loss by K once (either per micro-batch or after accumulating, not both)."])
+    last = _loss_grads(setup, micro[-1:], [1.0], freeze)
+    if min(global_rel_error(b, last), global_rel_error(b, scaled(last, 1 / k))) <= close:
+        return ("only the last micro-batch reaches the step",
+                ["Do not call zero_grad() inside the micro-batch loop; call it once per optimizer step."])
+    if global_rel_error(b, _loss_grads(setup, micro, [1 / k] * k, freeze)) <= close:
+        return ("it equals the average of per-micro-batch mean losses: each micro-batch's loss is normalised by its own item count",
+                ["Each micro-batch loss is a mean over its own items (tokens, pixels, non-padding positions); averaging "
+                 "those means weights items unequally. Sum the per-item losses and divide by the total item count of the "
+                 "whole optimizer step (the 2024 transformers gradient-accumulation bug)."])
+    return (f"norm ratio {_norm(b) / _norm(a) if _norm(a) else float('nan'):.3f}, cosine {_cosine(a, b):.4f}",
+            ["Make each micro-batch contribute its share of the full-batch loss: weight it by its share of the step's "
+             "items (samples or tokens) and call backward() on every micro-batch before one optimizer step."])
+
+
+@register(
+    "loop.accumulation",
+    title="Gradient accumulation equivalence",
+    description="one batch as 1 micro-batch vs as K micro-batches (even and uneven) gives the same gradient",
+)
+def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None = None, progress: bool = True) -> CheckResult:
+    """FAIL when feeding one batch as K micro-batches changes the gradient that reaches ``optimizer.step()``.
+
+    K is ``setup.accumulation_steps`` when > 1, else 4. The batch is first split evenly, then unevenly; an
+    uneven-only mismatch is a WARN (exact only when micro-batches have equal sizes). With batch-dependent layers
+    (BatchNorm) the comparison is rerun with their batch statistics frozen: WARN when that isolated rerun
+    matches, FAIL when it does not.
+    """
+    setup.validate()
+    tol = tolerance_for(setup, tol)
+    k = int(k) if k is not None else (setup.accumulation_steps if setup.accumulation_steps > 1 else 4)
+    if k < 2:
+        raise TroptError(f"check_accumulation needs k >= 2 micro-batches (got {k})", "use k=4")
+    with preserved(setup.model):  # reading a shuffling DataLoader draws from the global RNG
+        batch = setup.sample_batch()
+    n = batch_size(batch)
+    if n < 2 * k:
+        raise TroptError(f"the first batch holds {n} samples, too few to split into {k} and then uneven micro-batches",
+                         f"use batches of at least {2 * k} samples for this check (or pass a smaller k)")
+    n_even = n - n % k
+    even_batch = split_batch(batch, sizes=[n_even, n - n_even])[0] if n_even < n else batch
+    uneven_sizes = split_sizes(n, k) if n % k else [n // 2] + split_sizes(n - n // 2, k - 1)
+    bn_layers = [name for name, m in setup.model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+    def compare(micro: list, full: object, freeze: bool) -> tuple[pd.DataFrame, dict, dict, int]:
+        a, _ = _grads_of(setup, [full], 1, freeze=freeze, what="the 1-micro-batch run")
+        b, calls = _grads_of(setup, micro, k, freeze=freeze, what=f"the {k}-micro-batch run")
+        return compare_tensors(a, b, labels=("1x", f"{k}x")), a, b, calls[0]
+
+    with preserved(setup.model):
+        even_micro = split_batch(even_batch, k)
+        table, a, b, calls_b = compare(even_micro, even_batch, freeze=False)
+        err = float(table["rel_error"].max())
+        metrics = {"k": k, "batch_size": n, "micro_batch_sizes": "+".join(map(str, split_sizes(n_even, k))),
+                   "max_rel_error": err, "global_rel_error": global_rel_error(a, b), "tolerance": tol,
+                   "optimizer_steps_in_k_run": calls_b, "grad_norm_ratio": _norm(b) / _norm(a) if _norm(a) else float("nan"),
+                   "grad_cosine": _cosine(a, b), "batch_dependent_layers": len(bn_layers)}
+        tables = {"parameters": table}
+        frozen = False
+        if err > tol and bn_layers and calls_b == 1:
+            ftable, fa, fb, fcalls = compare(even_micro, even_batch, freeze=True)
+            ferr = float(ftable["rel_error"].max())
+            metrics.update(frozen_max_rel_error=ferr)
+            tables = {"parameters_frozen_batch_stats": ftable, "parameters": table,
+                      "batch_dependent_layers": pd.DataFrame({"layer": bn_layers})}
+            if ferr > tol:
+                cause, advice = _accumulation_cause(setup, even_micro, fa, fb, k, fcalls, tol, freeze=True)
+                return CheckResult("loop.accumulation", Status.FAIL,
+                                   f"{k} micro-batches change the gradient by {ferr:.1%} even with BatchNorm statistics frozen: {cause}",
+                                   metrics, tables, advice + [_STANDARD_STEP_ADVICE])
+            frozen = True
+        elif err > tol:
+            cause, advice = _accumulation_cause(setup, even_micro, a, b, k, calls_b, tol, freeze=False)
+            return CheckResult("loop.accumulation", Status.FAIL,
+                               f"{k} micro-batches change the gradient by {err:.1%} (max over parameters): {cause}",
+                               metrics, tables, advice + [_STANDARD_STEP_ADVICE])
+        # Even split is exact (possibly with frozen batch statistics): now unequal micro-batch sizes.
+        utable, ua, ub, ucalls = compare(split_batch(batch, sizes=uneven_sizes), batch, freeze=frozen)
+        uerr = float(utable["rel_error"].max())
+        metrics.update(uneven_sizes="+".join(map(str, uneven_sizes)), uneven_max_rel_error=uerr)
+        tables["parameters_uneven"] = utable
+    if frozen:
+        summary = (f"accumulation is exact once BatchNorm's batch statistics are frozen (error {metrics['frozen_max_rel_error']:.1e}); "
+                   f"with live batch statistics {k} micro-batches differ by {err:.1%}, as BatchNorm does by design")
+        advice = [f"Expect accumulation over {k} micro-batches to differ from one big batch: {len(bn_layers)} BatchNorm layer(s) "
+                  "normalise each micro-batch by its own statistics.",
+                  "If that matters, use GroupNorm/LayerNorm, or larger micro-batches."]
+        if uerr > tol:
+            advice.append(f"Also: unequal micro-batch sizes ({metrics['uneven_sizes']}) change the gradient by {uerr:.1%}; weight each "
+                          "micro-batch loss by its share of the samples.")
+        return CheckResult("loop.accumulation", Status.WARN, summary, metrics, tables, advice)
+    if uerr > tol:
+        return CheckResult("loop.accumulation", Status.WARN,
+                           f"exact for equal micro-batches, but unequal sizes ({metrics['uneven_sizes']}) change the gradient by {uerr:.1%}",
+                           metrics, tables,
+                           ["Weight each micro-batch loss by its share of the step's samples (n_i / n) instead of dividing by K, "
+                            "or make every micro-batch the same size (drop_last=True).", _STANDARD_STEP_ADVICE])
+    return CheckResult("loop.accumulation", Status.PASS,
+                       f"{k} micro-batches give the full-batch gradient (max relative error {max(err, uerr):.1e} ≤ {tol:.0e}, even and uneven)",
+                       metrics, tables)
+
+
+# --------------------------------------------------------------------------------------------- loss scaling
+@register(
+    "loop.loss_scaling",
+    title="AMP loss scaling and clipping order",
+    description="GradScaler scale 1 vs 2^16 gives the same unscaled gradients and clipped norm",
+)
+def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | None = None, progress: bool = True) -> CheckResult:
+    """FAIL when the gradients reaching ``optimizer.step()`` depend on the GradScaler's scale.
+
+    The classic cause is clipping still-scaled gradients (``clip_grad_norm_`` before ``scaler.unscale_``). If the
+    large scale overflows on the first step, smaller scales (2^12, 2^8) are tried and reported. SKIP without a scaler.
+    """
+    if not setup.use_scaler:
+        return CheckResult("loop.loss_scaling", Status.SKIP, "no GradScaler in this Setup (use_scaler=False): nothing to check")
+    setup.validate()
+    tol = tolerance_for(setup, tol)
+    with preserved(setup.model):
+        micro = split_batch(setup.sample_batch(), setup.accumulation_steps)
+        ctx = setup.build(init_scale=1.0)
+        quiet_randomness(ctx.model)
+        rec_a, calls_a = run_steps(setup, ctx, [micro])
+        require_steps(setup, calls_a, "the scale-1 run")
+        rec_b, used = [], None
+        for big in (scale, 2.0**12, 2.0**8):
+            ctx = setup.build(init_scale=big)
+            quiet_randomness(ctx.model)
+            rec_b, _ = run_steps(setup, ctx, [micro])
+            if rec_b:
+                used = big
+                break
+    if not rec_b:
+        raise TroptError("every large loss scale (2^16, 2^12, 2^8) overflowed on the first step, so no step ran to compare",
+                         "check the loss for huge values; fp16 overflows above 65504")
+    a, b = rec_a[0].grads, rec_b[0].grads
+    table = compare_tensors(a, b, labels=("scale_1", f"scale_{int(used)}"))
+    err = float(table["rel_error"].max())
+    norm_a, norm_b = rec_a[0].grad_norm, rec_b[0].grad_norm
+    metrics = {"scale_small": 1.0, "scale_large": used, "max_rel_error": err, "tolerance": tol,
+               "clipped_norm_scale_1": norm_a, "clipped_norm_large_scale": norm_b, "grad_clip": setup.grad_clip or float("nan")}
+    tables = {"parameters": table}
+    if err <= tol and abs(norm_a - norm_b) <= tol * max(norm_a, norm_b, 1e-30):
+        return CheckResult("loop.loss_scaling", Status.PASS,
+                           f"unscaled gradients and clipped norm do not depend on the loss scale (max relative error {err:.1e})",
+                           metrics, tables)
+    if norm_a > 0 and abs(norm_b / norm_a / used - 1) < 0.05:
+        summary = f"optimizer.step() receives gradients still multiplied by the loss scale ({norm_b / norm_a:.3g}×)"
+        advice = ["Step through the scaler: scaler.step(optimizer) (it unscales), or call scaler.unscale_(optimizer) first."]
+    elif setup.grad_clip is not None:
+        summary = (f"the gradients depend on the loss scale ({err:.1%}; clipped norm {norm_a:.3g} vs {norm_b:.3g}): "
+                   "clip_grad_norm_ ran on still-scaled gradients")
+        advice = ["Call scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer) and scaler.update()."]
+    else:
+        summary = f"the gradients that reach optimizer.step() depend on the loss scale ({err:.1%} relative error)"
+        advice = ["Scale only the loss (scaler.scale(loss).backward()), unscale once, and step through scaler.step(optimizer)."]
+    return CheckResult("loop.loss_scaling", Status.FAIL, summary, metrics, tables, advice + [_STANDARD_STEP_ADVICE])
+
+
+# --------------------------------------------------------------------------------------------- scheduler cadence
+def _schedule_position(sched: object) -> float:
+    pos = getattr(sched, "last_epoch", None)
+    return float(pos) if isinstance(pos, (int, float)) else float("nan")
+
+
+@register(
+    "loop.scheduler_cadence",
+    title="Scheduler steps once per optimizer step",
+    description="learning rate and schedule position at each optimizer step are the same with K = 1 and K = 4",
+)
+def check_scheduler_cadence(setup: Setup, *, steps: int = 3, k: int = 4, progress: bool = True) -> CheckResult:
+    """FAIL when the schedule advances per micro-batch (LR sequence differs between K = 1 and K = ``k``), or never.
+
+    Compares, at every optimizer step, each group's learning rate and the scheduler's position (``last_epoch``).
+    SKIP without a scheduler.
+    """
+    if setup.scheduler is None:
+        return CheckResult("loop.scheduler_cadence", Status.SKIP, "no scheduler in this Setup: nothing to check")
+    setup.validate()
+    if steps < 2:
+        raise TroptError(f"check_scheduler_cadence needs steps >= 2 (got {steps})", "use steps=3")
+    runs = {}
+    with preserved(setup.model):
+        batches = list(setup.batches(steps))
+        if min(batch_size(b) for b in batches) < k:
+            raise TroptError(f"batches must hold at least K={k} samples to compare K=1 with K={k}", "use bigger batches or k=2")
+        for kk in (1, k):
+            ctx = setup.build(accumulation_steps=kk)
+            quiet_randomness(ctx.model)
+            start = _schedule_position(ctx.scheduler)
+            positions, calls = [], []
+            with StepRecorder(ctx, grads=False) as rec:
+                for b in batches:
+                    before = len(rec.records)
+                    setup.run_step(ctx, split_batch(b, kk))
+                    calls.append(len(rec.records) - before)
+                    positions.append(_schedule_position(ctx.scheduler) - start)
+            require_steps(setup, calls, f"the K={kk} run")
+            runs[kk] = (np.array([r.lrs for r in rec.records]), np.array(positions), calls)
+    (lr1, pos1, calls1), (lrk, posk, callsk) = runs[1], runs[k]
+    n = min(len(lr1), len(lrk))
+    table = pd.DataFrame({
+        "step": np.arange(1, len(batches) + 1),
+        "lr_k1": [lr1[i, 0] if i < len(lr1) else np.nan for i in range(len(batches))],
+        f"lr_k{k}": [lrk[i, 0] if i < len(lrk) else np.nan for i in range(len(batches))],
+        "position_k1": pos1, f"position_k{k}": posk,
+    })
+    same_lr = len(lr1) == len(lrk) and np.allclose(lr1[:n], lrk[:n], rtol=1e-6, atol=0)
+    same_pos = np.allclose(pos1, posk, equal_nan=True)
+    metrics = {"steps": len(batches), "k": k, "position_after_k1": float(pos1[-1]), f"position_after_k{k}": float(posk[-1]),
+               "max_lr_rel_diff": float(np.max(np.abs(lr1[:n] - lrk[:n]) / np.maximum(np.abs(lr1[:n]), 1e-30))) if n else float("nan")}
+    series = {"lr_k1": lr1[:, 0], f"lr_k{k}": lrk[:, 0]}
+    tables = {"schedule": table}
+    # A scheduler without last_epoch gives no position; then only the learning rates are compared.
+    if not np.isnan(pos1).any() and np.all(pos1 == 0):
+        return CheckResult("loop.scheduler_cadence", Status.FAIL,
+                           f"the schedule never advances: after {len(batches)} optimizer steps its position and learning rate are unchanged",
+                           metrics, tables, ["Call ctx.scheduler.step() once per optimizer step, right after optimizer.step().",
+                                             _STANDARD_STEP_ADVICE], series)
+    if same_lr and same_pos:
+        return CheckResult("loop.scheduler_cadence", Status.PASS,
+                           f"the schedule advances once per optimizer step: same learning rates and positions with K=1 and K={k}",
+                           metrics, tables, series=series)
+    per_micro = pos1[-1] > 0 and abs(posk[-1] / pos1[-1] - k) < 0.5
+    cause = (f"it advances {posk[-1] / pos1[-1]:.0f}× faster with K={k}: the scheduler is stepped per micro-batch" if per_micro
+             else f"the learning rates differ between K=1 and K={k} (positions {pos1[-1]:.0f} vs {posk[-1]:.0f} after {len(batches)} steps)")
+    return CheckResult("loop.scheduler_cadence", Status.FAIL, f"the schedule depends on accumulation: {cause}", metrics, tables,
+                       ["Call scheduler.step() once per optimizer step (after optimizer.step()), not once per micro-batch; "
+                        "a warm-up of W steps otherwise ends after W/K optimizer steps.", _STANDARD_STEP_ADVICE], series)

@@ -1,0 +1,191 @@
+"""``loop.resume``: does stop-save-load-continue give exactly the run that never stopped?
+
+Run A trains N steps, saves (``Setup.save_state`` or tropt's full checkpoint), and trains N more. Run B builds
+brand-new objects (a different seed, so nothing carries over by accident), loads the saved state and trains the
+same N batches. The saved state goes through ``torch.save``/``torch.load`` as a real checkpoint would, so a state
+that only holds references to live tensors is caught. Randomness stays on here: RNG restoration is under test.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..batching import split_batch
+from ..errors import StepError, TroptError
+from ..registry import register
+from ..result import CheckResult, Status
+from ..setup import Setup
+from ..snapshot import preserved
+from ..training import StepContext
+from .harness import compare_tensors, flatten_state, require_steps, run_steps, tolerance_for
+
+COMPONENTS = ("model weights", "optimizer moments", "optimizer hyperparameters", "schedule position", "loss scale", "RNG")
+_ADVICE = {
+    "model weights": "Restore the weights in load_state: ctx.model.load_state_dict(state['model']).",
+    "optimizer moments": "Save and load ctx.optimizer.state_dict() too: it holds the moments (Adam's exp_avg/exp_avg_sq, "
+                         "SGD's momentum buffers); without them the run restarts its optimizer from zero.",
+    "optimizer hyperparameters": "Restore ctx.optimizer.state_dict(), which also holds each group's lr, betas and weight decay.",
+    "schedule position": "Save and load ctx.scheduler.state_dict(): without it the schedule (warm-up, decay) restarts from step 0.",
+    "loss scale": "Save and load ctx.scaler.state_dict(), or the GradScaler restarts from its initial scale.",
+    "RNG": "Save torch.get_rng_state() (and torch.cuda.get_rng_state_all(), numpy and random states) and restore them on "
+           "load, or dropout masks and data shuffling diverge after a resume.",
+}
+
+
+def default_save_state(ctx: StepContext) -> dict[str, Any]:
+    """tropt's full checkpoint: model, optimizer, scheduler, scaler and every RNG state."""
+    return {
+        "model": ctx.model.state_dict(),
+        "optimizer": ctx.optimizer.state_dict(),
+        "scheduler": ctx.scheduler.state_dict() if ctx.scheduler is not None else None,
+        "scaler": ctx.scaler.state_dict() if ctx.scaler is not None else None,
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        },
+    }
+
+
+def default_load_state(ctx: StepContext, state: dict[str, Any]) -> None:
+    """Load a checkpoint written by :func:`default_save_state` into fresh objects."""
+    ctx.model.load_state_dict(state["model"])
+    ctx.optimizer.load_state_dict(state["optimizer"])
+    if ctx.scheduler is not None and state["scheduler"] is not None:
+        ctx.scheduler.load_state_dict(state["scheduler"])
+    if ctx.scaler is not None and state["scaler"] is not None:
+        ctx.scaler.load_state_dict(state["scaler"])
+    rng = state["rng"]
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+
+
+def _state_of(ctx: StepContext) -> dict[str, dict[str, torch.Tensor]]:
+    """Every resumable component of a run as flat tensors, for comparison."""
+    opt = ctx.optimizer.state_dict()
+    np_state = np.random.get_state()
+    return {
+        "model weights": flatten_state(ctx.model.state_dict()),
+        "optimizer moments": flatten_state(opt["state"]),
+        "optimizer hyperparameters": flatten_state([{k: v for k, v in g.items() if k != "params"} for g in opt["param_groups"]]),
+        "schedule position": flatten_state(ctx.scheduler.state_dict()) if ctx.scheduler is not None else {},
+        "loss scale": flatten_state(ctx.scaler.state_dict()) if ctx.scaler is not None else {},
+        "RNG": {
+            "torch": torch.get_rng_state().double(),
+            "numpy": torch.from_numpy(np_state[1].astype(np.float64)),
+            "numpy_pos": torch.tensor(float(np_state[2]), dtype=torch.float64),
+            "python": torch.tensor(random.getstate()[1], dtype=torch.float64),
+        },
+    }
+
+
+def _call_user(fn: Callable, who: str, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except TroptError:
+        raise
+    except Exception as exc:
+        raise StepError(f"{who} raised {type(exc).__name__}: {exc}", f"fix {who}; it is called as {who}(ctx{', state' if len(args) > 1 else ''})") from exc
+
+
+def _through_disk(state: Any) -> Any:
+    """What a checkpoint file would give back: torch.save then torch.load (so live references are cut)."""
+    buf = io.BytesIO()
+    try:
+        torch.save(state, buf)
+    except Exception as exc:
+        raise StepError(f"save_state returned something torch.save cannot write ({type(exc).__name__}: {exc})",
+                        "return plain containers of tensors and numbers, e.g. state_dict()s") from exc
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+def _max_rel(a: dict, b: dict) -> float:
+    if not a and not b:
+        return 0.0
+    return float(compare_tensors(a, b)["rel_error"].max())
+
+
+@register(
+    "loop.resume",
+    title="Exact resume",
+    description="N steps, save, fresh objects, load, N steps equals 2N steps straight",
+)
+def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, progress: bool = True) -> CheckResult:
+    """FAIL when stopping, saving and resuming changes training; names what diverged first.
+
+    Uses ``setup.save_state``/``setup.load_state`` when given, else tropt's full checkpoint
+    (:func:`default_save_state`). Compares, right after loading, every component (weights, optimizer moments and
+    hyperparameters, schedule position, loss scale, RNG) with the straight run at the save point, and after N more
+    steps the parameters and learning rates. Batches are fed by tropt in the same order to both runs.
+    """
+    if steps < 1:
+        raise TroptError(f"check_resume needs steps >= 1 (got {steps})", "use steps=1")
+    setup.validate()
+    tol = tolerance_for(setup, tol)
+    custom = setup.save_state is not None
+    save = setup.save_state or default_save_state
+    load = setup.load_state or default_load_state
+    with preserved(setup.model):
+        batches = [split_batch(b, setup.accumulation_steps) for b in setup.batches(2 * steps)]
+        ctx_a = setup.build()
+        _, calls = run_steps(setup, ctx_a, batches[:steps], grads=False)
+        require_steps(setup, calls, f"the first {steps} step(s)")
+        state = _call_user(save, "save_state", ctx_a)
+        if state is None and custom:
+            raise StepError("save_state returned None, so there is nothing to resume from", "return the state to save (a dict of state_dicts)")
+        state = _through_disk(state)
+        # Leftover gradients are in no checkpoint; clearing them isolates what the checkpoint covers
+        # (leaking gradients are loop.zero_grad's finding, not this check's).
+        for p in ctx_a.model.parameters():
+            p.grad = None
+        at_save = _state_of(ctx_a)
+        rec_a, _ = run_steps(setup, ctx_a, batches[steps:], grads=False)
+        final_a = _state_of(ctx_a)
+        ctx_b = setup.build(seed=setup.seed + 1)
+        _call_user(load, "load_state", ctx_b, state)
+        after_load = _state_of(ctx_b)
+        rec_b, _ = run_steps(setup, ctx_b, batches[steps:], grads=False)
+        final_b = _state_of(ctx_b)
+    rows = []
+    for comp in COMPONENTS:
+        loaded, final = _max_rel(at_save[comp], after_load[comp]), _max_rel(final_a[comp], final_b[comp])
+        limit = 0.0 if comp == "RNG" else tol
+        rows.append({"component": comp, "after_load_rel_error": loaded, "final_rel_error": final,
+                     "restored": loaded <= limit, "matches_at_end": final <= limit})
+    components = pd.DataFrame(rows)
+    params = compare_tensors(final_a["model weights"], final_b["model weights"], labels=("straight", "resumed"))
+    lr_a = np.array([r.lrs[0] for r in rec_a])
+    lr_b = np.array([r.lrs[0] for r in rec_b])
+    final_err = float(params["rel_error"].max()) if len(params) else 0.0
+    lost = [r["component"] for r in rows if not r["restored"]]
+    metrics = {"steps_before_save": steps, "steps_after_load": steps, "checkpoint": "user save_state/load_state" if custom else "tropt full checkpoint",
+               "final_param_max_rel_error": final_err, "tolerance": tol, "not_restored": ", ".join(lost) or "none"}
+    tables = {"components": components, "parameters": params}
+    series = {"lr_straight": lr_a, "lr_resumed": lr_b}
+    lr_same = len(lr_a) == len(lr_b) and np.allclose(lr_a, lr_b, rtol=1e-6)
+    if final_err <= tol and lr_same and not lost:
+        return CheckResult("loop.resume", Status.PASS,
+                           f"resuming after {steps} step(s) reproduces the straight run (parameter error {final_err:.1e}; every component restored)",
+                           metrics, tables, series=series)
+    advice = [_ADVICE[c] for c in lost] or ["Something outside the checkpoint carries state: a module attribute that is not "
+                                            "in state_dict(), or state kept by loss_fn or the step function. Save it too."]
+    if final_err <= tol and lr_same:
+        return CheckResult("loop.resume", Status.WARN,
+                           f"the resumed run matches here, but {', '.join(lost)} {'is' if len(lost) == 1 else 'are'} not restored "
+                           "and would make longer runs diverge", metrics, tables, advice, series)
+    first = lost[0] if lost else "state outside the checkpoint"
+    return CheckResult("loop.resume", Status.FAIL,
+                       f"resuming changes training (parameter error {final_err:.1e} after {steps} step(s)); first divergence: {first}"
+                       + (f" (also not restored: {', '.join(lost[1:])})" if len(lost) > 1 else ""),
+                       metrics, tables, advice, series)

@@ -1,0 +1,51 @@
+"""Pictures for the stage-4 loop checks: per-parameter relative errors, and learning-rate sequences."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import new_axes, register_plot, titled
+
+_ERROR_TABLES = ("parameters_frozen_batch_stats", "parameters", "parameters_uneven")
+
+
+def plot_parameter_errors(result: Any, ax: Any = None, max_bars: int = 25) -> Any:
+    """Horizontal bars of each parameter's relative error (log scale, worst first) with the tolerance line."""
+    name = next((t for t in _ERROR_TABLES if t in result.tables), None)
+    if name is None:
+        from ..errors import TroptError
+
+        raise TroptError(f"{result.check} carries no per-parameter table to plot", "this result was not computed by a loop check")
+    df = result.tables[name].head(max_bars).iloc[::-1]
+    floor = 1e-12
+    ax = new_axes(ax, figsize=(7, max(2.5, 0.28 * len(df) + 1)))
+    tol = result.metrics.get("tolerance")
+    colours = ["#cf222e" if tol is not None and v > tol else "#1a7f37" for v in df["rel_error"]]
+    ax.barh(df["tensor"].astype(str), np.maximum(df["rel_error"].to_numpy(dtype=float), floor), color=colours)
+    ax.set_xscale("log")
+    if tol is not None:
+        ax.axvline(tol, color="#6e7781", linestyle="--", label=f"tolerance {tol:.0e}")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.set_xlabel("relative error (log)")
+    ax.tick_params(axis="y", labelsize=8)
+    return titled(ax, result, name.replace("_", " "))
+
+
+def plot_lr_sequences(result: Any, ax: Any = None) -> Any:
+    """The learning rate at each optimizer step in the two runs, side by side."""
+    ax = new_axes(ax)
+    styles = ["-o", "--x"]
+    for (name, values), style in zip(result.series.items(), styles):
+        values = np.asarray(values, dtype=float)
+        ax.plot(np.arange(1, len(values) + 1), values, style, label=name)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("learning rate (group 0)")
+    ax.legend(fontsize=8)
+    return titled(ax, result)
+
+
+for _check in ("loop.zero_grad", "loop.accumulation", "loop.loss_scaling", "loop.resume"):
+    register_plot(_check)(plot_parameter_errors)
+register_plot("loop.scheduler_cadence")(plot_lr_sequences)
