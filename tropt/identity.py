@@ -49,8 +49,11 @@ def data_fingerprint(setup: Any = None, splits: Mapping | None = None) -> str | 
     """A short hash of the data a report was computed on (first training batch; split contents or file stats)."""
     parts: list[bytes] = []
     if setup is not None:
+        from .snapshot import preserved
+
         try:
-            _tensor_bytes(setup.sample_batch(), parts)
+            with preserved():  # sample_batch seeds the global RNG; a report must not move the user's RNG state
+                _tensor_bytes(setup.sample_batch(), parts)
         except Exception:  # noqa: BLE001 - an unreadable batch is reported by the checks themselves
             parts.append(b"unreadable")
     if splits is not None:
