@@ -38,7 +38,7 @@ def _g(x: float) -> str:
 
 
 def _step(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else _g(x)
+    return str(int(round(x))) if math.isfinite(x) else str(x)
 
 
 def _clip_advice(m: dict) -> str:

@@ -1,0 +1,165 @@
+"""dynamics.loss_curve on curves a user already has: synthetic curves of every class, every input format."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import curve_factory as cf
+from tropt.dynamics import diagnose_curves, read_tensorboard
+from tropt.errors import TroptError
+from tropt.result import CheckResult, Status
+
+
+@pytest.mark.parametrize("name", list(cf.CASES))
+@pytest.mark.parametrize("n", [300, 5000])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_each_class_is_classified(name, n, seed):
+    r = diagnose_curves(cf.CASES[name](n, seed))
+    assert r.check == "dynamics.loss_curve"
+    assert r.metrics["class"] == name
+    assert r.metrics["classes"] == name  # and nothing else is flagged
+    expected = {"healthy": Status.PASS, "flat": Status.FAIL, "diverging": Status.FAIL, "non_finite": Status.FAIL}
+    assert r.status == expected.get(name, Status.WARN)
+    if name != "healthy":
+        assert r.advice and r.tables["findings"]["flagged"].any()
+
+
+def test_healthy_curve_is_not_flagged_even_with_validation():
+    y = cf.healthy(2000, 3)
+    vt = np.linspace(0, 1999, 30)
+    r = diagnose_curves(y, val=0.4 + 2.0 * np.exp(-vt / (2000 / 12)), val_steps=vt)
+    assert r.status == Status.PASS and r.advice == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_overfitting_reports_the_best_step(seed):
+    train, vt, val = cf.overfitting(2000, seed)
+    r = diagnose_curves(train, val=val, val_steps=vt)
+    assert r.status == Status.WARN and r.metrics["class"] == "overfitting"
+    best = r.metrics["val_best_step"]
+    assert 0.3 * 2000 <= best <= 0.5 * 2000  # the validation minimum was built at 40% of the run
+    assert any(f"stop at step {round(best)}" in a for a in r.advice)
+
+
+def test_non_finite_names_the_first_bad_step_and_diverging_advice_names_a_clip_value():
+    y = cf.non_finite(1000)
+    norms = np.linspace(1, 10, 1000)
+    r = diagnose_curves(y, grad_norms=norms)
+    assert r.metrics["first_non_finite_step"] == 700
+    assert any("Clip gradients at about" in a and f"{np.percentile(norms, 90):.3g}" in a for a in r.advice)
+    assert "non_finite_steps" in r.tables
+
+
+def test_spikes_are_listed_as_evidence():
+    r = diagnose_curves(cf.unstable(2000))
+    assert r.metrics["spikes"] == 3
+    assert sorted(r.tables["spikes"]["step"].astype(int)) == [600, 1100, 1600]
+
+
+def test_losses_that_go_negative_still_classify():
+    y = cf.healthy(2000) - 1.0  # a negative log-likelihood can be below zero
+    assert diagnose_curves(y).metrics["class"] == "healthy"
+    assert diagnose_curves(cf.flat(2000) - 3.0).metrics["class"] == "flat"
+
+
+def test_dataframe_csv_and_lightning_csvlogger(tmp_path):
+    train, vt, val = cf.overfitting(1000, 0, evals=20)
+    steps = np.arange(1000)
+    # Lightning CSVLogger: sparse rows, one metric per row
+    rows = [{"epoch": s // 100, "step": s, "train_loss": v, "val_loss": np.nan} for s, v in zip(steps, train)]
+    rows += [{"epoch": int(s) // 100, "step": int(s), "train_loss": np.nan, "val_loss": v} for s, v in zip(vt, val)]
+    df = pd.DataFrame(rows)
+    path = tmp_path / "metrics.csv"
+    df.to_csv(path, index=False)
+    for source in (df, str(path)):
+        r = diagnose_curves(source)
+        assert r.metrics["class"] == "overfitting", source
+        assert r.metrics["points"] == 1000 and r.metrics["val_points"] == 20
+    # a plain DataFrame with step + loss, and a Series whose index is the step
+    plain = pd.DataFrame({"step": steps * 10, "loss": cf.flat(1000)})
+    r = diagnose_curves(plain)
+    assert r.metrics["class"] == "flat" and r.metrics["last_step"] == 9990
+    assert diagnose_curves(pd.Series(cf.healthy(500), index=np.arange(500) * 2)).metrics["last_step"] == 998
+
+
+def test_tensorboard_csv_export(tmp_path):
+    y = cf.diverging(800)
+    tb = pd.DataFrame({"Wall time": np.arange(800.0), "Step": np.arange(800) * 5, "Value": y})
+    path = tmp_path / "run-train-tag-loss.csv"
+    tb.to_csv(path, index=False)
+    r = diagnose_curves(str(path))
+    assert r.metrics["class"] == "diverging" and r.metrics["last_step"] == 3995
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def _field(num: int, wt: int, payload: bytes) -> bytes:
+    key = _varint(num << 3 | wt)
+    return key + (_varint(len(payload)) + payload if wt == 2 else payload)
+
+
+def _event(step: int, tag: str, value: float, tensor: bool = False) -> bytes:
+    if tensor:  # TF2 style: a one-element TensorProto (dtype DT_FLOAT, packed float_val)
+        proto = _field(1, 0, _varint(1)) + _field(5, 2, struct.pack("<f", value))
+        val = _field(1, 2, tag.encode()) + _field(8, 2, proto)
+    else:  # torch.utils.tensorboard style: simple_value
+        val = _field(1, 2, tag.encode()) + _field(2, 5, struct.pack("<f", value))
+    summary = _field(1, 2, val)
+    return _field(1, 1, struct.pack("<d", 1.0)) + _field(2, 0, _varint(step)) + _field(5, 2, summary)
+
+
+def _write_events(path, events):
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", 5) + b"\0" * 4 + _field(3, 2, b"brain.Event:2")[:5] + b"\0" * 4)  # header record
+        for e in events:
+            fh.write(struct.pack("<Q", len(e)) + b"\0" * 4 + e + b"\0" * 4)
+
+
+def test_tensorboard_event_files(tmp_path):
+    train, vt, val = cf.overfitting(600, 1, evals=15)
+    events = [_event(i, "train/loss", float(v)) for i, v in enumerate(train)]
+    events += [_event(int(s), "val/loss", float(v), tensor=True) for s, v in zip(vt, val)]
+    run = tmp_path / "run1"
+    run.mkdir()
+    _write_events(run / "events.out.tfevents.123.host", events)
+    curves = read_tensorboard(run)
+    assert set(curves) == {"train/loss", "val/loss"}
+    assert np.allclose(curves["train/loss"][1], train, rtol=1e-6)
+    r = diagnose_curves(str(run))
+    assert r.metrics["class"] == "overfitting" and r.metrics["val_points"] == 15
+
+
+def test_bad_inputs_say_how_to_fix():
+    with pytest.raises(TroptError, match="at least"):
+        diagnose_curves([1.0, 0.9, 0.8])
+    with pytest.raises(TroptError, match="training loss"):
+        diagnose_curves(pd.DataFrame({"a": [1.0] * 20, "b": [2.0] * 20}))
+    with pytest.raises(TroptError, match="does not exist"):
+        diagnose_curves("/nonexistent/metrics.csv")
+    with pytest.raises(TroptError, match="steps has"):
+        diagnose_curves(np.ones(20), steps=np.arange(10))
+
+
+def test_json_round_trip_and_plot():
+    import matplotlib.pyplot as plt
+
+    train, vt, val = cf.overfitting(1000, 0)
+    for r in (diagnose_curves(train, val=val, val_steps=vt), diagnose_curves(cf.unstable(1000)), diagnose_curves(cf.non_finite(500))):
+        back = CheckResult.from_dict(r.to_dict())
+        assert back.status == r.status and back.metrics["class"] == r.metrics["class"]
+        for res in (r, back):
+            ax = res.plot()
+            assert ax.get_title(loc="left").startswith("dynamics.loss_curve")
+            plt.close(ax.figure)

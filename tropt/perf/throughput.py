@@ -1,0 +1,235 @@
+"""``perf.throughput``: where one training step's time goes (waiting for data vs forward/backward/optimizer),
+samples/s, peak memory, and a ``torch.profiler`` table of the top operators as evidence."""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..batching import batch_size, split_batch
+from ..errors import TroptError
+from ..registry import register
+from ..result import CheckResult, Status
+
+CHECK_ID = "perf.throughput"
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process in MiB (from /proc; NaN where unavailable)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return math.nan
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (``getrusage``; lifetime peak, not per step)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def state_mb(ctx: Any) -> dict[str, float]:
+    """Bytes held by parameters, gradients and optimizer state of a built context, in MiB."""
+    params = sum(p.numel() * p.element_size() for p in ctx.model.parameters())
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in ctx.model.parameters() if p.grad is not None)
+    opt = 0
+    for state in ctx.optimizer.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                opt += v.numel() * v.element_size()
+    return {"params_mb": params / 2**20, "grads_mb": grads / 2**20, "optimizer_state_mb": opt / 2**20}
+
+
+def _loader_advice(setup: Any, device: torch.device) -> list[str]:
+    """DataLoader settings that hide data loading behind compute, named from the user's loader."""
+    data = setup.train_data
+    cores = os.cpu_count() or 1
+    if not isinstance(data, torch.utils.data.DataLoader):
+        if isinstance(data, torch.utils.data.Dataset):
+            return [f"Wrap the dataset in a DataLoader with num_workers={min(8, max(1, cores - 1))}, "
+                    "persistent_workers=True and prefetch_factor=2–4"
+                    + (", pin_memory=True" if device.type == "cuda" else "") + "."]
+        return ["Precompute and cache the batches, or move the preprocessing into a DataLoader with workers."]
+    advice = []
+    if data.num_workers == 0:
+        advice.append(f"Load in parallel: DataLoader(num_workers={min(8, max(1, cores - 1))}) (this machine has {cores} CPU cores).")
+    else:
+        if not data.persistent_workers:
+            advice.append("Keep workers alive between epochs: DataLoader(persistent_workers=True).")
+        if (data.prefetch_factor or 2) < 4:
+            advice.append("Prefetch more batches per worker: DataLoader(prefetch_factor=4).")
+        if data.num_workers < cores - 1:
+            advice.append(f"Use more workers (num_workers={data.num_workers} of {cores} cores).")
+    if device.type == "cuda" and not data.pin_memory:
+        advice.append("Use pinned host memory for faster copies: DataLoader(pin_memory=True) and .to(device, non_blocking=True).")
+    advice.append("Move expensive per-sample work (decoding, augmentation) out of __getitem__ or cache its results.")
+    return advice
+
+
+def _cheap_batches_advice() -> str:
+    return ("Waiting is under a millisecond per batch, so worker processes may cost more than they save: index whole "
+            "batches at once (tensors in memory sliced by a batch of indices, or a BatchSampler) instead of collating "
+            "one sample at a time.")
+
+
+def profile_ops(setup: Any, ctx: Any, batches: list, top: int = 15) -> pd.DataFrame:
+    """``torch.profiler`` over a few steps: the top operators by self time (CPU, plus CUDA on GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    cuda = ctx.device.type == "cuda"
+    if cuda:
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for batch in batches:
+            setup.run_step(ctx, split_batch(batch, ctx.accumulation_steps))
+        if cuda:
+            torch.cuda.synchronize(ctx.device)
+    rows = []
+    for e in prof.key_averages():
+        row = {
+            "operator": e.key,
+            "calls": int(e.count),
+            "self_cpu_ms": e.self_cpu_time_total / 1e3,
+            "cpu_total_ms": e.cpu_time_total / 1e3,
+        }
+        if cuda:
+            row["self_device_ms"] = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) / 1e3
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    key = "self_device_ms" if cuda and df["self_device_ms"].sum() > 0 else "self_cpu_ms"
+    df = df[~df["operator"].str.startswith("ProfilerStep")]
+    total = df[key].sum() or 1.0
+    df = df.sort_values(key, ascending=False).head(top).reset_index(drop=True)
+    df["share"] = df[key] / total
+    return df
+
+
+@register(CHECK_ID, title="Step time, data wait and memory",
+          description="Time steady-state steps on a copy: data wait vs compute, samples/s, peak memory, top profiler operators.")
+def check_throughput(
+    setup: Any,
+    *,
+    warmup: int = 5,
+    steps: int = 30,
+    data_threshold: float = 0.2,
+    profile: bool = True,
+    profile_steps: int = 3,
+    progress: bool = True,
+) -> CheckResult:
+    """Measure steady-state training steps of a copy of the Setup.
+
+    Parameters
+    ----------
+    setup
+        The :class:`tropt.Setup` (never modified; the copy trains inside :func:`tropt.snapshot.preserved`).
+    warmup
+        Steps run first and not timed (allocator, caches, lazy initialisation, DataLoader worker start-up).
+    steps
+        Timed optimizer steps. Each step's time is split into waiting for its batch (reading the user's
+        DataLoader / Dataset and moving the batch to the device) and the step itself (forward, backward, optimizer,
+        scheduler: the Setup's step function), with device synchronisation on GPU.
+    data_threshold
+        WARN when waiting for data takes more than this share of the step time.
+    profile, profile_steps
+        Also run ``profile_steps`` steps under ``torch.profiler`` for the top-operators table.
+    progress
+        Show a progress bar.
+
+    Memory: on CUDA the allocator's peak (``torch.cuda.max_memory_allocated``); on CPU the process's resident
+    set size (current and lifetime peak) and the bytes of parameters, gradients and optimizer state.
+    """
+    from tqdm.auto import tqdm
+
+    from ..dynamics._run import sync
+    from ..snapshot import preserved
+
+    for name, value, low in (("warmup", warmup, 0), ("steps", steps, 3), ("profile_steps", profile_steps, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise TroptError(f"{name}={value!r}; it must be an integer >= {low}", f"use e.g. {name}={max(low, 5)}")
+    setup.validate()
+    device = setup.device
+    cuda = device.type == "cuda"
+    with preserved(setup.model):
+        ctx = setup.build()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        rss_before = rss_mb()
+        total = warmup + steps
+        it = iter(setup.batches(total + (profile_steps if profile else 0)))
+        waits, computes, sizes = [], [], []
+        bar = tqdm(total=total, desc=CHECK_ID, disable=not progress, leave=False)
+        try:
+            for i in range(total):
+                sync(device)
+                t0 = time.perf_counter()
+                batch = next(it)
+                micro = split_batch(batch, ctx.accumulation_steps)
+                sync(device)
+                t1 = time.perf_counter()
+                setup.run_step(ctx, micro)
+                sync(device)
+                t2 = time.perf_counter()
+                bar.update(1)
+                if i >= warmup:
+                    waits.append(t1 - t0)
+                    computes.append(t2 - t1)
+                    sizes.append(batch_size(batch))
+            memory = state_mb(ctx)
+            memory["rss_mb"] = rss_mb()
+            memory["rss_increase_mb"] = memory["rss_mb"] - rss_before
+            memory["peak_rss_mb"] = peak_rss_mb()
+            if cuda:
+                memory["peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+                memory["peak_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
+            ops = profile_ops(setup, ctx, [next(it) for _ in range(profile_steps)]) if profile else None
+        finally:
+            bar.close()
+    wait, comp = np.asarray(waits), np.asarray(computes)
+    step = wait + comp
+    frac = float(wait.sum() / step.sum()) if step.sum() > 0 else 0.0
+    med = float(np.median(step))
+    samples = float(np.median(sizes))
+    metrics: dict[str, Any] = {
+        "step_ms": med * 1e3,
+        "data_wait_ms": float(np.median(wait)) * 1e3,
+        "compute_ms": float(np.median(comp)) * 1e3,
+        "data_wait_share": frac,
+        "samples_per_s": samples / med if med > 0 else math.nan,
+        "batch_size": samples,
+        "timed_steps": int(steps),
+        "warmup_steps": int(warmup),
+        "step_time_cv": float(np.std(step) / np.mean(step)) if step.mean() > 0 else 0.0,
+        "device": str(device),
+        "precision": setup.precision,
+        **memory,
+    }
+    per_step = pd.DataFrame({"step": np.arange(warmup, warmup + steps), "data_wait_ms": wait * 1e3,
+                             "compute_ms": comp * 1e3, "step_ms": step * 1e3})
+    tables = {"steps": per_step}
+    if ops is not None and not ops.empty:
+        tables["top_operators"] = ops
+    series = {"data_wait_ms": wait * 1e3, "compute_ms": comp * 1e3}
+    limit = "data loading" if frac > data_threshold else ("device compute" if cuda else "compute")
+    metrics["limited_by"] = limit
+    mem = (f"peak GPU memory {memory['peak_allocated_mb']:.0f} MiB" if cuda
+           else f"RSS {memory['rss_mb']:.0f} MiB")
+    summary = (f"{med * 1e3:.3g} ms/step, {metrics['samples_per_s']:.4g} samples/s; waiting for data takes "
+               f"{frac:.0%} of the step; {mem}")
+    if frac > data_threshold:
+        advice = _loader_advice(setup, device)
+        if metrics["data_wait_ms"] < 1.0:
+            advice.insert(0, _cheap_batches_advice())
+        return CheckResult(CHECK_ID, Status.WARN, f"data-loading bound: {summary}", metrics, tables, advice, series)
+    return CheckResult(CHECK_ID, Status.PASS, f"{limit}-bound: {summary}", metrics, tables, [], series)

@@ -1,0 +1,74 @@
+"""Pictures of the stage-5 checks: the loss curve with its trend and findings, and the LR range sweep."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import new_axes, register_plot, titled
+
+
+def _arr(result: Any, name: str) -> np.ndarray:
+    return np.asarray(result.series.get(name, []), dtype=float).reshape(-1)
+
+
+@register_plot("dynamics.loss_curve")
+def plot_loss_curve(result: Any, ax: Any = None) -> Any:
+    """Training loss (raw and its robust trend), validation loss, spikes, the best validation step, non-finite start."""
+    ax = new_axes(ax)
+    x, y = _arr(result, "step"), _arr(result, "train_loss")
+    if x.size != y.size:
+        x = np.arange(y.size)
+    ax.plot(x, y, color="#8c959f", lw=0.6, alpha=0.6, label="train loss")
+    tx, ty = _arr(result, "trend_step"), _arr(result, "trend_loss")
+    if tx.size and tx.size == ty.size:
+        ax.plot(tx, ty, color="#0969da", lw=2, label="train trend (bin medians)")
+    vx, vy = _arr(result, "val_step"), _arr(result, "val_loss")
+    if vy.size and vx.size == vy.size:
+        ax.plot(vx, vy, "o-", color="#bf3989", ms=3, lw=1.2, label="validation loss")
+    sp = _arr(result, "spike_step")
+    if sp.size and x.size:
+        idx = np.clip(np.searchsorted(x, sp), 0, y.size - 1)
+        ax.plot(x[idx], y[idx], "v", color="#cf222e", ms=6, label="spikes")
+    m = result.metrics
+    if "val_best_step" in m and "overfitting" in str(m.get("classes", "")):
+        ax.axvline(m["val_best_step"], color="#bf3989", ls="--", lw=1, label=f"best val step {m['val_best_step']:.0f}")
+    if m.get("first_non_finite_step") is not None:
+        ax.axvline(m["first_non_finite_step"], color="#cf222e", ls=":", lw=1.5, label="first non-finite loss")
+    finite = y[np.isfinite(y)]
+    if finite.size and (finite > 0).all() and finite.max() / finite.min() > 20:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=8)
+    return titled(ax, result, str(m.get("classes", "")))
+
+
+@register_plot("dynamics.lr_range")
+def plot_lr_range(result: Any, ax: Any = None) -> Any:
+    """Smoothed loss against the learning rate for every seed; suggestions, the suggested range and the Setup's LR."""
+    ax = new_axes(ax)
+    seeds = sorted(k[len("lr_seed"):] for k in result.series if k.startswith("lr_seed"))
+    for i, s in enumerate(seeds):
+        lr, raw, sm = _arr(result, f"lr_seed{s}"), _arr(result, f"loss_seed{s}"), _arr(result, f"smoothed_seed{s}")
+        n = min(lr.size, sm.size)
+        if raw.size >= n and n:
+            ax.plot(lr[:n], raw[:n], color="#8c959f", lw=0.5, alpha=0.5, label="raw loss" if i == 0 else None)
+        if n:
+            ax.plot(lr[:n], sm[:n], lw=1.8, label=f"smoothed, seed {s}")
+    m = result.metrics
+    colours = {"steepest": "#1a7f37", "valley": "#0969da", "min_div_10": "#9a6700"}
+    for method, colour in colours.items():
+        v = m.get(f"suggested_{method}")
+        if v is not None and np.isfinite(v):
+            ax.axvline(v, color=colour, ls="--", lw=1, label=f"{method} {v:.2g}")
+    if m.get("suggested_low") is not None and m.get("suggested_high") is not None:
+        ax.axvspan(m["suggested_low"], m["suggested_high"], color="#1a7f37", alpha=0.08, label="suggested range")
+    if m.get("setup_lr") is not None and np.isfinite(m["setup_lr"]) and m["setup_lr"] > 0:
+        ax.axvline(m["setup_lr"], color="#cf222e", lw=1.5, label=f"Setup LR {m['setup_lr']:.2g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=7)
+    return titled(ax, result)
