@@ -1,0 +1,95 @@
+"""Cost of each stage-4 invariance check, as a multiple of one optimizer step of the same Setup.
+
+Goal (issue #8): each check costs at most 3x one optimizer step plus the copies it makes (the floor is about 2x:
+two runs of the same step). Everything is measured side by side in this one run; medians of repeats.
+
+    .venv/bin/python benchmarks/bench_loop.py
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import tropt  # noqa: E402
+from tropt.loop import check_accumulation, check_loss_scaling, check_resume, check_scheduler_cadence, check_zero_grad  # noqa: E402
+from tropt.snapshot import preserved  # noqa: E402
+
+REPEATS = 5
+CHECKS = [check_zero_grad, check_accumulation, check_loss_scaling, check_scheduler_cadence, check_resume]
+
+
+def ce(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def mlp_setup(**kw):
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(256, 512, generator=g), torch.randint(0, 10, (256,), generator=g)) for _ in range(4)]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    return tropt.Setup(model, ce, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), batches,
+                       scheduler=lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 100), grad_clip=1.0, **kw)
+
+
+def cnn_setup(**kw):
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(64, 3, 32, 32, generator=g), torch.randint(0, 10, (64,), generator=g)) for _ in range(4)]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1),
+                          nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
+    return tropt.Setup(model, ce, lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), batches,
+                       scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 10), **kw)
+
+
+def median_time(fn) -> float:
+    times = []
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def baseline(setup):
+    """One optimizer step on an already-built copy, and one build (the copies a check makes)."""
+    with preserved(setup.model):
+        ctx = setup.build()
+        batch = setup.sample_batch()
+        micro = tropt.split_batch(batch, setup.accumulation_steps)
+        tropt.standard_step(ctx, micro)  # warm-up
+        step = median_time(lambda: setup.run_step(ctx, micro))
+        build = median_time(setup.build)
+    return step, build
+
+
+def main() -> None:
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {REPEATS}")
+    print(f"{'setup':<10}{'check':<26}{'check ms':>10}{'step ms':>10}{'copy ms':>10}{'× step':>9}{'× (step+copy)':>15}")
+    for name, make in (("MLP", mlp_setup), ("CNN", cnn_setup)):
+        for precision in ("fp32", "fp16+scaler"):
+            setup = make() if precision == "fp32" else make(precision="fp16", use_scaler=True)
+            setup.validate()
+            for check in CHECKS:
+                if check is check_loss_scaling and precision == "fp32":
+                    continue
+                if check is not check_loss_scaling and precision != "fp32":
+                    continue
+                step, build = baseline(setup)
+                check(setup)  # warm-up
+                t = median_time(lambda: check(setup))
+                print(f"{name + ' ' + precision:<10}{check.check_id:<26}{t * 1e3:>10.1f}{step * 1e3:>10.1f}{build * 1e3:>10.1f}"
+                      f"{t / step:>9.2f}{t / (step + build):>15.2f}")
+
+
+if __name__ == "__main__":
+    main()
