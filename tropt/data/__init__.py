@@ -1,0 +1,37 @@
+"""Stage 1: data leakage and split checks.
+
+``check_splits(splits, label=, group=, time=)`` runs them all and returns a :class:`tropt.Report`; each check is
+also a public function (``check_exact_duplicates``, ...). ``splits`` is an ordered mapping of named splits
+(earlier first); each split may be a DataFrame, a numpy array / torch tensor (N, ...), a tuple (X, y), a
+map-style torch Dataset or a path to a CSV/Parquet file (streamed in chunks).
+"""
+
+from __future__ import annotations
+
+from .checks import (
+    CHECKS,
+    check_class_coverage,
+    check_exact_duplicates,
+    check_group_leakage,
+    check_label_sanity,
+    check_label_shift,
+    check_near_duplicates,
+    check_splits,
+    check_target_leakage,
+    check_temporal_leakage,
+    infer_task,
+)
+
+__all__ = [
+    "CHECKS",
+    "check_splits",
+    "check_exact_duplicates",
+    "check_near_duplicates",
+    "check_group_leakage",
+    "check_temporal_leakage",
+    "check_target_leakage",
+    "check_label_shift",
+    "check_class_coverage",
+    "check_label_sanity",
+    "infer_task",
+]
