@@ -120,18 +120,20 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
         advice.append("Exactly-zero gradients mean the path from these parameters to the loss is cut: look for dead "
                       "ReLUs upstream (model.activation_stats), a multiplication by zero, or a detached branch.")
     has_grad = s[(s["steps_with_grad"] > 0) & (s["zero_fraction"] < 1.0)]
-    not_updated = has_grad[~has_grad["in_optimizer"] | (has_grad["update_norm_max"] == 0)]
+    # Judged from the optimizers' param groups, not from a zero update: lr x a tiny gradient can round to no change
+    # in fp32 (that is the vanishing rule's business).
+    not_updated = has_grad[~has_grad["in_optimizer"] | ~has_grad["lr_nonzero"]]
     if len(not_updated):
         for _, r in not_updated.iterrows():
             detail = ("not in any optimizer param group" if not r["in_optimizer"]
-                      else "in the optimizer but never changed (learning rate 0?)")
+                      else "its optimizer param group has learning rate 0")
             problems.append({"name": r["name"], "problem": "never updated", "detail": detail})
         outside = not_updated[~not_updated["in_optimizer"]]
         reasons.append(f"{len(not_updated)} parameter(s) get gradients but are never updated"
                        + (f" (not in any optimizer param group: {names_list(outside['name'])})" if len(outside) else
-                          f" ({names_list(not_updated['name'])})"))
-        advice.append("Build the optimizer from model.parameters() (or include every group), e.g. "
-                      "lambda m: torch.optim.AdamW(m.parameters(), lr=...).")
+                          f" (learning rate 0: {names_list(not_updated['name'])})"))
+        advice.append("Build the optimizer from model.parameters() (or include every group, each with a non-zero "
+                      "learning rate), e.g. lambda m: torch.optim.AdamW(m.parameters(), lr=...).")
     nonfinite = s[s["nonfinite_steps"] > 0]
     if len(nonfinite):
         for _, r in nonfinite.iterrows():

@@ -83,6 +83,7 @@ class GradientMonitor:
         self.recorded_steps: list[int] = []  # the optimizer-step index of each recorded row
         self.grad_seen: np.ndarray = np.zeros(0, dtype=np.int64)  # per parameter: recorded steps with a .grad
         self.in_optimizer: np.ndarray = np.zeros(0, dtype=bool)
+        self.lr_nonzero: np.ndarray = np.zeros(0, dtype=bool)  # per parameter: stepped with a non-zero lr at least once
         self._data: torch.Tensor | None = None
         self._rows = 0
 
@@ -102,6 +103,7 @@ class GradientMonitor:
         self._numel = torch.tensor([p.numel() for p in self._params], dtype=torch.float64)
         self.grad_seen = np.zeros(len(self._params), dtype=np.int64)
         self.in_optimizer = np.zeros(len(self._params), dtype=bool)
+        self.lr_nonzero = np.zeros(len(self._params), dtype=bool)
         self.steps_seen = 0
         self.recorded_steps = []
         self._rows = 0
@@ -164,6 +166,10 @@ class GradientMonitor:
         step = self.steps_seen
         self.steps_seen += 1
         self.in_optimizer[idx] = True
+        for g in optimizer.param_groups:  # a parameter whose group has lr 0 is stepped but never moves
+            lr = g.get("lr", None)
+            if lr is not None and float(lr) != 0.0:
+                self.lr_nonzero[[self._pid[id(p)] for p in g["params"] if id(p) in self._pid]] = True
         if step % self.every:
             return
         self._record_grads(step, idx)
@@ -336,6 +342,7 @@ def parameter_summary(mon: GradientMonitor) -> pd.DataFrame:
             "numel": int(numel[i]),
             "steps_with_grad": int(mon.grad_seen[i]),
             "in_optimizer": bool(mon.in_optimizer[i]),
+            "lr_nonzero": bool(mon.lr_nonzero[i]),
             "grad_norm_mean": float(finite_g.mean()) if finite_g.size else math.nan,
             "grad_norm_max": float(finite_g.max()) if finite_g.size else math.nan,
             "grad_rms_mean": float(finite_g.mean() / math.sqrt(numel[i])) if finite_g.size else math.nan,
@@ -348,7 +355,7 @@ def parameter_summary(mon: GradientMonitor) -> pd.DataFrame:
             "grad_abs_sum_mean": float(np.nanmean(data[:, i, 5])) if steps and np.isfinite(data[:, i, 5]).any() else math.nan,
             "grad_abs_max": float(np.nanmax(data[:, i, 6])) if steps and np.isfinite(data[:, i, 6]).any() else math.nan,
         })
-    return pd.DataFrame(rows, columns=["name", "module", "numel", "steps_with_grad", "in_optimizer", "grad_norm_mean",
+    return pd.DataFrame(rows, columns=["name", "module", "numel", "steps_with_grad", "in_optimizer", "lr_nonzero", "grad_norm_mean",
                                        "grad_norm_max", "grad_rms_mean", "param_norm", "update_norm_max",
                                        "update_ratio_mean", "zero_fraction", "nonfinite_steps", "nonfinite_max",
                                        "grad_abs_sum_mean", "grad_abs_max"])

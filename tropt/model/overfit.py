@@ -18,7 +18,7 @@ from ..batching import split_batch
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from ._common import Capture, dropout_off, fmt, get_leaf, names_list, probe, require_samples, take_samples, zero_inputs
+from ._common import Capture, dropout_off, fmt, get_leaf, probe, require_samples, take_samples, zero_inputs
 
 CHECK = "model.overfit_batch"
 
@@ -214,7 +214,9 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         return fail(f"the model ignores its input: after {len(losses) - 1} steps its loss {fmt(final)} does not beat "
                     f"the {fmt(base_final)} of the same model trained on zeroed inputs",
                     ["Check that the forward pass uses its input (no torch.zeros_like/detached or overwritten input, "
-                     "no constant output path), and that inputs and labels are paired correctly."])
+                     "no constant output path), and that inputs and labels are paired correctly.",
+                     "If it does, the input's signal is lost on the way: look for dead units (model.activation_stats) "
+                     "or vanishing gradients (model.gradient_flow)."])
     if _plateaued(losses):
         return fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start) and stops "
                     f"improving before memorising {n} samples"

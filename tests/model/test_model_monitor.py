@@ -1,0 +1,111 @@
+"""GradientMonitor in a user's own loop: exact statistics, hooks removed, cadence, frozen and missing parameters."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from _model_fixtures import C, D, data, mlp
+from torch import nn
+from torch.nn import functional as F
+
+import tropt
+from tropt.errors import TroptError
+
+
+def _global_hooks() -> tuple[int, int]:
+    from torch.optim import optimizer as o
+
+    return len(o._global_optimizer_pre_hooks), len(o._global_optimizer_post_hooks)
+
+
+def test_monitor_records_exact_norms_in_a_plain_loop_and_removes_its_hooks():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    expected = []
+    hooks_before = _global_hooks()
+    with tropt.GradientMonitor(model) as mon:
+        assert _global_hooks() == (hooks_before[0] + 1, hooks_before[1] + 1)
+        for x, y in data()[:5]:
+            F.cross_entropy(model(x), y).backward()
+            before = [p.detach().clone() for p in model.parameters()]
+            grads = [p.grad.norm().item() for p in model.parameters()]
+            opt.step()
+            updates = [(p.detach() - b).norm().item() for p, b in zip(model.parameters(), before)]
+            expected.append((grads, [p.norm().item() for p in model.parameters()], updates))
+            opt.zero_grad()
+    assert _global_hooks() == hooks_before
+    assert all(not m._forward_pre_hooks for m in model.modules())
+    df = mon.frame()
+    assert list(df["step"].unique()) == [0, 1, 2, 3, 4] and len(df) == 5 * 6
+    for step, (g, p, u) in enumerate(expected):
+        rows = df[df["step"] == step]
+        np.testing.assert_allclose(rows["grad_norm"], g, rtol=1e-5)
+        np.testing.assert_allclose(rows["param_norm"], p, rtol=1e-5)
+        np.testing.assert_allclose(rows["update_norm"], u, rtol=1e-4)
+    assert (df["nonfinite"] == 0).all() and df["zero_fraction"].between(0, 1).all()
+    np.testing.assert_allclose(mon.global_norms()[0], math.sqrt(sum(v * v for v in expected[0][0])), rtol=1e-5)
+    assert mon.module_order == ["0", "2", "4"]
+    assert mon.memory_bytes > 0
+    assert mon.result().status.value == "pass"
+
+
+def test_monitor_every_and_explicit_optimizer_and_other_optimizers_ignored():
+    model, other = mlp(), nn.Linear(3, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.1)
+    with tropt.GradientMonitor(model, every=3) as mon:
+        for x, y in data()[:7]:
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            other(torch.randn(2, 3)).sum().backward()
+            other_opt.step()  # an optimizer over other parameters: not counted
+    assert mon.steps_seen == 7 and mon.recorded_steps == [0, 3, 6]
+    with tropt.GradientMonitor(model, optimizer=other_opt) as mon2:
+        F.cross_entropy(model(data()[0][0]), data()[0][1]).backward()
+        opt.step()
+    assert mon2.steps_seen == 0
+
+
+def test_monitor_flags_nonfinite_counts_missing_optimizer_and_no_grad():
+    model = nn.Sequential(nn.Linear(D, 4), nn.Linear(4, C))
+    unused = nn.Linear(2, 2)
+    model.add_module("unused", unused)
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    with tropt.GradientMonitor(model) as mon:
+        x, y = data()[0]
+        F.cross_entropy(model[1](model[0](x)), y).backward()
+        model[0].weight.grad[0, :3] = float("nan")
+        opt.step()
+    df = mon.frame().set_index("name")
+    assert df.loc["0.weight", "nonfinite"] == 3
+    assert math.isnan(df.loc["unused.weight", "grad_norm"])
+    s = mon.summary().set_index("name")
+    assert not s.loc["1.weight", "in_optimizer"] and s.loc["0.weight", "in_optimizer"]
+    assert s.loc["unused.bias", "steps_with_grad"] == 0
+    r = mon.result()
+    assert r.status.value == "fail"
+    got = set(zip(r.tables["problems"]["name"], r.tables["problems"]["problem"]))
+    assert {("unused.weight", "no gradient"), ("1.weight", "never updated"), ("0.weight", "non-finite gradient")} <= got
+
+
+def test_monitor_bad_input():
+    with pytest.raises(TroptError, match="expected a torch.nn.Module"):
+        tropt.GradientMonitor("model")
+    with pytest.raises(TroptError, match="every=0"):
+        tropt.GradientMonitor(mlp(), every=0)
+    with pytest.raises(TroptError, match="no parameters"):
+        tropt.GradientMonitor(nn.ReLU()).__enter__()
+
+
+def test_import_tropt_stays_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, tropt; tropt.GradientMonitor; "
+            "print(any(m in sys.modules for m in ('matplotlib', 'seaborn', 'tropt.plots.model')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
