@@ -157,6 +157,7 @@ def classify_curve(
 
     if y_use.size < MIN_POINTS:  # went non-finite almost at once: nothing more to say
         metrics["class"] = classes[0]
+        metrics["classes"] = ",".join(classes)
         return CurveDiagnosis(classes, metrics, series, tables)
 
     positive = bool((y_use > 0).all())

@@ -1,0 +1,162 @@
+"""dynamics.loss_curve and dynamics.lr_range on Setups with known answers; the user's objects are never touched."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import tropt
+from tropt.dynamics import check_loss_curve
+from tropt.dynamics.lr_range import check_lr_range, ema_smooth, suggest
+from tropt.result import CheckResult, Status
+from tropt.testing import untouched
+
+MAX_STABLE_LR = 1.0  # SGD on this least-squares problem: 2 / (largest Hessian eigenvalue ≈ 2) — above it, divergence
+KNOWN_GOOD_LR = 0.1  # converges within the probe (asserted below)
+
+
+def linreg_setup(lr, *, seed=0, scheduler=None, step=None, accumulation_steps=1, val=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1024, 16, generator=g)
+    w = torch.randn(16, 1, generator=g)
+    y = x @ w + 0.1 * torch.randn(1024, 1, generator=g)
+    ds = torch.utils.data.TensorDataset(x, y)
+    dl = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True)
+    torch.manual_seed(seed)
+    model = nn.Linear(16, 1)
+    return tropt.Setup(model, lambda m, b: F.mse_loss(m(b[0]), b[1]), lambda m: torch.optim.SGD(m.parameters(), lr=lr), dl,
+                       val_data=torch.utils.data.DataLoader(ds, batch_size=256) if val else None,
+                       scheduler=scheduler, step=step, accumulation_steps=accumulation_steps, seed=seed)
+
+
+def test_known_good_lr_is_healthy():
+    s = linreg_setup(KNOWN_GOOD_LR, val=True)
+    with untouched(s):
+        r = check_loss_curve(s, steps=100, progress=False)
+    assert r.status == Status.PASS, r.summary
+    assert r.metrics["loss_from"] == "step return" and r.metrics["val_points"] >= 10
+
+
+@pytest.mark.parametrize("lr", [1.5, 50.0])
+def test_far_too_high_lr_is_diverging(lr):
+    s = linreg_setup(lr)
+    with untouched(s):
+        r = check_loss_curve(s, steps=100, progress=False)
+    assert r.status == Status.FAIL
+    assert r.metrics["class"] in ("non_finite", "diverging")  # the issue: diverging = rising or non-finite
+    assert any("Lower the learning rate" in a for a in r.advice)
+    assert any("Clip gradients at about" in a for a in r.advice)  # the norms were observed
+    r.plot()
+
+
+def test_sample_setup_diverges_with_a_far_too_high_lr(sample_module):
+    s = sample_module.make_setup()
+    bad = s.replace(optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=1e4), grad_clip=None, scheduler=None)
+    with untouched(bad):
+        r = check_loss_curve(bad, steps=60, progress=False)
+    assert r.status == Status.FAIL and r.metrics["class"] in ("non_finite", "diverging")
+
+
+def test_step_returning_none_reads_the_loss_from_loss_fn_calls():
+    def my_step(ctx, micro):
+        for mb in micro:
+            ctx.loss_fn(ctx.model, mb).backward()
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+
+    s = linreg_setup(KNOWN_GOOD_LR, step=my_step)
+    with untouched(s):
+        r = check_loss_curve(s, steps=60, progress=False)
+    assert r.metrics["loss_from"] == "loss_fn calls" and r.metrics["steps_run"] == 60
+
+
+def test_lr_range_brackets_the_lr_known_to_work_and_restores_the_setup():
+    s = linreg_setup(KNOWN_GOOD_LR)
+    before = [p.detach().clone() for p in s.model.parameters()]
+    rng = torch.get_rng_state()
+    with untouched(s):
+        r = check_lr_range(s, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, s.model.parameters()))
+    assert torch.equal(rng, torch.get_rng_state())
+    low, high = r.metrics["suggested_low"], r.metrics["suggested_high"]
+    assert low <= KNOWN_GOOD_LR <= high < MAX_STABLE_LR, r.summary
+    assert r.status == Status.PASS and r.metrics["sweeps"] == 2
+    assert set(r.tables["suggestions"]["method"]) == {"steepest", "valley", "min_div_10"}
+    assert r.metrics["steps_per_sweep"] < 100  # stopped at 4x the best loss
+    back = CheckResult.from_dict(r.to_dict())
+    for res in (r, back):
+        res.plot()
+
+
+@pytest.mark.parametrize("lr", [1e-5, 100.0])
+def test_lr_range_warns_when_the_setup_lr_is_far_outside(lr):
+    s = linreg_setup(lr)
+    with untouched(s):
+        r = check_lr_range(s, repeats=1, progress=False)
+    assert r.status == Status.WARN and r.metrics["setup_lr_in_range"] == "no"
+    assert ("higher" if lr < 1 else "lower") in r.advice[0]
+
+
+def test_lr_range_respects_accumulation_scheduler_and_group_ratios():
+    seen = []
+
+    def my_step(ctx, micro):
+        seen.append((len(micro), [g["lr"] for g in ctx.optimizer.param_groups]))
+        loss = sum(ctx.loss_fn(ctx.model, mb) for mb in micro) / len(micro)
+        loss.backward()
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+        ctx.scheduler.step()  # a held stand-in: must not move the swept LR
+        return loss
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(256, 4, generator=g), torch.randn(256, 1, generator=g)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = lambda m: torch.optim.SGD([{"params": m[0].parameters(), "lr": 0.01}, {"params": m[2].parameters(), "lr": 0.1}])  # noqa: E731
+    s = tropt.Setup(model, lambda m, b: F.mse_loss(m(b[0]), b[1]), opt,
+                    torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32),
+                    scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5), step=my_step, accumulation_steps=4)
+    with untouched(s):
+        r = check_lr_range(s, num_steps=30, repeats=1, progress=False)
+    assert all(k == 4 for k, _ in seen)
+    lrs = np.array([l for _, l in seen])
+    assert np.allclose(lrs[:, 1] / lrs[:, 0], 10.0)  # the user's 1:10 group ratio is kept
+    assert np.all(np.diff(lrs[:, 0]) > 0)  # exponential sweep, not halved by StepLR
+    assert r.metrics["setup_lr"] == 0.01
+
+
+def test_lr_range_restores_on_error():
+    calls = {"n": 0}
+
+    def exploding_step(ctx, micro):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("boom")
+        return tropt.standard_step(ctx, micro)
+
+    s = linreg_setup(KNOWN_GOOD_LR, step=exploding_step)
+    with untouched(s):
+        with pytest.raises(tropt.TroptError, match="boom"):
+            check_lr_range(s, progress=False)
+
+
+def test_suggestions_on_a_textbook_curve():
+    lrs = np.logspace(-6, 1, 100)
+    loss = 2.0 - 1.5 / (1 + np.exp(-(np.log10(lrs) + 2) * 3))  # falls around 1e-2 ...
+    loss[lrs > 0.3] += (np.log10(lrs[lrs > 0.3]) + 0.6) * 10  # ... and blows up past 0.3
+    sm = ema_smooth(loss, 0.0)
+    out = suggest(lrs, sm)
+    assert 3e-3 < out["steepest"] < 3e-2
+    assert 1e-6 < out["valley"] < lrs[np.argmin(sm)]  # fastai's valley: down the longest decreasing stretch
+    assert 3e-3 < out["min_div_10"] < 0.05
+
+
+def test_registered_and_run_by_diagnose(sample_module):
+    s = sample_module.make_setup()
+    with untouched(s):
+        rep = tropt.diagnose(s, checks=["dynamics"], progress=False)
+    assert rep.checks == ["dynamics.loss_curve", "dynamics.lr_range"]
+    assert all(r.status in (Status.PASS, Status.WARN) for r in rep), [r.summary for r in rep]

@@ -1,0 +1,120 @@
+"""perf.throughput and perf.precision with known answers; the user's objects are never touched."""
+
+from __future__ import annotations
+
+import time
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import tropt
+from tropt.perf import check_precision, check_throughput
+from tropt.result import CheckResult, Status
+from tropt.testing import untouched
+
+
+class SlowDataset(torch.utils.data.Dataset):
+    """Each sample takes 2 ms to "decode": with 16 samples a batch waits ~32 ms for a step that computes in ~1 ms."""
+
+    def __init__(self, n=256, d=8, delay=0.002):
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y, self.delay = torch.randn(n, d, generator=g), torch.randint(0, 3, (n,), generator=g), delay
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if self.delay:
+            time.sleep(self.delay)
+        return self.x[i], self.y[i]
+
+
+def mlp_setup(data, **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+    return tropt.Setup(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                       lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), data, **kw)
+
+
+def test_throughput_flags_a_slow_dataset():
+    s = mlp_setup(torch.utils.data.DataLoader(SlowDataset(), batch_size=16))
+    with untouched(s):
+        r = check_throughput(s, warmup=1, steps=4, profile_steps=1, progress=False)
+    assert r.status == Status.WARN and r.metrics["limited_by"] == "data loading"
+    assert r.metrics["data_wait_share"] > 0.5  # ~32 ms of sleeping vs ~1 ms of compute
+    assert any("num_workers" in a for a in r.advice)
+    assert len(r.tables["steps"]) == 4 and not r.tables["top_operators"].empty
+    assert r.metrics["params_mb"] > 0 and r.metrics["rss_mb"] > 0
+    r.plot()
+    plt.close("all")
+
+
+def test_throughput_in_memory_batches_are_compute_bound():
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(256, 8, generator=g), torch.randint(0, 3, (256,), generator=g)) for _ in range(4)]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 3))
+    s = tropt.Setup(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                    lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), batches)
+    with untouched(s):
+        r = check_throughput(s, warmup=2, steps=6, profile=False, progress=False)
+    # waiting for a list element is a pointer copy; a 512-wide MLP step on 256 samples is milliseconds
+    assert r.status == Status.PASS and r.metrics["limited_by"] == "compute", r.summary
+    assert r.metrics["samples_per_s"] > 0
+    back = CheckResult.from_dict(r.to_dict())
+    back.plot()
+    plt.close("all")
+
+
+def test_precision_on_cpu_compares_fp32_and_bf16_and_skips_fp16_with_the_reason(sample_module):
+    s = sample_module.make_setup()
+    with untouched(s):
+        r = check_precision(s, steps=6, warmup=1, progress=False)
+    t = r.tables["precisions"].set_index("precision")
+    assert t.loc["fp32", "status"] == "measured" and t.loc["bf16", "status"] == "measured"
+    assert t.loc["fp16", "status"] == "skipped" and "CUDA" in t.loc["fp16", "reason"] and "CPU" in t.loc["fp16", "reason"]
+    assert t.loc["tf32", "status"] == "skipped" and "Ampere" in t.loc["tf32", "reason"]
+    assert t.loc["fp32", "loss_deviation"] == 0 and bool(t.loc["fp32", "stable"])
+    assert t.loc["bf16", "loss_deviation"] < 0.05 and bool(t.loc["bf16", "stable"])  # same steps, bf16 rounding only
+    assert t.loc["bf16", "activation_mb"] < t.loc["fp32", "activation_mb"]  # bf16 saves half-size activations
+    assert r.metrics["recommended"] in ("fp32", "bf16")
+    assert torch.backends.cuda.matmul.allow_tf32 is False or torch.cuda.is_available()
+    r.plot()
+    CheckResult.from_dict(r.to_dict()).plot()
+    plt.close("all")
+
+
+def test_precision_guardrail_rejects_an_unstable_precision(tiny_setup):
+    # a guardrail of 0 deviation: bf16's rounding alone puts it outside, fp32 (the reference) stays in
+    with untouched(tiny_setup):
+        r = check_precision(tiny_setup, precisions=("fp32", "bf16"), steps=4, warmup=0, max_deviation=0.0, progress=False)
+    t = r.tables["precisions"].set_index("precision")
+    assert not bool(t.loc["bf16", "stable"]) and r.metrics["recommended"] == "fp32"
+    assert "unstable" in r.summary
+
+
+def test_precision_batch_size_search_keeps_the_curve(tiny_setup):
+    with untouched(tiny_setup):
+        r = check_precision(tiny_setup, precisions=("fp32",), steps=3, warmup=0, batch_size_search=True,
+                            max_doublings=2, progress=False)
+    curve = r.tables["batch_size"]
+    assert list(curve["batch_size"]) == [16, 32, 64]
+    assert (curve["samples_per_s"] > 0).all()
+
+
+def test_bad_options_say_how_to_fix(tiny_setup):
+    with pytest.raises(tropt.TroptError, match="unknown precision"):
+        check_precision(tiny_setup, precisions=("fp8",), progress=False)
+    with pytest.raises(tropt.TroptError, match="steps"):
+        check_throughput(tiny_setup, steps=1, progress=False)
+
+
+def test_registered_and_run_by_diagnose(sample_module):
+    s = sample_module.make_setup()
+    with untouched(s):
+        rep = tropt.diagnose(s, checks=["perf"], progress=False)
+    assert rep.checks == ["perf.throughput", "perf.precision"]
+    assert all(r.status in (Status.PASS, Status.WARN) for r in rep), [r.summary for r in rep]
