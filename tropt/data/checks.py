@@ -21,8 +21,9 @@ MAX_EVIDENCE = 1000  # evidence rows kept per table; metrics always count everyt
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
-def _load(splits, label, group, time, features, progress, min_splits=2) -> list[SplitData]:
-    return load_splits(splits, Options.make(label, group, time, features), progress=progress, min_splits=min_splits)
+def _load(splits, label, group, time, features, progress, min_splits=2, needs=frozenset()) -> list[SplitData]:
+    return load_splits(splits, Options.make(label, group, time, features), progress=progress, min_splits=min_splits,
+                       needs=frozenset(needs))
 
 
 def _pairs(datas: list[SplitData]) -> list[tuple[SplitData, SplitData]]:
@@ -242,7 +243,7 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     cid = "data.near_duplicates"
     if enabled is False:
         return _skip(cid, "near-duplicate search disabled (near_duplicates=False)")
-    datas = _load(splits, label, group, time, features, progress)
+    datas = _load(splits, label, group, time, features, progress, needs={"numeric"})
     missing = [d for d in datas if d.numeric is None]
     if missing:
         return _skip(cid, f"no vectors to compare in split {missing[0].name!r}: {missing[0].numeric_note or 'not numeric'}")
@@ -648,7 +649,7 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
     from tqdm.auto import tqdm
 
     cid = "data.target_leakage"
-    datas = _load(splits, label, group, time, features, progress)
+    datas = _load(splits, label, group, time, features, progress, needs={"sample"})
     if _labels(datas) is None:
         return _skip(cid, "no label= given: pass the label column to measure each feature's predictive power")
     if not datas[0].tabular or datas[0].sample is None:

@@ -107,12 +107,12 @@ def unify_kinds(kinds: list[str]) -> str:
     return "mixed" if "numeric" in ks or "mixed" in ks else "string"
 
 
+_NA_HASH = np.uint64(np.iinfo(np.uint64).max)  # what pandas' categorised hashing gives every missing value
+
+
 def _string_hash(values: np.ndarray) -> np.ndarray:
-    obj = np.array(values, dtype=object, copy=True)
-    missing = pd.isna(obj)
-    obj[missing] = ""
-    out = pd.util.hash_array(obj, categorize=True)
-    out[missing] = _MISSING
+    out = pd.util.hash_array(np.asarray(values, dtype=object), categorize=True)  # a new array; None/NaN alike
+    out[out == _NA_HASH] = _MISSING
     return out
 
 
@@ -215,6 +215,7 @@ class SplitData:
     sample: pd.DataFrame | None = None  # up to SAMPLE_ROWS rows: feature columns (+ _LABEL)
     feature_columns: list = field(default_factory=list)
     kinds: dict = field(default_factory=dict)
+    has: frozenset = frozenset()  # the optional parts computed: "numeric", "sample"
 
 
 def _is_path(x: Any) -> bool:
@@ -359,7 +360,7 @@ class _Reader:
     def chunks(self, columns: list) -> Iterator[pd.DataFrame]:
         """DataFrame chunks holding ``columns`` (tables only)."""
         if self.kind == "frame":
-            yield self.frame[columns] if list(self.frame.columns) != columns else self.frame
+            yield self.frame  # callers select columns by name; taking a column subset would copy the frame
         elif self.kind == "csv":
             sep = "\t" if self.path.lower().endswith(".tsv") else ","
             yield from pd.read_csv(self.path, usecols=columns, chunksize=CHUNK_ROWS, sep=sep)
@@ -419,6 +420,9 @@ class _Sampler:
 
     def add(self, frame: pd.DataFrame, offset: int) -> None:
         keys = mix(np.arange(offset, offset + len(frame), dtype=np.uint64) + np.uint64(12345))
+        if len(keys) > self.k:  # only this chunk's k smallest keys can make the sample
+            pick = np.sort(np.argpartition(keys, self.k)[: self.k])
+            keys, frame = keys[pick], frame.iloc[pick]
         frame = frame.reset_index(drop=True)
         allk = np.concatenate([self.keys, keys])
         allf = frame if self.frames is None else pd.concat([self.frames, frame], ignore_index=True)
@@ -428,11 +432,21 @@ class _Sampler:
         self.keys, self.frames = allk, allf
 
 
-def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progress: bool = False) -> SplitData:
-    """Summarise one split (see :class:`SplitData`). ``kinds`` fixes each feature column's comparison kind."""
+ALL_NEEDS = frozenset({"numeric", "sample"})
+
+
+def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progress: bool = False,
+         needs: frozenset = ALL_NEEDS) -> SplitData:
+    """Summarise one split (see :class:`SplitData`). ``kinds`` fixes each feature column's comparison kind.
+
+    Fingerprints, label, group and time are always read; ``needs`` adds the numeric matrix and/or the row sample.
+    """
     reader = obj if isinstance(obj, _Reader) else _Reader(obj, name, opts)
     if reader.kind in ("array", "dataset"):
-        return _scan_samples(reader, progress)
+        data = _scan_samples(reader, progress)
+        data.has = ALL_NEEDS
+        return data
+    want_numeric, want_sample = "numeric" in needs, "sample" in needs
     feats, label, group, time = _resolve(reader, opts)
     wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
     fps, labels, groups, times, nums = [], [], [], [], []
@@ -445,13 +459,14 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
     for chunk in reader.chunks(wanted):
         if len(chunk) == 0:
             continue
-        for c in feats:
-            local_kinds.setdefault(c, column_kind(chunk[c], name))
+        if not kinds:
+            for c in feats:
+                local_kinds.setdefault(c, column_kind(chunk[c], name))
         use = kinds or local_kinds
         fps.append(hash_rows(chunk, feats, use))
         if numeric_cols is None:
-            numeric_cols = [c for c in feats if use.get(c, local_kinds[c]) == "numeric"]
-        if numeric_ok and numeric_cols:
+            numeric_cols = [c for c in feats if use[c] == "numeric"]
+        if want_numeric and numeric_ok and numeric_cols:
             if (n + len(chunk)) * len(numeric_cols) > NUMERIC_MAX_CELLS:
                 numeric_ok, numeric_note, nums = False, f"more than {NUMERIC_MAX_CELLS:,} numeric cells", []
             else:
@@ -462,8 +477,9 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
             groups.append(chunk[group])
         if time is not None:
             times.append(chunk[time])
-        sample_cols = feats + ([label] if label is not None else [])
-        sampler.add(chunk[sample_cols].rename(columns={label: _LABEL}) if label is not None else chunk[sample_cols], n)
+        if want_sample:
+            sample_cols = feats + ([label] if label is not None else [])
+            sampler.add(chunk[sample_cols].rename(columns={label: _LABEL}) if label is not None else chunk[sample_cols], n)
         row_ids.append(chunk.index.to_numpy() if reader.kind == "frame" else np.arange(n, n + len(chunk)))
         n += len(chunk)
     if n == 0:
@@ -476,7 +492,9 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
         return s.reset_index(drop=True)
 
     numeric = None
-    if numeric_ok and numeric_cols:
+    if not want_numeric:
+        numeric_note = "not computed"
+    elif numeric_ok and numeric_cols:
         numeric = nums[0] if len(nums) == 1 else np.concatenate(nums)
     elif not numeric_cols:
         numeric_note = "no numeric feature columns"
@@ -485,6 +503,7 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
         label=cat(labels), group=cat(groups), time=cat(times), numeric=numeric, numeric_columns=numeric_cols or [],
         numeric_note=numeric_note, tabular=not getattr(reader, "from_array", False), sample=sampler.frames,
         feature_columns=feats, kinds=dict(kinds or local_kinds),
+        has=frozenset(k for k, w in (("numeric", want_numeric), ("sample", want_sample)) if w),
     )
 
 
@@ -640,7 +659,8 @@ def validate_splits(splits: Any, min_splits: int = 1) -> list[tuple[str, Any]]:
     return items
 
 
-def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: int = 1) -> list[SplitData]:
+def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: int = 1,
+                needs: frozenset = frozenset()) -> list[SplitData]:
     """Scan every split (sharing work inside a session and for unchanged files) and check they agree."""
     items = validate_splits(splits, min_splits)
     readers = [_Reader(obj, name, opts) for name, obj in items]
@@ -657,7 +677,7 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
         per_col: dict = {}
         for r in tables:
             feats, *_ = _resolve(r, opts)
-            head = next(iter(r.chunks(feats)), None) if r.kind == "frame" else _head(r, feats)
+            head = r.frame[feats].iloc[:10_000] if r.kind == "frame" else _head(r, feats)
             if head is None or len(head) == 0:
                 if r.kind == "frame":
                     raise DataError(f"split {r.name!r} is empty (0 rows)", "pass a split with at least one row, or leave it out")
@@ -670,13 +690,15 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
     for (name, obj), reader in zip(items, readers):
         key = ("mem", id(obj), opts, tuple(sorted(kinds.items(), key=lambda kv: str(kv[0])))) if sess is not None else None
         fkey = _file_key(obj, opts, kinds)
-        if key is not None and key in sess:
+        if key is not None and key in sess and needs <= sess[key][1].has:
             data = sess[key][1]
         elif fkey is not None and fkey in _FILE_CACHE:
             _FILE_CACHE.move_to_end(fkey)
             data = _FILE_CACHE[fkey]
         else:
-            data = scan(reader, name, opts, kinds if tables else None, progress)
+            # Files are read once for everything; inside a session, too. Alone, a check reads what it needs.
+            want = ALL_NEEDS if (fkey is not None or key is not None) else frozenset(needs)
+            data = scan(reader, name, opts, kinds if tables else None, progress, want)
             if fkey is not None:
                 _FILE_CACHE[fkey] = data
                 while len(_FILE_CACHE) > _FILE_CACHE_SIZE:
