@@ -677,7 +677,7 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
         per_col: dict = {}
         for r in tables:
             feats, *_ = _resolve(r, opts)
-            head = r.frame[feats].iloc[:10_000] if r.kind == "frame" else _head(r, feats)
+            head = r.frame.iloc[:10_000][feats] if r.kind == "frame" else _head(r, feats)
             if head is None or len(head) == 0:
                 if r.kind == "frame":
                     raise DataError(f"split {r.name!r} is empty (0 rows)", "pass a split with at least one row, or leave it out")
