@@ -13,8 +13,9 @@ Drop it into any loop::
 
 It records at the moment an optimizer that holds any of the model's parameters calls ``step()`` (global
 optimizer step hooks, removed on exit; pass ``optimizer=`` to watch only that one). Statistics are computed with
-batched ``torch._foreach_norm`` calls into preallocated tensors on the parameters' device: nothing is copied to
-the host and nothing synchronises until you read the results.
+batched ``torch._foreach_norm`` calls into preallocated tensors on the parameters' device: on an accelerator nothing
+is copied to the host and nothing synchronises until you read the results. (On CPU, where reading a number costs no
+device sync, the monitor checks the norms for NaN/inf before counting non-finite entries, to skip that pass.)
 """
 
 from __future__ import annotations
@@ -186,15 +187,23 @@ class GradientMonitor:
             grads = [self._params[i].grad for i in have]
             idx = self._index(tuple(have))
             norms = self._stack(torch._foreach_norm(grads))
-            nonzero = self._stack(torch._foreach_norm(grads, 0))
-            # NaN * 0 and inf * 0 are NaN, finite * 0 is 0: the non-zero count of g * 0 counts non-finite entries.
-            nonfinite = self._stack(torch._foreach_norm(torch._foreach_mul(grads, 0.0), 0))
             row[:, 0].index_copy_(0, idx, norms)
-            row[:, 3].index_copy_(0, idx, nonzero)
-            row[:, 4].index_copy_(0, idx, nonfinite)
+            if self._device.type == "cpu":
+                # On CPU reading a number is not a device sync, so the costly non-finite count runs only when the
+                # norms say some entry is NaN/inf (a NaN/inf entry always makes its L2 norm non-finite).
+                row[:, 3].index_copy_(0, idx, torch.stack([torch.count_nonzero(g) for g in grads]).float())
+                if math.isfinite(float(norms.sum())):
+                    row[:, 4].index_fill_(0, idx, 0.0)
+                else:
+                    row[:, 4].index_copy_(0, idx, torch.stack([(~torch.isfinite(g)).sum() for g in grads]).float())
+            else:
+                # On accelerators everything stays on the device, batched: no host sync per step.
+                row[:, 3].index_copy_(0, idx, self._stack(torch._foreach_norm(grads, 0)))
+                # NaN * 0 and inf * 0 are NaN, finite * 0 is 0: the non-zero count of g * 0 counts non-finite entries.
+                row[:, 4].index_copy_(0, idx, self._stack(torch._foreach_norm(torch._foreach_mul(grads, 0.0), 0)))
             if self.detail:
                 row[:, 5].index_copy_(0, idx, self._stack(torch._foreach_norm(grads, 1)))
-                row[:, 6].index_copy_(0, idx, self._stack(torch._foreach_norm(grads, float("inf"))))
+                row[:, 6].index_copy_(0, idx, self._stack([g.abs().amax() for g in grads]))
         self.recorded_steps.append(step)
         if self.track_updates and opt_idx:
             params = [self._params[i] for i in opt_idx]
