@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test test-fast install install-dev clean
+.PHONY: demo test test-fast install install-dev chromium clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ $(VENV)/.torch: | $(PY)
 	@touch $@
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(PIP) install -q -e .
+	$(PIP) install -q -e ".[report]"
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
@@ -28,13 +28,19 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 demo: install
-	$(VENV)/bin/tropt diagnose --setup data/samples/sample_setup.py:make_setup \
-		--split train=data/samples/train.csv --split test=data/samples/test.csv \
-		--label churned --group customer_id --time signup_date \
-		--fail-on never --no-progress --json reports/demo/findings.json --html reports/demo/report.html
-	@echo "demo output: reports/demo/report.html and reports/demo/findings.json"
+	$(VENV)/bin/tropt report diagnose -p setup data/samples/sample_setup.py:make_setup \
+		-p splits '{"train": "data/samples/train.csv", "test": "data/samples/test.csv"}' \
+		-p label churned -p group customer_id -p time signup_date -o reports/demo --fail-on never
+	@echo "demo report: $(CURDIR)/reports/demo/report.html (findings: reports/demo/findings.json)"
 
-test: install-dev
+# Browser tests drive Debian's chromium through Playwright (never `playwright install`).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+		else echo "chromium is missing: install it (apt-get install chromium) for the browser tests" >&2; exit 1; fi; }
+
+test: install-dev chromium
 	$(PY) -m pytest
 
 test-fast: install-dev

@@ -1,4 +1,4 @@
-"""The ``tropt`` command line: ``tropt checks`` and ``tropt diagnose``."""
+"""The ``tropt`` command line: ``tropt checks``, ``tropt diagnose`` and ``tropt report``."""
 
 from __future__ import annotations
 
@@ -71,6 +71,29 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return 1 if report.failed(args.fail_on) else 0
 
 
+def _parse_value(text: str):
+    """A -p value: JSON when it parses (numbers, lists, objects, true/null), else the plain string."""
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import run_report
+
+    params = {name: _parse_value(value) for name, value in (args.param or [])}
+    outcome = run_report(args.kind, params, args.output, no_input=args.no_input)
+    if outcome.report is not None:
+        print(format_report(outcome.report))
+    if outcome.error:
+        print(f"tropt: report failed: {outcome.error}", file=sys.stderr)
+    print(f"notebook: {outcome.notebook}\nhtml:     {outcome.html}" + (f"\nfindings: {outcome.findings}" if outcome.findings else ""))
+    return outcome.exit_code(args.fail_on)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tropt", description="Diagnose PyTorch training setups.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,11 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-on", choices=["fail", "warn", "never"], default="fail", help="exit 1 at this status or worse (default fail; ERROR counts as fail)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=_cmd_diagnose)
+    p = sub.add_parser("report", help="execute a report notebook into OUT_DIR/{report.ipynb,report.html,findings.json}")
+    p.add_argument("kind", choices=["diagnose", "data", "compare"], help="which report notebook to run")
+    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="a notebook parameter; VALUE is JSON when it parses, else a string (repeat)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT_DIR", help="where to write the report")
+    p.add_argument("--no-input", action="store_true", help="hide code cells in the HTML")
+    p.add_argument("--fail-on", choices=["fail", "warn", "never"], default="fail", help="exit 1 at this status or worse")
+    p.set_defaults(func=_cmd_report)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 1 gate failed, 2 bad input)."""
+    """Entry point; returns the exit status (0 ok, 1 gate failed, 2 bad input or a failed report notebook)."""
     args = build_parser().parse_args(argv)
     try:
         if args.command == "diagnose" and not args.setup and not args.split:
