@@ -23,6 +23,7 @@ def one_failing_check(monkeypatch):
         return CheckResult("loop.resume", Status.WARN, "resume differs in RNG only")
 
     monkeypatch.setattr(registry, "_loaded", True)
+    monkeypatch.setattr(registry, "_REGISTRY", {})  # only the fakes: real checks would change the selections
     monkeypatch.setitem(registry._REGISTRY, "loop.zero_grad", registry.CheckSpec("loop.zero_grad", 4, "Zero grad", "t", fails, "setup"))
     monkeypatch.setitem(registry._REGISTRY, "loop.resume", registry.CheckSpec("loop.resume", 4, "Resume", "t", warns, "setup"))
 

@@ -31,6 +31,7 @@ def fake_checks(monkeypatch):
         raise TroptError("the thing is wrong", "do the other thing")
 
     monkeypatch.setattr(registry, "_loaded", True)
+    monkeypatch.setattr(registry, "_REGISTRY", {})  # only the fakes: real checks would change the selections
     monkeypatch.setattr(registry, "_REGISTRY", {})  # only the fakes, even when real checks were loaded earlier
     for cid, fn, needs in [("loop.zero_grad", ok, "setup"), ("loop.resume", crash, "setup"),
                            ("data.group_leakage", data, "splits"), ("loop.scheduler_cadence", bad_input, "setup")]:
