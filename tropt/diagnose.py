@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import SetupError, TroptError
+from .errors import Cancelled, SetupError, TroptError
 from .registry import CheckSpec, select
 from .result import CheckResult, Report, Status
 from .setup import Setup
@@ -40,6 +40,8 @@ def run_check(spec: CheckSpec, subject: Any, options: Mapping[str, Any]) -> Chec
         result = spec.func(subject, **kwargs)
         if not isinstance(result, CheckResult):
             raise TypeError(f"check {spec.id} returned {type(result).__name__}, not a CheckResult")
+    except Cancelled:  # a stop request (a callback raised it) ends the run instead of becoming a result
+        raise
     except Exception as exc:  # noqa: BLE001 - a check never crashes the report
         return error_result(spec.id, exc, time.perf_counter() - start)
     if result.duration_s is None:
@@ -56,6 +58,7 @@ def diagnose(
     time: str | None = None,  # noqa: A002 - the public parameter name is fixed
     checks: str | list[str] | None = None,
     progress: bool = True,
+    callback: Any = None,
 ) -> Report:
     """Run the registered checks that apply, in contract order, and return a :class:`Report`.
 
@@ -71,6 +74,9 @@ def diagnose(
         None/"all", or a list of ids, stage prefixes ("loop") or stage numbers ("4").
     progress
         Show a progress bar over checks.
+    callback
+        Optional ``callback(info)``: called before each check with ``{"check", "index", "count"}`` and passed on to
+        the checks that take a per-step ``callback``; raising :class:`tropt.errors.Cancelled` in it stops the run.
 
     Inapplicable checks are SKIP with the reason; a check that raises becomes ERROR and the rest still run.
     """
@@ -93,11 +99,13 @@ def diagnose(
             setup.validate()
         except Exception as exc:  # noqa: BLE001 - reported once per setup check, the data checks still run
             setup_error = exc
-    options = {"label": label, "group": group, "time": time, "progress": progress}
+    options = {"label": label, "group": group, "time": time, "progress": progress, "callback": callback}
     results = []
     bar = tqdm(specs, desc="tropt diagnose", disable=not progress, leave=False)
-    for spec in bar:
+    for index, spec in enumerate(bar):
         bar.set_postfix_str(spec.id)
+        if callback is not None:
+            callback({"check": spec.id, "index": index, "count": len(specs)})
         if spec.needs == "setup" and setup is None:
             results.append(CheckResult(spec.id, Status.SKIP, "no Setup given: pass setup=tropt.Setup(...) to run model-side checks"))
         elif spec.needs == "splits" and splits is None:

@@ -40,6 +40,13 @@ class CheckSelectionError(TroptError):
     """An unknown or unavailable check id was requested."""
 
 
+class Cancelled(TroptError):
+    """A run was stopped on request: a check's ``callback`` raised it (e.g. a widget's Stop button); it propagates."""
+
+    def __init__(self, message: str = "stopped on request", fix: str | None = None) -> None:
+        super().__init__(message, fix)
+
+
 class MissingDependencyError(TroptError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 

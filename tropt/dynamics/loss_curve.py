@@ -205,6 +205,7 @@ def check_loss_curve(
     val_batches: int = 4,
     thresholds: CurveThresholds | None = None,
     progress: bool = True,
+    callback: Any = None,
 ) -> CheckResult:
     """Train a copy of the Setup for ``steps`` optimizer steps with its own step, scheduler and data order, then
     classify the training (and validation, when ``val_data`` is given) loss curve.
@@ -223,6 +224,9 @@ def check_loss_curve(
         :class:`tropt.dynamics.CurveThresholds`.
     progress
         Show a progress bar.
+    callback
+        Optional ``callback({"check", "step", "total", "loss"})`` after each step (live displays); raising
+        :class:`tropt.errors.Cancelled` in it stops the run.
 
     The loss of a step is what the step returns, else what its ``ctx.loss_fn`` calls computed, else an extra
     forward pass before the step. The run stops early at the first non-finite loss. "Still improving at the end"
@@ -254,6 +258,8 @@ def check_loss_curve(
             for i, batch in enumerate(setup.batches(steps)):
                 loss = runner.step(split_batch(batch, ctx.accumulation_steps))
                 bar.update(1)
+                if callback is not None:
+                    callback({"check": CHECK_ID, "step": i + 1, "total": steps, "loss": None if loss is None else float(loss)})
                 if loss is not None:
                     losses.append(loss)
                     loss_steps.append(i)

@@ -102,6 +102,7 @@ def check_lr_range(
     repeats: int = 2,
     tolerance: float = 10.0,
     progress: bool = True,
+    callback: Any = None,
 ) -> CheckResult:
     """LR range test on a copy of the Setup.
 
@@ -124,6 +125,9 @@ def check_lr_range(
         WARN when the Setup's LR is more than this factor outside the suggested range.
     progress
         Show a progress bar.
+    callback
+        Optional ``callback({"check", "step", "total", "repeat", "lr", "loss"})`` after each step of each sweep
+        (live displays); raising :class:`tropt.errors.Cancelled` in it stops the run.
 
     Notes
     -----
@@ -172,6 +176,9 @@ def check_lr_range(
                         g["lr"] = lr * ratio
                     loss = runner.step(split_batch(batch, ctx.accumulation_steps))
                     bar.update(1)
+                    if callback is not None:
+                        callback({"check": CHECK_ID, "step": r * num_steps + i + 1, "total": num_steps * repeats,
+                                  "repeat": r, "lr": lr, "loss": None if loss is None else float(loss)})
                     if loss is None:
                         continue
                     value = float(loss)

@@ -186,7 +186,8 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
 @register(CHECK, title="Gradient flow",
           description="Train a copy for a few steps under GradientMonitor: missing, unused, vanishing or exploding gradients.")
 def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e-3, vanish_rms: float = 1e-5,
-                        explode_norm: float = 1e3, seed: int | None = None, progress: bool = True) -> CheckResult:
+                        explode_norm: float = 1e3, seed: int | None = None, progress: bool = True,
+                        callback: Any = None) -> CheckResult:
     """Train a copy for ``steps`` optimizer steps with the user's step and judge its gradients.
 
     Parameters
@@ -204,6 +205,9 @@ def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e
         Seed of the copy (the Setup's seed when None).
     progress
         Show a progress bar.
+    callback
+        Optional ``callback({"check", "step", "total", "monitor"})`` after each step (live displays); raising
+        :class:`tropt.errors.Cancelled` in it stops the run.
     """
     from tqdm.auto import tqdm
 
@@ -212,7 +216,9 @@ def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e
         ctx = setup.build(seed=setup.seed if seed is None else seed)
         k = setup.accumulation_steps
         with GradientMonitor(ctx.model, optimizer=ctx.optimizer, detail=True, capacity=steps) as mon:
-            for batch in tqdm(setup.batches(steps), total=steps, desc="gradient flow", disable=not progress, leave=False):
+            for i, batch in enumerate(tqdm(setup.batches(steps), total=steps, desc="gradient flow", disable=not progress, leave=False)):
                 setup.run_step(ctx, split_batch(batch, k) if k > 1 else [batch])
+                if callback is not None:
+                    callback({"check": CHECK, "step": i + 1, "total": steps, "monitor": mon})
     return judge_gradient_flow(mon, vanish_ratio=vanish_ratio, vanish_rms=vanish_rms, explode_norm=explode_norm,
                                grad_clip=setup.grad_clip)

@@ -54,13 +54,16 @@ class GradientMonitor:
         the gradient-flow check turns it on for its bar chart).
     capacity
         Initial number of recorded steps to preallocate (grows by doubling, without a host sync).
+    callback
+        Optional ``callback({"step": optimizer step, "monitor": self})`` after each recorded step (a live display,
+        e.g. ``tropt.widgets.GradientFlowPanel.attach``); it may raise :class:`tropt.errors.Cancelled` to stop.
 
     Per recorded step and parameter: gradient L2 norm (NaN when the parameter has no gradient), parameter L2 norm
     (after the step), update L2 norm, count of non-zero gradient entries and of non-finite ones.
     """
 
     def __init__(self, model: nn.Module, every: int = 1, *, optimizer: torch.optim.Optimizer | None = None,
-                 track_updates: bool = True, detail: bool = False, capacity: int = 64) -> None:
+                 track_updates: bool = True, detail: bool = False, capacity: int = 64, callback: Any = None) -> None:
         if not isinstance(model, nn.Module):
             raise TroptError(f"GradientMonitor: model is a {type(model).__name__}, expected a torch.nn.Module",
                              "pass the model you train: GradientMonitor(model)")
@@ -74,6 +77,7 @@ class GradientMonitor:
         self.optimizer = optimizer
         self.track_updates = track_updates
         self.detail = detail
+        self.callback = callback
         self._capacity = max(1, int(capacity))
         self._handles: list[Any] = []
         self._active = False
@@ -235,6 +239,8 @@ class GradientMonitor:
             missing = [i for i in range(len(self._params)) if not self.in_optimizer[i]]
             if missing:
                 row[:, 2].index_fill_(0, self._index(tuple(missing)), 0.0)
+        if self.callback is not None:
+            self.callback({"step": self.steps_seen - 1, "monitor": self})
 
     def record(self) -> None:
         """Record the current gradients by hand (for loops that update parameters without a torch optimizer).
@@ -252,6 +258,8 @@ class GradientMonitor:
         self._pending = None
         with torch.no_grad():
             self._data[row_i][:, 1].copy_(self._stack(torch._foreach_norm([p.detach() for p in self._params])))
+        if self.callback is not None:
+            self.callback({"step": step, "monitor": self})
 
     def _stack(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         out = torch.stack([t.to(self._device) for t in tensors]) if len(self._devices) > 1 else torch.stack(tensors)

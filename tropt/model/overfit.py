@@ -37,7 +37,8 @@ def _evaluate(setup: Any, ctx: Any, batch: Any, objective: Any) -> tuple[float, 
 
 
 def _train(setup: Any, batch: Any, objective: Any, steps: int, target_fraction: float, seed: int,
-           stop_early: bool, desc: str, progress: bool, fixed_steps: int | None = None) -> dict[str, Any]:
+           stop_early: bool, desc: str, progress: bool, fixed_steps: int | None = None,
+           callback: Any = None, phase: str = "model") -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     ctx = setup.build(seed=seed)
@@ -63,6 +64,8 @@ def _train(setup: Any, batch: Any, objective: Any, steps: int, target_fraction: 
     nonfinite_at = None if math.isfinite(loss0) else 0
     reached = False
     n = fixed_steps if fixed_steps is not None else steps
+    if callback is not None:
+        callback({"check": CHECK, "phase": phase, "step": 0, "total": n, "loss": loss0})
     try:
         for t in tqdm(range(1, n + 1), desc=desc, disable=not progress, leave=False):
             if nonfinite_at is not None:
@@ -71,6 +74,8 @@ def _train(setup: Any, batch: Any, objective: Any, steps: int, target_fraction: 
             loss, acc, out = _evaluate(setup, ctx, batch, objective)
             losses.append(loss)
             accs.append(acc)
+            if callback is not None:
+                callback({"check": CHECK, "phase": phase, "step": t, "total": n, "loss": loss})
             if not math.isfinite(loss):
                 nonfinite_at = t
                 break
@@ -121,7 +126,8 @@ def _bounded_output_cause(out: torch.Tensor | None, objective: Any) -> str | Non
 @register(CHECK, title="Overfit one small batch",
           description="Train a copy on one fixed small batch; it must memorise it and beat a zeroed-input baseline.")
 def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, target_fraction: float = 0.1,
-                        baseline_ratio: float = 0.9, seed: int | None = None, progress: bool = True) -> CheckResult:
+                        baseline_ratio: float = 0.9, seed: int | None = None, progress: bool = True,
+                        callback: Any = None) -> CheckResult:
     """Train a copy on one fixed batch and judge whether it can memorise it.
 
     Parameters
@@ -140,6 +146,9 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         Seed of the copies (the Setup's seed when None).
     progress
         Show progress bars.
+    callback
+        Optional ``callback({"check", "phase": "model"|"baseline", "step", "total", "loss"})`` at the start and after
+        each step (live loss curves); raising :class:`tropt.errors.Cancelled` in it stops the run.
     """
     setup.validate()
     seed = setup.seed if seed is None else seed
@@ -152,11 +161,12 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         model_probe = setup.build(seed=seed)
         _, _, objective, _ = probe(setup, model_probe.model, batch, model_probe)
         del model_probe
-        real = _train(setup, batch, objective, steps, target_fraction, seed, True, "overfit batch", progress)
+        real = _train(setup, batch, objective, steps, target_fraction, seed, True, "overfit batch", progress,
+                      callback=callback)
         base_steps = max(len(real["losses"]) - 1, 1)
         baseline_batch = zero_inputs(batch, objective.target_path if objective is not None else None)
         base = _train(setup, baseline_batch, objective, steps, target_fraction, seed, False, "zeroed-input baseline",
-                      progress, fixed_steps=base_steps if real["reached"] else steps)
+                      progress, fixed_steps=base_steps if real["reached"] else steps, callback=callback, phase="baseline")
     losses, base_losses = real["losses"], base["losses"]
     start, final = float(losses[0]), float(losses[-1])
     best = float(np.nanmin(losses)) if np.isfinite(losses).any() else math.nan
