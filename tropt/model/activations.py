@@ -206,6 +206,7 @@ def check_activation_stats(setup: Any, *, n_batches: int = 4, steps: int = 20, d
         series[f"hist/{st.name}"] = torch.stack(st.hist).numpy()  # (steps, bins)
     if hist_layers:
         metrics["hist_bins"] = BINS
+        hist_ranges = pd.DataFrame([{"layer": st.name, "low": st.range[0], "high": st.range[1]} for st in hist_layers])
     if stats.empty:
         return CheckResult(CHECK, Status.SKIP, "no hooked layer ran in the forward pass", metrics)
     rect = judged[judged["kind"] == "rectifier"]
@@ -218,6 +219,8 @@ def check_activation_stats(setup: Any, *, n_batches: int = 4, steps: int = 20, d
     dead_w = worst_dead[(worst_dead["dead_fraction"] >= dead_warn) & (worst_dead["dead_fraction"] < dead_fail)]
     sat_w = worst_sat[worst_sat["saturated_fraction"] >= saturation_warn]
     tables = {"layers": stats}
+    if hist_layers:
+        tables["hist_ranges"] = hist_ranges
     problems = []
     for _, r in pd.concat([dead_f, dead_w]).iterrows():
         problems.append({"layer": r["layer"], "type": r["type"], "phase": r["phase"], "problem": "dead units",

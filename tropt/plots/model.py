@@ -156,7 +156,14 @@ def plot_activation_histogram(result: Any, ax: Any = None, layer: str | None = N
     h = np.asarray(result.series[f"hist/{layer}"], dtype=float)
     ax.imshow(np.log1p(h).T, origin="lower", aspect="auto", cmap="viridis")
     ax.set_xlabel("training step")
-    ax.set_ylabel("activation bin")
+    ranges = result.tables.get("hist_ranges")
+    row = ranges[ranges["layer"] == layer] if ranges is not None else None
+    if row is not None and len(row):
+        lo, hi = float(row["low"].iloc[0]), float(row["high"].iloc[0])
+        ax.set_yticks([-0.5, (h.shape[1] - 1) / 2, h.shape[1] - 0.5], [f"{lo:.2g}", f"{(lo + hi) / 2:.2g}", f"{hi:.2g}"])
+        ax.set_ylabel("activation")
+    else:
+        ax.set_ylabel("activation bin")
     ax.set_title(layer, fontsize=9, loc="left")
     return ax
 
