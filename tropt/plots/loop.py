@@ -20,11 +20,20 @@ def plot_parameter_errors(result: Any, ax: Any = None, max_bars: int = 25) -> An
         raise TroptError(f"{result.check} carries no per-parameter table to plot", "this result was not computed by a loop check")
     df = result.tables[name].head(max_bars).iloc[::-1]
     floor = 1e-12
-    ax = new_axes(ax, figsize=(7, max(2.5, 0.28 * len(df) + 1)))
+    ax = new_axes(ax, figsize=(7, max(2.8, 0.3 * len(df) + 1.5)))
     tol = result.metrics.get("tolerance")
     colours = ["#cf222e" if tol is not None and v > tol else "#1a7f37" for v in df["rel_error"]]
-    ax.barh(df["tensor"].astype(str), np.maximum(df["rel_error"].to_numpy(dtype=float), floor), color=colours)
+    errors = df["rel_error"].to_numpy(dtype=float)
+    y = np.arange(len(df))
+    nonzero = errors > 0
+    ax.barh(y[nonzero], np.maximum(errors[nonzero], floor), color=np.array(colours)[nonzero])
+    ax.set_yticks(y, df["tensor"].astype(str))
+    ax.set_ylim(-0.6, len(df) - 0.4)
     ax.set_xscale("log")
+    ax.set_xlim(left=floor, right=max(1.0, float(errors.max()) * 2))
+    for yy in y[~nonzero]:  # an exact match has no bar on a log axis: say so
+        ax.annotate("0 (identical)", (floor, yy), xytext=(4, 0), textcoords="offset points", va="center",
+                    fontsize=8, color="#1a7f37")
     if tol is not None:
         ax.axvline(tol, color="#6e7781", linestyle="--", label=f"tolerance {tol:.0e}")
         ax.legend(fontsize=8, loc="lower right")
