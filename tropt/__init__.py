@@ -27,6 +27,7 @@ _LAZY = {
     "diagnose": "tropt.diagnose",
     "run_identity": "tropt.identity",
     "GradientMonitor": "tropt.model.monitor",
+    "dashboard": "tropt.widgets",
 }
 _SUBMODULES = {"data", "model", "loop", "dynamics", "perf", "experiments", "plots", "widgets", "report", "testing", "registry"}
 

@@ -1,0 +1,40 @@
+"""ipywidgets panels for interactive investigation in JupyterLab.
+
+Panels compute nothing themselves: they call the registered checks (and ``tropt.diagnose``) and draw with
+:mod:`tropt.plots`. Every long action shows progress, has a Stop button that ends the run at its next step,
+disables its Run button while running, and shows errors in the panel as a red message with the fix.
+
+``ipywidgets`` is imported when a panel is first used (``pip install "tropt[widgets]"``), never by ``import tropt``.
+
+>>> tropt.dashboard(setup, splits={"train": df_train, "test": df_test}, label="y")   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "Action": "tropt.widgets._base",
+    "DataPanel": "tropt.widgets.data",
+    "OverfitPanel": "tropt.widgets.model",
+    "GradientFlowPanel": "tropt.widgets.model",
+    "LoopPanel": "tropt.widgets.loop",
+    "DynamicsPanel": "tropt.widgets.dynamics",
+    "Dashboard": "tropt.widgets.board",
+    "dashboard": "tropt.widgets.board",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tropt.widgets' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
