@@ -166,14 +166,14 @@ def _state_dict(obj: Any) -> Any:
 
 
 @dataclass
-class _RngState:
+class RngState:
     torch_cpu: torch.Tensor
     cuda: list | None
     numpy: tuple
     python: tuple
 
     @classmethod
-    def take(cls) -> "_RngState":
+    def take(cls) -> "RngState":
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
         return cls(torch.get_rng_state(), cuda, np.random.get_state(), random.getstate())
 
@@ -184,7 +184,7 @@ class _RngState:
         np.random.set_state(self.numpy)
         random.setstate(self.python)
 
-    def diff(self, other: "_RngState") -> list[str]:
+    def diff(self, other: "RngState") -> list[str]:
         out = []
         if not torch.equal(self.torch_cpu, other.torch_cpu):
             out.append("torch CPU RNG state advanced")
@@ -203,7 +203,7 @@ class Snapshot:
 
     modules: list[_ModuleState]
     stateful: list[tuple[Any, Any, dict]]  # (object, state_dict copy, hook dicts)
-    rng: _RngState | None
+    rng: RngState | None
     grad_enabled: bool
     default_dtype: torch.dtype
 
@@ -221,7 +221,7 @@ class Snapshot:
                 stateful.append((obj, _state_dict(obj), hooks))
             else:
                 raise TypeError(f"cannot snapshot a {type(obj).__name__}: it is not a module and has no state_dict")
-        return cls(modules, stateful, _RngState.take() if rng else None, torch.is_grad_enabled(), torch.get_default_dtype())
+        return cls(modules, stateful, RngState.take() if rng else None, torch.is_grad_enabled(), torch.get_default_dtype())
 
     def restore(self) -> None:
         """Put every captured object back as it was (in place: the user's references stay valid)."""

@@ -142,7 +142,10 @@ def test_scheduler_per_micro_batch_is_caught_by_cadence_only():
     r = results["loop.scheduler_cadence"]
     assert r.status is Status.FAIL and "stepped per micro-batch" in r.summary and "4× faster" in r.summary
     sched = r.tables["schedule"]
-    assert list(sched["position_k1"]) == [1, 2] and list(sched["position_k4"]) == [4, 8]
+    assert list(sched["position_k1"]) == [1] and list(sched["position_k4"]) == [4]  # one step decides
+    longer = check_scheduler_cadence(mlp_setup(step_scheduler_per_micro_batch, k=4), steps=3)
+    assert longer.status is Status.FAIL and list(longer.tables["schedule"]["position_k4"]) == [4, 8, 12]
+    assert longer.metrics["max_lr_rel_diff"] > 0.1  # the learning rates themselves differ from step 2 on
     assert [c for c, s in statuses(results).items() if s is Status.FAIL] == ["loop.scheduler_cadence"]
 
 
@@ -343,3 +346,30 @@ def test_plots_draw():
         if r.status is not Status.SKIP:
             ax = r.plot()
             assert ax.get_title(loc="left").startswith(r.check)
+
+
+class HalvingSchedule:
+    """A scheduler without last_epoch: only its learning rates can show its cadence."""
+
+    def __init__(self, optimizer):
+        self.optimizer, self.count = optimizer, 0
+
+    def step(self):
+        self.count += 1
+        for g in self.optimizer.param_groups:
+            g["lr"] *= 0.5
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
+def test_scheduler_without_position_is_judged_by_learning_rates():
+    good = mlp_setup(k=4).replace(scheduler=HalvingSchedule)
+    r = check_scheduler_cadence(good)
+    assert r.status is Status.PASS and r.metrics["steps"] == 2
+    bad = good.replace(step=step_scheduler_per_micro_batch)
+    r = check_scheduler_cadence(bad)
+    assert r.status is Status.FAIL and "learning rates differ" in r.summary

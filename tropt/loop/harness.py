@@ -145,8 +145,36 @@ def freeze_batch_stats(model: nn.Module) -> int:
     return count
 
 
-def _norm(t: torch.Tensor | None) -> float:
-    return 0.0 if t is None else float(t.float().norm())
+def _as_float(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_floating_point() and t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def _pair_norms(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None]) -> dict[str, tuple[float, float, float | None]]:
+    """Per name: (|a|, |b|, |a - b|) with batched foreach norms (one host read); diff is None when one side is missing."""
+    names = list(a) + [n for n in b if n not in a]
+    both = [n for n in names if a.get(n) is not None and b.get(n) is not None]
+    xs, ys = [_as_float(a[n]) for n in both], [_as_float(b[n]) for n in both]
+    lone = [(n, a.get(n) if a.get(n) is not None else b.get(n)) for n in names if (a.get(n) is None) != (b.get(n) is None)]
+    norms: list[torch.Tensor] = []
+    if both:
+        norms += torch._foreach_norm(xs) + torch._foreach_norm(ys) + torch._foreach_norm(torch._foreach_sub(xs, ys))
+    norms += [_as_float(t).norm() for _, t in lone]
+    values = torch.stack([v.double().cpu() for v in norms]).tolist() if norms else []
+    k = len(both)
+    out = {n: (values[i], values[k + i], values[2 * k + i]) for i, n in enumerate(both)}
+    for j, (n, _) in enumerate(lone):
+        v = values[3 * k + j]
+        out[n] = (v, 0.0, None) if a.get(n) is not None else (0.0, v, None)
+    for n in names:
+        out.setdefault(n, (0.0, 0.0, 0.0))
+    return {n: out[n] for n in names}
+
+
+def max_rel_error(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None]) -> float:
+    """The worst per-tensor relative error of :func:`compare_tensors`, without building its table."""
+    norms = _pair_norms(a, b)
+    scale = max([max(nx, ny) for nx, ny, _ in norms.values()] + [1e-30])
+    return max([1.0 if d is None else d / max(nx, ny, 1e-6 * scale) for nx, ny, d in norms.values()] + [0.0])
 
 
 def compare_tensors(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None], *,
@@ -157,44 +185,33 @@ def compare_tensors(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor
     denominator is floored at 1e-6 of the largest norm so tensors that are zero in both runs compare as equal.
     """
     la, lb = labels
-    scale = max([_norm(t) for t in list(a.values()) + list(b.values())] + [1e-30])
+    norms = _pair_norms(a, b)
+    scale = max([max(nx, ny) for nx, ny, _ in norms.values()] + [1e-30])
     rows = []
-    for name in list(a) + [n for n in b if n not in a]:
-        x, y = a.get(name), b.get(name)
-        nx, ny = _norm(x), _norm(y)
-        if (x is None) != (y is None):
-            diff, rel = max(nx, ny), 1.0
-        elif x is None:
-            diff, rel = 0.0, 0.0
-        else:
-            diff = float((x.float() - y.float()).norm())
-            rel = diff / max(nx, ny, 1e-6 * scale)
-        rows.append({"tensor": name, f"norm_{la}": nx, f"norm_{lb}": ny, "abs_diff": diff, "rel_error": rel})
+    for name, (nx, ny, diff) in norms.items():
+        rel = 1.0 if diff is None else diff / max(nx, ny, 1e-6 * scale)
+        rows.append({"tensor": name, f"norm_{la}": nx, f"norm_{lb}": ny, "abs_diff": max(nx, ny) if diff is None else diff,
+                     "rel_error": rel})
     df = pd.DataFrame(rows, columns=["tensor", f"norm_{la}", f"norm_{lb}", "abs_diff", "rel_error"])
     return df.sort_values("rel_error", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def global_rel_error(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None]) -> float:
     """Relative error of all tensors together: ``|a - b| / max(|a|, |b|)`` over the concatenation."""
-    diff2 = na2 = nb2 = 0.0
-    for name in set(a) | set(b):
-        x, y = a.get(name), b.get(name)
-        x = torch.zeros_like(y) if x is None and y is not None else x
-        y = torch.zeros_like(x) if y is None and x is not None else y
-        if x is None:
-            continue
-        diff2 += float((x.float() - y.float()).pow(2).sum())
-        na2 += float(x.float().pow(2).sum())
-        nb2 += float(y.float().pow(2).sum())
-    denom = math.sqrt(max(na2, nb2))
+    norms = _pair_norms(a, b)
+    diff2 = sum((max(nx, ny) if d is None else d) ** 2 for nx, ny, d in norms.values())
+    denom = math.sqrt(max(sum(nx**2 for nx, _, _ in norms.values()), sum(ny**2 for _, ny, _ in norms.values())))
     return math.sqrt(diff2) / denom if denom > 0 else 0.0
 
 
 def flatten_state(obj: Any, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Every tensor (and number, as a 0-d tensor) in a nested state, by dotted path — for comparing states."""
+    """Every tensor (and number, as a 0-d float64 tensor) in a nested state, by dotted path — for comparing states.
+
+    Tensors are views of the live ones (no copy): compare before training goes on.
+    """
     out: dict[str, torch.Tensor] = {}
     if isinstance(obj, torch.Tensor):
-        out[prefix] = obj.detach().to("cpu", torch.float32, copy=True)  # a copy: live tensors keep training
+        out[prefix] = obj.detach() if obj.is_floating_point() else obj.detach().double()
     elif isinstance(obj, bool):
         out[prefix] = torch.tensor(float(obj))
     elif isinstance(obj, (int, float)):

@@ -326,24 +326,28 @@ def _schedule_position(sched: object) -> float:
     title="Scheduler steps once per optimizer step",
     description="learning rate and schedule position at each optimizer step are the same with K = 1 and K = 4",
 )
-def check_scheduler_cadence(setup: Setup, *, steps: int = 2, k: int = 4, progress: bool = True) -> CheckResult:
+def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 4, progress: bool = True) -> CheckResult:
     """FAIL when the schedule advances per micro-batch (LR sequence differs between K = 1 and K = ``k``), or never.
 
-    Compares, at every optimizer step, each group's learning rate and the scheduler's position (``last_epoch``).
-    SKIP without a scheduler.
+    Compares, after every optimizer step, the scheduler's position (``last_epoch``) and each group's learning
+    rate. ``steps`` defaults to 1 when the scheduler reports its position (decisive on its own), else 2 so the
+    learning rates can differ. SKIP without a scheduler.
     """
     if setup.scheduler is None:
         return CheckResult("loop.scheduler_cadence", Status.SKIP, "no scheduler in this Setup: nothing to check")
     setup.validate()
-    if steps < 2:
-        raise TroptError(f"check_scheduler_cadence needs steps >= 2 (got {steps})", "use steps=2")
+    if steps is not None and steps < 1:
+        raise TroptError(f"check_scheduler_cadence needs steps >= 1 (got {steps})", "use steps=2")
     runs = {}
     with preserved(setup.model):
+        first = setup.build(accumulation_steps=1)
+        if steps is None:
+            steps = 1 if not math.isnan(_schedule_position(first.scheduler)) else 2
         batches = list(setup.batches(steps))
         if min(batch_size(b) for b in batches) < k:
             raise TroptError(f"batches must hold at least K={k} samples to compare K=1 with K={k}", "use bigger batches or k=2")
         for kk in (1, k):
-            ctx = setup.build(accumulation_steps=kk)
+            ctx = first if kk == 1 else setup.build(accumulation_steps=kk)
             quiet_randomness(ctx.model)
             start = _schedule_position(ctx.scheduler)
             positions, calls = [], []

@@ -21,9 +21,9 @@ from ..errors import StepError, TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
-from ..snapshot import preserved
+from ..snapshot import RngState, preserved
 from ..training import StepContext
-from .harness import compare_tensors, flatten_state, require_steps, run_steps, tolerance_for
+from .harness import compare_tensors, flatten_state, max_rel_error, require_steps, run_steps, tolerance_for
 
 COMPONENTS = ("model weights", "optimizer moments", "optimizer hyperparameters", "schedule position", "loss scale", "RNG")
 _ADVICE = {
@@ -70,10 +70,9 @@ def default_load_state(ctx: StepContext, state: dict[str, Any]) -> None:
     random.setstate(rng["python"])
 
 
-def _state_of(ctx: StepContext) -> dict[str, dict[str, torch.Tensor]]:
-    """Every resumable component of a run as flat tensors, for comparison."""
+def _state_of(ctx: StepContext, rng: RngState) -> dict[str, dict[str, torch.Tensor]]:
+    """Every resumable component of a run as flat tensors (views of the live state), for comparison."""
     opt = ctx.optimizer.state_dict()
-    np_state = np.random.get_state()
     return {
         "model weights": flatten_state(ctx.model.state_dict()),
         "optimizer moments": flatten_state(opt["state"]),
@@ -81,10 +80,11 @@ def _state_of(ctx: StepContext) -> dict[str, dict[str, torch.Tensor]]:
         "schedule position": flatten_state(ctx.scheduler.state_dict()) if ctx.scheduler is not None else {},
         "loss scale": flatten_state(ctx.scaler.state_dict()) if ctx.scaler is not None else {},
         "RNG": {
-            "torch": torch.get_rng_state().double(),
-            "numpy": torch.from_numpy(np_state[1].astype(np.float64)),
-            "numpy_pos": torch.tensor(float(np_state[2]), dtype=torch.float64),
-            "python": torch.tensor(random.getstate()[1], dtype=torch.float64),
+            "torch": rng.torch_cpu.double(),
+            "numpy": torch.from_numpy(rng.numpy[1].astype(np.float64)),
+            "numpy_pos": torch.tensor(float(rng.numpy[2]), dtype=torch.float64),
+            "python": torch.tensor(rng.python[1], dtype=torch.float64),
+            **({f"cuda{i}": t.double() for i, t in enumerate(rng.cuda)} if rng.cuda else {}),
         },
     }
 
@@ -108,12 +108,6 @@ def _through_disk(state: Any) -> Any:
                         "return plain containers of tensors and numbers, e.g. state_dict()s") from exc
     buf.seek(0)
     return torch.load(buf, weights_only=False)
-
-
-def _max_rel(a: dict, b: dict) -> float:
-    if not a and not b:
-        return 0.0
-    return float(compare_tensors(a, b)["rel_error"].max())
 
 
 @register(
@@ -149,20 +143,25 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
         # (leaking gradients are loop.zero_grad's finding, not this check's).
         for p in ctx_a.model.parameters():
             p.grad = None
-        at_save = _state_of(ctx_a)
-        rec_a, _ = run_steps(setup, ctx_a, batches[steps:], grads=False)
-        final_a = _state_of(ctx_a)
+        rng_a = RngState.take()
         ctx_b = setup.build(seed=setup.seed + 1)
         _call_user(load, "load_state", ctx_b, state)
-        after_load = _state_of(ctx_b)
+        rng_b = RngState.take()
+        # Compare right after loading, while run A still stands at the save point: no copies needed.
+        loaded = {c: max_rel_error(x, y) for (c, x), y in zip(_state_of(ctx_a, rng_a).items(), _state_of(ctx_b, rng_b).values())}
+        # The RNGs are global: give each continuation the state its own run would have.
+        rng_a.restore()
+        rec_a, _ = run_steps(setup, ctx_a, batches[steps:], grads=False)
+        rng_a = RngState.take()
+        rng_b.restore()
         rec_b, _ = run_steps(setup, ctx_b, batches[steps:], grads=False)
-        final_b = _state_of(ctx_b)
+        final_a, final_b = _state_of(ctx_a, rng_a), _state_of(ctx_b, RngState.take())
     rows = []
     for comp in COMPONENTS:
-        loaded, final = _max_rel(at_save[comp], after_load[comp]), _max_rel(final_a[comp], final_b[comp])
+        final = max_rel_error(final_a[comp], final_b[comp])
         limit = 0.0 if comp == "RNG" else tol
-        rows.append({"component": comp, "after_load_rel_error": loaded, "final_rel_error": final,
-                     "restored": loaded <= limit, "matches_at_end": final <= limit})
+        rows.append({"component": comp, "after_load_rel_error": loaded[comp], "final_rel_error": final,
+                     "restored": loaded[comp] <= limit, "matches_at_end": final <= limit})
     components = pd.DataFrame(rows)
     params = compare_tensors(final_a["model weights"], final_b["model weights"], labels=("straight", "resumed"))
     lr_a = np.array([r.lrs[0] for r in rec_a])
