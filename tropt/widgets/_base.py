@@ -62,7 +62,7 @@ def image(png: bytes) -> Any:
     return W.Image(value=png, format="png", layout=W.Layout(max_width="100%", height="auto"))
 
 
-def result_plot(result: Any, figsize: tuple[float, float] = (7.5, 3.4)) -> Any | None:
+def result_plot(result: Any, figsize: tuple[float, float] = (7, 2.8)) -> Any | None:
     """The result's picture (``result.plot(ax=...)``) as an Image widget, or None when it has none."""
     try:
         return image(figure_png(lambda fig: result.plot(ax=fig.add_subplot()), figsize))
@@ -73,9 +73,17 @@ def result_plot(result: Any, figsize: tuple[float, float] = (7.5, 3.4)) -> Any |
                       f"{html.escape(str(exc))}</div>")
 
 
-def result_widget(result: Any, plot: bool = True, figsize: tuple[float, float] = (7.5, 3.4)) -> Any:
+def result_html(result: Any, open_details: bool = False) -> str:
+    """A result's badge, summary and advice, with its metrics and evidence tables in a collapsed details block
+    (panels stay short; one click opens the evidence)."""
+    from ..result import _result_html
+
+    return _result_html(result, open_details=open_details)
+
+
+def result_widget(result: Any, plot: bool = True, figsize: tuple[float, float] = (7, 2.8)) -> Any:
     """A result's badge, summary, advice and evidence (its HTML), with its picture below."""
-    parts = [W.HTML(result._repr_html_())]
+    parts = [W.HTML(result_html(result))]
     if plot and result.status.value != "skip":  # a skipped check has nothing to draw
         pic = result_plot(result, figsize)
         if pic is not None:
@@ -117,6 +125,7 @@ class Action:
         self.box = W.VBox([W.HBox([self.run_button, self.stop_button, self.progress, self.status],
                                   layout=W.Layout(align_items="center")),
                            self.message, self.live, self.results])
+        self.box.add_class("tropt-action")
         self.state = "idle"
         self.error: BaseException | None = None
         self._stop = threading.Event()

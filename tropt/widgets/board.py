@@ -55,6 +55,8 @@ class Dashboard(W.VBox):
         self.tab = W.Tab(children=[overview, *self.panels.values()])
         self.tab.titles = tuple(titles)
         super().__init__([self.tab])
+        self.add_class("tropt-panel")
+        self.add_class("tropt-dashboard")
 
     def _job(self, action: Action) -> None:
         from ..diagnose import diagnose

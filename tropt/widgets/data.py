@@ -75,6 +75,8 @@ class DataPanel(W.VBox):
             W.GridBox(list(self.boxes.values()), layout=W.Layout(grid_template_columns="repeat(3, 300px)")),
             self.action.box,
         ])
+        self.add_class("tropt-panel")
+        self.add_class("tropt-data-panel")
 
     def _value(self, widget: Any) -> Any:
         if isinstance(widget, W.Dropdown):
@@ -108,5 +110,5 @@ class DataPanel(W.VBox):
                 action.tick(i + 1, len(chosen) + 1, f"{spec.id} ({i + 1}/{len(chosen)})")
                 result = run_check(spec, self.splits, {**opts, "progress": False})
                 self.results[spec.id] = result
-                action.show(result_widget(result, figsize=(7.5, 3.0)))
+                action.show(result_widget(result))
         action.tick(len(chosen) + 1, len(chosen) + 1, None)

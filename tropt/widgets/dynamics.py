@@ -59,7 +59,7 @@ class DynamicsPanel(W.VBox):
                          self.curve_steps, self.curve_action.box]
         # --- uploaded log
         self.upload = W.FileUpload(accept=".csv,text/csv", multiple=False, description="Upload CSV",
-                                   layout=W.Layout(width="auto"))
+                                   layout=W.Layout(width="220px"))
         self.upload_action = Action("Diagnose the upload", self._upload_job)
         self.upload.observe(lambda _change: self.upload_action.start(), names="value")
         children += [W.HTML("<b>Loss curve from your logs</b>: a CSV with a <code>loss</code> / <code>train_loss</code> "
@@ -67,6 +67,8 @@ class DynamicsPanel(W.VBox):
                             "TensorBoard's CSV export work)"),
                      self.upload, self.upload_action.box]
         super().__init__(children)
+        self.add_class("tropt-panel")
+        self.add_class("tropt-dynamics-panel")
 
     def _lr_job(self, action: Action) -> None:
         from ..dynamics.lr_range import check_lr_range
@@ -76,7 +78,7 @@ class DynamicsPanel(W.VBox):
                                 num_steps=int(self.num_steps.value), repeats=int(self.repeats.value), progress=False,
                                 callback=action.callback)
         self.result_lr = result
-        action.show(result_widget(result, figsize=(8, 3.6)))
+        action.show(result_widget(result))
 
     def _curve_job(self, action: Action) -> None:
         from ..dynamics import check_loss_curve
@@ -84,7 +86,7 @@ class DynamicsPanel(W.VBox):
         self.result_curve = None
         result = check_loss_curve(self.setup, steps=int(self.curve_steps.value), progress=False, callback=action.callback)
         self.result_curve = result
-        action.show(result_widget(result, figsize=(8, 3.4)))
+        action.show(result_widget(result))
 
     def _upload_job(self, action: Action) -> None:
         import pandas as pd
@@ -106,4 +108,4 @@ class DynamicsPanel(W.VBox):
         result = diagnose_curves(frame)
         self.result_upload = result
         action.show(W.HTML(f"<div style='color:#57606a'>{len(frame)} rows from <code>{html.escape(f['name'])}</code></div>"),
-                    result_widget(result, figsize=(8, 3.4)))
+                    result_widget(result))

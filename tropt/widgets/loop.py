@@ -43,6 +43,8 @@ class LoopPanel(W.VBox):
                    "reaches optimizer.step()."),
             self.k, W.HBox([self.scaler, self.resume]), self.resume_steps, self.action.box,
         ])
+        self.add_class("tropt-panel")
+        self.add_class("tropt-loop-panel")
 
     def chosen(self) -> list[Any]:
         """The loop checks the options select, in contract order."""
@@ -72,5 +74,5 @@ class LoopPanel(W.VBox):
                 options["steps"] = int(self.resume_steps.value)
             result = run_check(spec, setup, options)
             self.results[spec.id] = result
-            action.show(result_widget(result, figsize=(7.5, 3.0)))
+            action.show(result_widget(result))
         action.tick(len(chosen), len(chosen), None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..result import CheckResult, Status
-from ._base import W, Action, Throttle, figure_png, header, image, result_widget, spec_text
+from ._base import W, Action, Throttle, figure_png, header, image, result_html, result_widget, spec_text
 
 _LAYOUT = W.Layout(width="420px")
 _STYLE = {"description_width": "150px"}
@@ -36,6 +36,8 @@ class OverfitPanel(W.VBox):
         self.curves: dict[str, list[float]] = {"model": [], "baseline": []}
         title, text = spec_text("model.overfit_batch")
         super().__init__([header(f"{title} (model.overfit_batch)", text), self.samples, self.steps, self.action.box])
+        self.add_class("tropt-panel")
+        self.add_class("tropt-overfit-panel")
 
     @property
     def result(self) -> CheckResult | None:
@@ -115,6 +117,8 @@ class GradientFlowPanel(W.VBox):
         else:
             children += [self.verdict, self.live]
         super().__init__(children)
+        self.add_class("tropt-panel")
+        self.add_class("tropt-gradflow-panel")
 
     @property
     def result(self) -> CheckResult | None:
@@ -156,7 +160,7 @@ class GradientFlowPanel(W.VBox):
         result = check_gradient_flow(self.setup, steps=steps, progress=False, callback=callback)
         self._result = result
         action.live.children = ()
-        action.show(W.HTML(result._repr_html_()), self.charts(result))
+        action.show(W.HTML(result_html(result)), self.charts(result))
 
     # ------------------------------------------------------------------ your own loop
     @classmethod
@@ -210,7 +214,7 @@ class GradientFlowPanel(W.VBox):
         try:
             result = self.monitor.result()
             self._result = result
-            self.verdict.value = result._repr_html_()
+            self.verdict.value = result_html(result)
             steps = len(self.monitor.recorded_steps)
             self.live.children = (self.charts(result, f"your loop: {steps} recorded steps"),)
             self.refreshes += 1
