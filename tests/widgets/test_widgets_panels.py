@@ -330,3 +330,22 @@ def test_diagnose_callback_cancel(tiny_setup):
         tropt.diagnose(tiny_setup, checks="model", progress=False, callback=cb)
     assert [c["check"] for c in calls if "index" in c] == ["model.init_loss", "model.overfit_batch", "model.gradient_flow"]
     assert any("step" in c for c in calls)  # overfit_batch's per-step callback went through diagnose
+
+
+def test_one_run_at_a_time_across_panels(tiny_setup):
+    """A second panel's run waits for the first (checks restore global RNG state around their work)."""
+    from tropt.widgets import GradientFlowPanel, LoopPanel
+
+    first, second = GradientFlowPanel(tiny_setup), LoopPanel(tiny_setup)
+    first.steps.value, first.every.value = 400, 100
+    first.action.run_button.click()
+    second.action.run_button.click()
+    import time
+
+    deadline = time.time() + 30
+    while "waiting for another" not in second.action.status.value and time.time() < deadline:
+        time.sleep(0.01)
+    assert "waiting for another" in second.action.status.value and first.action.running
+    first.action.stop()
+    assert first.action.wait(60) and second.action.wait(120)
+    assert first.action.state == "stopped" and second.action.state == "done", second.action.message.value

@@ -20,6 +20,10 @@ from ..errors import Cancelled, TroptError, require
 
 W = require("ipywidgets", "widgets")
 
+# One tropt run at a time across all panels: checks snapshot and restore global state (RNG streams) around their
+# work, so two runs interleaving in threads could hand each other's state back.
+_RUN_LOCK = threading.Lock()
+
 RED = "#cf222e"
 STATUS_STYLE = {"idle": "#6e7781", "running": "#0969da", "done": "#1a7f37", "stopped": "#9a6700", "error": RED}
 
@@ -189,7 +193,12 @@ class Action:
 
     def _run(self) -> None:
         start = time.perf_counter()
+        locked = False
         try:
+            while not (locked := _RUN_LOCK.acquire(timeout=0.2)):
+                self.set_status("waiting for another panel's run to finish…")
+                self.check_stop()
+            start = time.perf_counter()
             self.job(self)
         except Cancelled:
             self.state = "stopped"
@@ -207,6 +216,8 @@ class Action:
             self.progress.value = self.progress.max
             self.set_status(f"done in {time.perf_counter() - start:.1f} s")
         finally:
+            if locked:
+                _RUN_LOCK.release()
             self.run_button.disabled = False
             self.stop_button.disabled = True
             self._done.set()
