@@ -38,7 +38,7 @@ def kernel_start_s() -> float:
 
 def import_s() -> float:
     """Importing torch + tropt + the sample setup in a fresh interpreter (the notebook's first cell pays it)."""
-    code = f"import sys; sys.path.insert(0, {str(SAMPLES)!r}); import torch, tropt, tropt.diagnose, sample_setup"
+    code = f"import sys; sys.path.insert(0, {str(SAMPLES)!r}); import torch, tropt, tropt.diagnosis, sample_setup"
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], check=True)
     return time.perf_counter() - t

@@ -9,25 +9,10 @@ import matplotlib
 import pytest
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 matplotlib.use("Agg")  # tests draw off-screen
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SAMPLES = os.path.join(ROOT, "data", "samples")
-
-
-def make_classification(n: int = 64, d: int = 8, classes: int = 3, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g)
-    w = torch.randn(d, classes, generator=g)
-    y = (x @ w).argmax(1)
-    return x, y
-
-
-def ce_loss(model, batch):
-    x, y = batch
-    return F.cross_entropy(model(x), y)
+from support import CHROMIUM, CHROMIUM_ARGS, SAMPLES, ce_loss, make_classification  # noqa: E402
 
 
 @pytest.fixture
@@ -52,12 +37,6 @@ def sample_module():
     finally:
         sys.path.remove(SAMPLES)
     return sample_setup
-
-
-CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage"]
 
 
 @pytest.fixture(scope="session")

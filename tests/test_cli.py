@@ -9,7 +9,7 @@ from tropt import registry
 from tropt.cli import main
 from tropt.result import CheckResult, Status
 
-from conftest import SAMPLES
+from support import SAMPLES
 
 SAMPLE_SETUP = os.path.join(SAMPLES, "sample_setup.py")
 

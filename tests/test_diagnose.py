@@ -66,7 +66,7 @@ def test_inapplicable_checks_skip_with_reason(tiny_setup, fake_checks):
 
 
 def test_invalid_setup_errors_setup_checks_but_data_checks_run(fake_checks):
-    from conftest import make_classification
+    from support import make_classification
 
     x, y = make_classification()
     setup = tropt.Setup(torch.nn.Linear(8, 3), lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1], reduction="none"),

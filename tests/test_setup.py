@@ -6,10 +6,10 @@ from torch import nn
 from torch.nn import functional as F
 
 import tropt
-from tropt.errors import SetupError, StepError, TroptError
+from tropt.errors import SetupError, StepError
 from tropt.testing import untouched
 
-from conftest import ce_loss, make_classification
+from support import ce_loss, make_classification
 
 
 def _parts():

@@ -24,7 +24,7 @@ _LAZY = {
     "preserved": "tropt.snapshot",
     "TroptError": "tropt.errors",
     "list_checks": "tropt.registry",
-    "diagnose": "tropt.diagnose",
+    "diagnose": "tropt.diagnosis",
     "run_identity": "tropt.identity",
     "GradientMonitor": "tropt.model.monitor",
     "dashboard": "tropt.widgets",

@@ -53,7 +53,7 @@ def _cmd_checks(args: argparse.Namespace) -> int:
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from .diagnose import diagnose
+    from .diagnosis import diagnose
     from .loading import load_setup
 
     setup = load_setup(args.setup) if args.setup else None

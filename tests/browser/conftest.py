@@ -18,19 +18,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from lab_support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("TROPT_BROWSER_ARTIFACTS", Path(__file__).parent / "artifacts"))
 SERVER_START_TIMEOUT = 90
-KERNEL_IDLE_JS = """() => {
-  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-  const s = w && w.sessionContext;
-  return !!(s && s.isReady && s.session && s.session.kernel
-            && s.session.kernel.connectionStatus === 'connected'
-            && s.session.kernel.status === 'idle');
-}"""
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,7 +8,7 @@ import re
 import pytest
 from playwright.sync_api import Page, expect
 
-from conftest import KERNEL_IDLE_JS, ROOT
+from lab_support import KERNEL_IDLE_JS, ROOT
 
 pytestmark = pytest.mark.browser
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -13,7 +12,7 @@ from tropt.loop import check_accumulation, check_loss_scaling, check_resume, che
 from tropt.result import Status
 from tropt.testing import untouched
 
-from conftest import ce_loss, make_classification
+from support import ce_loss, make_classification
 
 CHECKS = {
     "loop.zero_grad": check_zero_grad,

@@ -16,7 +16,7 @@ import pytest
 import tropt
 from tropt.result import Report
 
-from conftest import ROOT, SAMPLES
+from support import ROOT, SAMPLES
 
 pytestmark = pytest.mark.slow  # each notebook run starts a kernel (about 10 s here)
 

@@ -18,7 +18,7 @@ from tropt.errors import Cancelled
 
 pytest.importorskip("ipywidgets")
 
-from conftest import SAMPLES, ce_loss, make_classification  # noqa: E402
+from support import SAMPLES, ce_loss, make_classification  # noqa: E402
 
 TRAIN, TEST = os.path.join(SAMPLES, "train.csv"), os.path.join(SAMPLES, "test.csv")
 

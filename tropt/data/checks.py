@@ -1029,7 +1029,7 @@ def check_splits(splits: Mapping[str, Any], *, label=None, group=None, time=None
     differ between splits, an unknown label/group/time column, an empty split, unhashable values) raises
     :class:`tropt.errors.DataError`; a check that fails for its own reasons becomes an ERROR result.
     """
-    from ..diagnose import run_check
+    from ..diagnosis import run_check
     from ..identity import run_identity
     from ..registry import find_spec
 

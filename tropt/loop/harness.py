@@ -122,8 +122,8 @@ def quiet_randomness(model: nn.Module) -> int:
 
 
 def batch_dependent_layers(model: nn.Module) -> list[str]:
-    """Names of layers whose output for one sample depends on the rest of the batch (BatchNorm and friends)."""
-    return [name for name, m in model.named_modules() if isinstance(m, _BATCH_DEPENDENT) and (m.training or not m.track_running_stats)]
+    """Names of layers whose output for one sample depends on the rest of the batch in training (BatchNorm and friends)."""
+    return [name for name, m in model.named_modules() if isinstance(m, _BATCH_DEPENDENT)]
 
 
 def freeze_batch_stats(model: nn.Module) -> int:

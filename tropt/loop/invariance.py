@@ -194,7 +194,7 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
     n_even = n - n % k
     even_batch = split_batch(batch, sizes=[n_even, n - n_even])[0] if n_even < n else batch
     uneven_sizes = split_sizes(n, k) if n % k else [n // 2] + split_sizes(n - n // 2, k - 1)
-    bn_layers = [name for name, m in setup.model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    bn_layers = batch_dependent_layers(setup.model)
 
     def compare(micro: list, full: object, freeze: bool) -> tuple[pd.DataFrame, dict, dict, int]:
         a, _ = _grads_of(setup, [full], 1, freeze=freeze, what="the 1-micro-batch run")
@@ -359,7 +359,7 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
                     positions.append(_schedule_position(ctx.scheduler) - start)
             require_steps(setup, calls, f"the K={kk} run")
             runs[kk] = (np.array([r.lrs for r in rec.records]), np.array(positions), calls)
-    (lr1, pos1, calls1), (lrk, posk, callsk) = runs[1], runs[k]
+    (lr1, pos1, _), (lrk, posk, _) = runs[1], runs[k]
     n = min(len(lr1), len(lrk))
     table = pd.DataFrame({
         "step": np.arange(1, len(batches) + 1),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import nn

@@ -59,7 +59,7 @@ class Dashboard(W.VBox):
         self.add_class("tropt-dashboard")
 
     def _job(self, action: Action) -> None:
-        from ..diagnose import diagnose
+        from ..diagnosis import diagnose
 
         self.report = None
         opts = dict(self._columns)

@@ -93,7 +93,7 @@ class DataPanel(W.VBox):
 
     def _job(self, action: Action) -> None:
         from ..data.sources import Options, load_splits, session
-        from ..diagnose import run_check
+        from ..diagnosis import run_check
         from ..errors import DataError
 
         self.results = {}

@@ -58,7 +58,7 @@ class LoopPanel(W.VBox):
         return out
 
     def _job(self, action: Action) -> None:
-        from ..diagnose import run_check
+        from ..diagnosis import run_check
 
         self.results = {}
         setup = self.setup

@@ -115,15 +115,3 @@ def diagnose(
         else:
             results.append(run_check(spec, setup if spec.needs == "setup" else splits, options))
     return Report(results, run_identity(setup if setup_error is None else None, splits, checks=[s.id for s in specs]))
-
-
-class _CallableModule(__import__("types").ModuleType):
-    """``tropt.diagnose`` names both this module and the function: importing the submodule (``from tropt.diagnose
-    import run_check``, as the data checks and widgets do) rebinds the package attribute to the module, so the module
-    forwards calls to the function and ``tropt.diagnose(setup, ...)`` keeps working."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Report:
-        return diagnose(*args, **kwargs)
-
-
-__import__("sys").modules[__name__].__class__ = _CallableModule

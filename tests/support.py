@@ -1,0 +1,31 @@
+"""Plain helpers shared by tests (import with ``from support import ...``; conftest.py only holds fixtures, and a
+test directory's own conftest.py would shadow ``import conftest``)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.nn import functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLES = os.path.join(ROOT, "data", "samples")
+
+
+def make_classification(n: int = 64, d: int = 8, classes: int = 3, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    w = torch.randn(d, classes, generator=g)
+    y = (x @ w).argmax(1)
+    return x, y
+
+
+def ce_loss(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
