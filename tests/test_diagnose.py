@@ -119,3 +119,9 @@ def test_import_is_light_and_side_effect_free():
     code = "import pandas as pd, torch; o=pd.get_option('display.max_rows'); import tropt; tropt.Setup; tropt.list_checks(); print(pd.get_option('display.max_rows')==o, torch.get_default_dtype())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "torch.float32"]
+
+
+def test_diagnose_stays_the_function_after_submodule_imports():
+    code = "import tropt, tropt.diagnosis, tropt.data.checks; print(callable(tropt.diagnose), tropt.diagnose.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "tropt.diagnosis"]
