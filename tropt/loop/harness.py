@@ -52,7 +52,7 @@ class StepRecorder:
     """
 
     ctx: StepContext
-    grads: bool = True
+    grads: bool = True  # False: record learning rates and scale only (no copies of the gradients)
     records: list[StepRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -60,17 +60,21 @@ class StepRecorder:
         self._handle = None
 
     def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        scale = float(self.ctx.scaler.get_scale()) if self.ctx.scaler is not None else None
+        lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        if not self.grads:  # learning rates and scale only: no pass over the gradients
+            self.records.append(StepRecord({}, lrs, scale, float("nan")))
+            return
         grads: dict[str, torch.Tensor | None] = {}
-        squares = []
+        present = []
         for group in optimizer.param_groups:
             for p in group["params"]:
                 g = None if p.grad is None else p.grad.detach().float().clone()
-                grads[self._names.get(id(p), f"unnamed_{len(grads)}")] = g if self.grads else None
+                grads[self._names.get(id(p), f"unnamed_{len(grads)}")] = g
                 if g is not None:
-                    squares.append(g.pow(2).sum())
-        norm = math.sqrt(float(torch.stack(squares).sum())) if squares else 0.0
-        scale = float(self.ctx.scaler.get_scale()) if self.ctx.scaler is not None else None
-        self.records.append(StepRecord(grads, [float(g["lr"]) for g in optimizer.param_groups], scale, norm))
+                    present.append(g)
+        norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
+        self.records.append(StepRecord(grads, lrs, scale, norm))
 
     def __enter__(self) -> "StepRecorder":
         self._handle = self.ctx.optimizer.register_step_pre_hook(self._hook)
