@@ -122,6 +122,6 @@ def test_import_is_light_and_side_effect_free():
 
 
 def test_diagnose_stays_the_function_after_submodule_imports():
-    code = "import tropt, tropt.diagnosis, tropt.data.checks; print(callable(tropt.diagnose), tropt.diagnose.__module__)"
+    code = "import tropt, tropt.diagnosis, tropt.data.splits; print(callable(tropt.diagnose), tropt.diagnose.__module__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "tropt.diagnosis"]

@@ -51,7 +51,7 @@ PUBLIC_IDS: dict[str, int] = {
 _ORDER = {check: i for i, check in enumerate(PUBLIC_IDS)}
 
 # Modules holding implemented checks; each issue that lands checks adds its module here.
-CHECK_MODULES: tuple[str, ...] = ("tropt.data.checks", "tropt.loop", "tropt.model", "tropt.dynamics.loss_curve", "tropt.dynamics.lr_range", "tropt.perf.throughput", "tropt.perf.precision")
+CHECK_MODULES: tuple[str, ...] = ("tropt.data", "tropt.loop", "tropt.model", "tropt.dynamics.loss_curve", "tropt.dynamics.lr_range", "tropt.perf.throughput", "tropt.perf.precision")
 
 
 @dataclass(frozen=True)

@@ -8,19 +8,12 @@ map-style torch Dataset or a path to a CSV/Parquet file (streamed in chunks).
 
 from __future__ import annotations
 
-from .checks import (
-    CHECKS,
-    check_class_coverage,
-    check_exact_duplicates,
-    check_group_leakage,
-    check_label_sanity,
-    check_label_shift,
-    check_near_duplicates,
-    check_splits,
-    check_target_leakage,
-    check_temporal_leakage,
-    infer_task,
-)
+from ._common import infer_task
+from .duplicates import check_exact_duplicates, check_near_duplicates
+from .labels import check_class_coverage, check_label_sanity, check_label_shift
+from .leakage import check_group_leakage, check_temporal_leakage
+from .splits import CHECKS, check_splits
+from .target import check_target_leakage
 
 __all__ = [
     "CHECKS",

@@ -1,0 +1,107 @@
+"""Shared machinery of the stage-1 checks: loading splits, split pairs, result helpers, label handling.
+
+Every check takes the ordered ``splits`` mapping first (earlier splits first: train, val, test, ...) and checks
+each later split against every earlier one. Feature columns are every column except ``label``, ``group`` and
+``time`` unless ``features=`` names them; thresholds are keyword defaults.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..errors import DataError
+from ..result import CheckResult, Status
+from .sources import Options, SplitData, column_kind, hash_column, load_splits, unify_kinds
+
+
+MAX_EVIDENCE = 1000  # evidence rows kept per table; metrics always count everything
+
+
+def _load(splits, label, group, time, features, progress, min_splits=2, needs=frozenset()) -> list[SplitData]:
+    return load_splits(splits, Options.make(label, group, time, features), progress=progress, min_splits=min_splits,
+                       needs=frozenset(needs))
+
+
+def _pairs(datas: list[SplitData]) -> list[tuple[SplitData, SplitData]]:
+    """(later, earlier) for every later split and every split before it."""
+    return [(datas[i], datas[j]) for i in range(1, len(datas)) for j in range(i)]
+
+
+def _pkey(later: SplitData, earlier: SplitData) -> str:
+    return f"{later.name}_in_{earlier.name}"
+
+
+def _skip(check: str, why: str) -> CheckResult:
+    return CheckResult(check, Status.SKIP, why)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%" if x < 0.1 else f"{100 * x:.1f}%"
+
+
+def _canon_hashes(series: list[pd.Series], names: list[str]) -> list[np.ndarray]:
+    """Canonical value hashes of the same column across splits (ints and floats of one value agree)."""
+    kind = unify_kinds([column_kind(s, n) for s, n in zip(series, names)])
+    return [hash_column(s, kind) for s in series]
+
+
+def _labels(datas: list[SplitData], label=None) -> list[pd.Series] | None:
+    """Every split's labels (from label=, or y of (X, y) splits), or None when a split has none."""
+    out = [d.label for d in datas]
+    return None if any(s is None for s in out) else out
+
+
+def _is_num(s: pd.Series) -> bool:
+    return (pd.api.types.is_numeric_dtype(s.dtype) or pd.api.types.is_bool_dtype(s.dtype)) and not pd.api.types.is_complex_dtype(s.dtype)
+
+
+def _numeric_values(s: pd.Series) -> np.ndarray:
+    if pd.api.types.is_bool_dtype(s.dtype):
+        return s.to_numpy(dtype=np.float64, na_value=np.nan)
+    if _is_num(s):
+        return s.to_numpy(dtype=np.float64, na_value=np.nan)
+    return pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def infer_task(labels: list[pd.Series], task: str | None = None, num_classes: int | None = None, max_classes: int = 50) -> str:
+    """"classification" or "regression" from the label values (or what the user said)."""
+    if task is not None:
+        if task not in ("classification", "regression"):
+            raise DataError(f"task={task!r} is not 'classification' or 'regression'", "pass one of those, or None to infer it")
+        return task
+    if num_classes is not None:
+        return "classification"
+    if not all(_is_num(s) for s in labels):
+        return "classification"
+    v = np.concatenate([_numeric_values(s) for s in labels])
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return "classification"
+    integral = np.mean(v == np.round(v))
+    nunique = len(np.unique(v[: 1_000_000]))
+    return "classification" if integral >= 0.99 and nunique <= max_classes else "regression"
+
+
+def _class_keys(s: pd.Series) -> pd.Series:
+    """Class values comparable across splits: numbers as floats → ints where integral, else as they are."""
+    if _is_num(s):
+        v = _numeric_values(s)
+        out = pd.Series(v)
+        if np.all(v[np.isfinite(v)] == np.round(v[np.isfinite(v)])):
+            return out.astype("Int64") if np.isnan(v).any() else out.astype(np.int64)
+        return out
+    return s.astype(object).where(s.notna(), None)
+
+
+def _counts_table(labels: list[pd.Series], names: list[str]) -> pd.DataFrame:
+    counts = {}
+    for s, n in zip(labels, names):
+        counts[n] = _class_keys(s).dropna().value_counts()
+    df = pd.DataFrame(counts).fillna(0).astype(np.int64)
+    try:
+        df = df.sort_index()
+    except TypeError:  # mixed class types
+        df = df.loc[sorted(df.index, key=str)]
+    df.index.name = "class"
+    return df

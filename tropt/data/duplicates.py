@@ -1,0 +1,259 @@
+"""Stage-1 duplicate checks: exact and near copies of a later split's rows in an earlier split."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from ..errors import DataError
+from ..registry import register
+from ..result import CheckResult, Status
+from ._common import MAX_EVIDENCE, _canon_hashes, _labels, _load, _pairs, _pct, _pkey, _skip
+
+
+# ---------------------------------------------------------------------------------------------------- exact duplicates
+@register("data.exact_duplicates", title="Exact duplicates across splits",
+          description="rows of a later split with an exact copy (same features) in an earlier split", needs="splits")
+def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
+                           max_fraction: float = 0.01, max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
+    """Find rows of later splits whose features exactly match a row of an earlier split.
+
+    Fingerprints are canonical (-0.0 == 0.0, NaN == NaN, column order and index ignored) and cover the feature
+    columns only: every column except ``label``, ``group`` and ``time`` unless ``features=`` lists them.
+    WARN for any leaked row (or conflicting labels), FAIL when more than ``max_fraction`` of a later split leaked.
+    """
+    cid = "data.exact_duplicates"
+    datas = _load(splits, label, group, time, features, progress)
+    allfp = np.concatenate([d.fp for d in datas])
+    codes, uniq = pd.factorize(allfp)
+    bounds = np.cumsum([0] + [d.n for d in datas])
+    split_codes = [codes[bounds[i]:bounds[i + 1]] for i in range(len(datas))]
+    firsts = []
+    for c in split_codes:
+        f = np.full(len(uniq), -1, dtype=np.int64)
+        f[c[::-1]] = np.arange(len(c) - 1, -1, -1)
+        firsts.append(f)
+    metrics: dict[str, Any] = {"leaked_rows": 0, "leaked_fraction": 0.0, "max_pair_fraction": 0.0}
+    pair_rows, evidence = [], []
+    index = {d.name: i for i, d in enumerate(datas)}
+    compared = 0
+    for later, earlier in _pairs(datas):
+        li, ei = index[later.name], index[earlier.name]
+        match = firsts[ei][split_codes[li]]
+        hit = np.flatnonzero(match >= 0)
+        frac = len(hit) / later.n
+        compared += later.n
+        metrics["leaked_rows"] += len(hit)
+        metrics[f"leaked_rows.{_pkey(later, earlier)}"] = len(hit)
+        metrics[f"leaked_fraction.{_pkey(later, earlier)}"] = frac
+        metrics["max_pair_fraction"] = max(metrics["max_pair_fraction"], frac)
+        pair_rows.append({"split": later.name, "earlier_split": earlier.name, "rows": later.n, "leaked_rows": len(hit), "leaked_fraction": frac})
+        room = max_evidence - len(evidence)
+        if room > 0 and len(hit):
+            take = hit[:room]
+            ev = pd.DataFrame({"split": later.name, "row": later.row_id[take], "earlier_split": earlier.name,
+                               "earlier_row": earlier.row_id[match[take]],
+                               "fingerprint": [f"{v:016x}" for v in later.fp[take]]})
+            if later.label is not None and earlier.label is not None:
+                ev["label"] = later.label.to_numpy()[take]
+                ev["earlier_label"] = earlier.label.to_numpy()[match[take]]
+            evidence.append(ev)
+            evidence = [pd.concat(evidence, ignore_index=True)]
+    metrics["leaked_fraction"] = metrics["leaked_rows"] / compared if compared else 0.0
+    within_total = 0
+    for d, c, f in zip(datas, split_codes, firsts):
+        within = d.n - int((f >= 0).sum())
+        metrics[f"duplicates_within.{d.name}"] = within
+        within_total += within
+    metrics["duplicates_within"] = within_total
+
+    # Same features, different labels (anywhere in the splits): label noise or a feature set too poor to decide.
+    conflicting, conflict_rows, conflict_table = 0, 0, None
+    labels = _labels(datas, label)
+    if labels is not None:
+        lh = np.concatenate(_canon_hashes(labels, [d.name for d in datas]))
+        counts = np.bincount(codes, minlength=len(uniq))
+        dup = counts[codes] > 1
+        if dup.any():
+            sub = pd.DataFrame({"code": codes[dup], "lab": lh[dup]})
+            nlab = sub.drop_duplicates().groupby("code").size()
+            bad_codes = nlab.index[nlab.to_numpy() > 1].to_numpy()
+            conflicting = len(bad_codes)
+            rows_mask = np.zeros(len(codes), dtype=bool)
+            rows_mask[np.flatnonzero(dup)[np.isin(codes[dup], bad_codes)]] = True
+            conflict_rows = int(rows_mask.sum())
+            if conflict_rows:
+                pos = np.flatnonzero(rows_mask)[:max_evidence]
+                sid = np.searchsorted(bounds, pos, side="right") - 1
+                conflict_table = pd.DataFrame({
+                    "split": [datas[s].name for s in sid],
+                    "row": [datas[s].row_id[p - bounds[s]] for s, p in zip(sid, pos)],
+                    "label": [labels[s].iloc[p - bounds[s]] for s, p in zip(sid, pos)],
+                    "fingerprint": [f"{allfp[p]:016x}" for p in pos],
+                }).sort_values(["fingerprint", "split"], kind="stable").reset_index(drop=True)
+    metrics["conflicting_labels"] = conflicting
+    metrics["conflicting_label_rows"] = conflict_rows
+    metrics["feature_columns"] = len(datas[0].feature_columns) if datas[0].tabular and datas[0].feature_columns else 0
+
+    tables = {"pairs": pd.DataFrame(pair_rows)}
+    if evidence:
+        tables["leaked_rows"] = evidence[0]
+    if conflict_table is not None:
+        tables["conflicting_labels"] = conflict_table
+    leaked, worst = metrics["leaked_rows"], metrics["max_pair_fraction"]
+    advice = []
+    if leaked:
+        worst_pair = max(pair_rows, key=lambda r: r["leaked_fraction"])
+        advice.append(f"Drop the {leaked} leaked rows from the later splits (listed in 'leaked_rows'), or de-duplicate "
+                      "the data before splitting so every copy lands in one split.")
+        if group is None:
+            advice.append("If copies come from one entity (user, patient, document), re-split by that id and pass group= to check it.")
+        summary = (f"{leaked} row(s) of later splits have an exact copy in an earlier split "
+                   f"(worst: {worst_pair['leaked_rows']} of {worst_pair['rows']} {worst_pair['split']} rows in "
+                   f"{worst_pair['earlier_split']}, {_pct(worst_pair['leaked_fraction'])})")
+    else:
+        summary = f"no row of a later split has an exact copy in an earlier split ({', '.join(f'{d.name}: {d.n}' for d in datas)} rows)"
+    if conflicting:
+        summary += f"; {conflicting} feature vector(s) appear with different labels ({conflict_rows} rows)"
+        advice.append("Review the rows with identical features but different labels ('conflicting_labels'): fix the labels or drop them.")
+    if within_total:
+        summary += f"; {within_total} duplicate row(s) within splits"
+    status = Status.FAIL if worst > max_fraction else Status.WARN if leaked or conflicting else Status.PASS
+    return CheckResult(cid, status, summary, metrics, tables, advice)
+
+
+# ---------------------------------------------------------------------------------------------------- near duplicates
+@register("data.near_duplicates", title="Near duplicates across splits",
+          description="rows/samples of a later split nearly identical (cosine) to one in an earlier split", needs="splits")
+def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
+                          enabled: bool | str = "auto", threshold: float | None = None, calibration: float = 0.05,
+                          min_similarity: float = 0.95, phash_max_distance: int = 10, max_fraction: float = 0.01,
+                          max_auto_rows: int = 200_000, max_auto_cost: float = 2e11, device: str | None = None,
+                          max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
+    """Exact cosine nearest neighbour of every later-split row among each earlier split's rows.
+
+    Vectors are the numeric features (tables: standardised with the first split's mean/std; tensors: centred),
+    L2-normalised. A pair is a near duplicate when its similarity is at least ``threshold``, by default
+    ``max(min_similarity, cos(calibration * median nearest-neighbour angle))``: far closer than rows typically are.
+    Images additionally get a 16x16 average hash; a Hamming distance ``<= phash_max_distance`` also counts.
+    ``enabled="auto"`` runs for tensors/images and numeric tables up to ``max_auto_rows`` rows and an estimated
+    ``max_auto_cost`` multiply-adds (x50 on a GPU); ``True`` forces it, ``False`` skips.
+    """
+    from . import neighbours as nb
+
+    cid = "data.near_duplicates"
+    if enabled is False:
+        return _skip(cid, "near-duplicate search disabled (near_duplicates=False)")
+    datas = _load(splits, label, group, time, features, progress, needs={"numeric"})
+    missing = [d for d in datas if d.numeric is None]
+    if missing:
+        return _skip(cid, f"no vectors to compare in split {missing[0].name!r}: {missing[0].numeric_note or 'not numeric'}")
+    dims = {d.numeric.shape[1] for d in datas}
+    if len(dims) != 1:
+        return _skip(cid, f"samples have different sizes across splits ({sorted(dims)} values)")
+    dim = dims.pop()
+    tabular = datas[0].tabular
+    if tabular and dim < 3:
+        return _skip(cid, f"only {dim} numeric feature column(s): cosine similarity cannot tell rows apart in so few dimensions")
+    dev = nb.pick_device(device)
+    cost = sum(a.n * b.n * dim for a, b in _pairs(datas))
+    if enabled == "auto":
+        total = sum(d.n for d in datas)
+        if tabular and total > max_auto_rows:
+            return _skip(cid, f"table of {total:,} rows is above the automatic limit ({max_auto_rows:,}); pass near_duplicates=True to run it")
+        budget = max_auto_cost * (50 if dev.startswith("cuda") else 1)
+        if cost > budget:
+            return _skip(cid, f"exact search would take ~{cost:.2e} multiply-adds (automatic limit {budget:.1e}); "
+                              "pass near_duplicates=True to run it (a GPU helps: device='cuda')")
+    elif enabled is not True:
+        raise DataError(f"near_duplicates={enabled!r} is not 'auto', True or False", "pass 'auto', True or False")
+
+    ref = datas[0].numeric
+    mean = np.nanmean(ref, axis=0).astype(np.float32) if tabular else ref.mean(axis=0, dtype=np.float64).astype(np.float32)
+    mean = np.nan_to_num(mean)
+    scale = None
+    if tabular:
+        scale = np.nanstd(ref, axis=0).astype(np.float32)
+        scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0).astype(np.float32)
+    prepared = {d.name: nb.prepare(d.numeric, mean, scale) for d in datas}
+    images = all(d.image_shape is not None for d in datas) and len({d.image_shape for d in datas}) == 1
+    hashes = {d.name: nb.average_hash(d.numeric, d.image_shape) for d in datas} if images and phash_max_distance >= 0 else None
+
+    metrics: dict[str, Any] = {"leaked_rows": 0, "leaked_fraction": 0.0, "max_pair_fraction": 0.0, "dimensions": dim, "device": dev}
+    pair_rows, evidence, hist_rows = [], [], []
+    thresholds = []
+    compared = 0
+    edges = np.linspace(-9, 0.5, 96)
+    for later, earlier in _pairs(datas):
+        best, arg = nb.nearest(prepared[later.name], prepared[earlier.name], dev, progress, f"tropt: {later.name} vs {earlier.name}")
+        angle = np.arccos(best.astype(np.float64))
+        nonexact = angle[angle > 1e-3]
+        typical = float(np.median(nonexact)) if nonexact.size else float(np.pi / 2)
+        # Far closer than rows typically are: the expected share of unrelated rows that close falls like
+        # ratio**(dim-1), so low-dimensional data gets a smaller ratio (false positives below ~1e-5 per row).
+        ratio = min(calibration, 1e-5 ** (1.0 / max(dim - 1, 1)))
+        thr = float(threshold) if threshold is not None else max(min_similarity, float(np.cos(ratio * typical)))
+        thresholds.append(thr)
+        flagged = best >= thr
+        match = arg.copy()
+        ham = None
+        if hashes is not None:
+            ham, harg = nb.hamming_nearest(hashes[later.name], hashes[earlier.name], dev)
+            by_hash = (ham <= phash_max_distance) & ~flagged
+            match[by_hash] = harg[by_hash]
+            flagged = flagged | by_hash
+        hit = np.flatnonzero(flagged)
+        frac = len(hit) / later.n
+        compared += later.n
+        exact = int(np.sum(later.fp[hit] == earlier.fp[match[hit]]))
+        key = _pkey(later, earlier)
+        metrics["leaked_rows"] += len(hit)
+        metrics[f"leaked_rows.{key}"] = len(hit)
+        metrics[f"exact_copies.{key}"] = exact
+        metrics[f"threshold.{key}"] = thr
+        metrics[f"median_nn_similarity.{key}"] = float(np.median(best))
+        metrics["max_pair_fraction"] = max(metrics["max_pair_fraction"], frac)
+        pair_rows.append({"split": later.name, "earlier_split": earlier.name, "rows": later.n, "near_duplicates": len(hit),
+                          "of_which_exact": exact, "fraction": frac, "threshold": thr, "median_nn_similarity": float(np.median(best))})
+        counts, _ = np.histogram(np.log10(np.maximum(1.0 - best.astype(np.float64), 1e-9)), bins=edges)
+        hist_rows.append(counts)
+        room = max_evidence - sum(len(e) for e in evidence)
+        if room > 0 and len(hit):
+            order = hit[np.argsort(-best[hit], kind="stable")][:room]
+            sim = np.einsum("ij,ij->i", prepared[later.name][order], prepared[earlier.name][match[order]])
+            ev = pd.DataFrame({"split": later.name, "row": later.row_id[order], "earlier_split": earlier.name,
+                               "earlier_row": earlier.row_id[match[order]], "similarity": np.clip(sim, -1, 1).astype(np.float64),
+                               "exact": later.fp[order] == earlier.fp[match[order]]})
+            if ham is not None:
+                ev["hash_distance"] = np.rint((hashes[later.name].shape[1] - np.einsum("ij,ij->i", hashes[later.name][order], hashes[earlier.name][match[order]])) / 2).astype(int)
+            evidence.append((ev, later, earlier, order, match[order]))
+    metrics["leaked_fraction"] = metrics["leaked_rows"] / compared if compared else 0.0
+    metrics["threshold"] = float(min(thresholds))
+    tables = {"pairs": pd.DataFrame(pair_rows)}
+    series: dict[str, Any] = {"log10_distance_edges": edges, "log10_distance_counts": np.sum(hist_rows, axis=0)}
+    if evidence:
+        tables["near_duplicates"] = pd.concat([e[0] for e in evidence], ignore_index=True)
+        if images:
+            thumbs = []
+            for ev, later, earlier, order, m in evidence:
+                for a, b in zip(order, m):
+                    if len(thumbs) >= 6:
+                        break
+                    thumbs.append([nb.thumbnail(later.numeric[a], later.image_shape), nb.thumbnail(earlier.numeric[b], earlier.image_shape)])
+            series["pair_images"] = np.asarray(thumbs, dtype=np.float32)
+    leaked, worst = metrics["leaked_rows"], metrics["max_pair_fraction"]
+    what = "samples" if not tabular else "rows"
+    if leaked:
+        wp = max(pair_rows, key=lambda r: r["fraction"])
+        summary = (f"{leaked} {what} of later splits have a near duplicate in an earlier split (worst: {wp['near_duplicates']} "
+                   f"of {wp['rows']} {wp['split']} {what}, {_pct(wp['fraction'])}; {wp['of_which_exact']} exact copies)")
+        advice = [f"Remove the near-duplicate {what} listed in 'near_duplicates' from the later split, or group near copies "
+                  "(same source, augmentations, re-encodings) and split by that group.",
+                  "If these are legitimately similar but distinct samples, raise threshold= (the similarity cut-off)."]
+    else:
+        summary = f"no near duplicates across splits (similarity threshold {metrics['threshold']:.4f}, {dim} dimensions)"
+        advice = []
+    status = Status.FAIL if worst > max_fraction else Status.WARN if leaked else Status.PASS
+    return CheckResult(cid, status, summary, metrics, tables, advice, series)

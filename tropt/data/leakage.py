@@ -1,0 +1,199 @@
+"""Stage-1 leakage checks on ids and dates: group (entity) leakage and temporal leakage between splits."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from ..errors import DataError
+from ..registry import register
+from ..result import CheckResult, Status
+from ._common import MAX_EVIDENCE, _canon_hashes, _is_num, _load, _pairs, _pct, _pkey, _skip
+
+
+# ---------------------------------------------------------------------------------------------------- group leakage
+@register("data.group_leakage", title="Group (entity) leakage",
+          description="entity ids (group=) present in more than one split", needs="splits")
+def check_group_leakage(splits: Mapping[str, Any], *, group=None, label=None, time=None, features=None,
+                        max_fraction: float = 0.01, max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
+    """Entities (``group=`` column: user, patient, document id) that appear in more than one split.
+
+    ``affected_rows`` counts rows of later splits whose group also appears in an earlier split. WARN for any,
+    FAIL when more than ``max_fraction`` of a later split is affected.
+    """
+    cid = "data.group_leakage"
+    if group is None:
+        return _skip(cid, "no group= column given: pass the entity id column (user, patient, ...) to check for shared entities")
+    datas = _load(splits, label, group, time, features, progress)
+    names = [d.name for d in datas]
+    hashes = _canon_hashes([d.group for d in datas], names)
+    uniq_sets = [pd.unique(h) for h in hashes]
+    metrics: dict[str, Any] = {"shared_groups": 0, "affected_rows": 0, "affected_fraction": 0.0, "max_pair_fraction": 0.0}
+    pair_rows = []
+    affected_total, compared = 0, 0
+    for i in range(1, len(datas)):
+        earlier_all = np.concatenate(uniq_sets[:i])
+        in_earlier = pd.Index(earlier_all).unique()
+        affected_total += int(pd.Index(hashes[i]).isin(in_earlier).sum())
+        compared += datas[i].n
+        for j in range(i):
+            mask = pd.Index(hashes[i]).isin(pd.Index(uniq_sets[j]))
+            rows = int(mask.sum())
+            shared = int(pd.Index(uniq_sets[i]).isin(pd.Index(uniq_sets[j])).sum())
+            frac = rows / datas[i].n
+            key = _pkey(datas[i], datas[j])
+            metrics[f"shared_groups.{key}"] = shared
+            metrics[f"affected_rows.{key}"] = rows
+            metrics["max_pair_fraction"] = max(metrics["max_pair_fraction"], frac)
+            pair_rows.append({"split": datas[i].name, "earlier_split": datas[j].name, "groups": len(uniq_sets[i]),
+                              "shared_groups": shared, "rows": datas[i].n, "affected_rows": rows, "affected_fraction": frac})
+    # Groups seen in two or more splits, with their rows per split.
+    allh = np.concatenate(uniq_sets)
+    h_counts = pd.Series(allh).value_counts()
+    shared_h = h_counts.index[h_counts.to_numpy() > 1].to_numpy()
+    metrics["shared_groups"] = len(shared_h)
+    metrics["affected_rows"] = affected_total
+    metrics["affected_fraction"] = affected_total / compared if compared else 0.0
+    tables = {"pairs": pd.DataFrame(pair_rows)}
+    if len(shared_h):
+        cols = {}
+        value = {}
+        for d, h in zip(datas, hashes):
+            m = np.isin(h, shared_h)
+            vc = pd.Series(h[m]).value_counts()
+            cols[f"rows_in_{d.name}"] = vc
+            first = pd.Series(d.group.to_numpy()[m], index=h[m])
+            for k, v in first[~first.index.duplicated()].items():
+                value.setdefault(k, v)
+        t = pd.DataFrame(cols).reindex(shared_h).fillna(0).astype(np.int64)
+        t.insert(0, "group", [value[k] for k in t.index])
+        t = t.sort_values(list(t.columns[1:]), ascending=False, kind="stable").head(max_evidence).reset_index(drop=True)
+        tables["shared_groups"] = t
+    shared, worst = metrics["shared_groups"], metrics["max_pair_fraction"]
+    if shared:
+        summary = (f"{shared} {group!r} value(s) appear in more than one split; {affected_total} row(s) of later splits "
+                   f"({_pct(metrics['affected_fraction'])}) belong to an entity seen earlier")
+        advice = [f"Re-split by {group!r} so every entity is in exactly one split (e.g. sklearn GroupShuffleSplit / GroupKFold "
+                  f"with groups=df[{group!r}]).",
+                  "Or drop the affected rows (listed by entity in 'shared_groups') from the later splits."]
+    else:
+        summary = f"no {group!r} value is shared between splits ({', '.join(f'{d.name}: {len(u)}' for d, u in zip(datas, uniq_sets))} groups)"
+        advice = []
+    status = Status.FAIL if worst > max_fraction else Status.WARN if shared else Status.PASS
+    return CheckResult(cid, status, summary, metrics, tables, advice)
+
+
+# ---------------------------------------------------------------------------------------------------- temporal leakage
+def _times(s: pd.Series, split: str, col: Any) -> tuple[np.ndarray, bool]:
+    """Times as float64 (ns since epoch for dates) and whether they are datetimes."""
+    if pd.api.types.is_datetime64_any_dtype(s.dtype):
+        if getattr(s.dt, "tz", None) is not None:
+            s = s.dt.tz_convert("UTC").dt.tz_localize(None)
+        v = s.to_numpy(dtype="datetime64[ns]")
+        out = v.view(np.int64).astype(np.float64)
+        out[np.isnat(v)] = np.nan
+        return out, True
+    if _is_num(s):
+        return s.to_numpy(dtype=np.float64, na_value=np.nan), False
+    parsed = pd.to_datetime(s, errors="coerce", utc=True, format="mixed")
+    bad = parsed.isna() & s.notna()
+    if bad.mean() > 0.5 or (bad.any() and parsed.notna().sum() == 0):
+        example = s[bad].iloc[0]
+        raise DataError(f"split {split!r}: time column {col!r} cannot be read as dates (e.g. {example!r})",
+                        "pass a datetime or numeric column as time=, or convert it with pd.to_datetime first")
+    v = parsed.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]")
+    out = v.view(np.int64).astype(np.float64)
+    out[np.isnat(v)] = np.nan
+    return out, True
+
+
+def _fmt_time(v: float, is_dt: bool) -> Any:
+    if not np.isfinite(v):
+        return None
+    return pd.Timestamp(int(v)) if is_dt else v
+
+
+@register("data.temporal_leakage", title="Temporal leakage",
+          description="rows of a later split dated before the end of an earlier split", needs="splits")
+def check_temporal_leakage(splits: Mapping[str, Any], *, time=None, label=None, group=None, features=None,
+                           max_fraction: float = 0.01, random_split_fraction: float = 0.5,
+                           max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
+    """Rows of later splits dated strictly before the last timestamp of an earlier split.
+
+    A later split mostly (``>= random_split_fraction``) inside an earlier split's period is reported as the
+    random-split-of-time-ordered-data pattern. WARN for any overlap, FAIL above ``max_fraction`` of a later split.
+    """
+    cid = "data.temporal_leakage"
+    if time is None:
+        return _skip(cid, "no time= column given: pass the timestamp column to check that later splits come later")
+    datas = _load(splits, label, group, time, features, progress)
+    parsed = [_times(d.time, d.name, time) for d in datas]
+    is_dt = all(p[1] for p in parsed)
+    ts = [p[0] for p in parsed]
+    ranges = []
+    for d, t in zip(datas, ts):
+        ok = t[np.isfinite(t)]
+        ranges.append({"split": d.name, "rows": d.n, "start": _fmt_time(ok.min() if ok.size else np.nan, is_dt),
+                       "end": _fmt_time(ok.max() if ok.size else np.nan, is_dt), "missing_times": int(d.n - ok.size)})
+    metrics: dict[str, Any] = {"overlap_rows": 0, "overlap_fraction": 0.0, "max_pair_fraction": 0.0}
+    pair_rows, evidence = [], []
+    compared = 0
+    index = {d.name: i for i, d in enumerate(datas)}
+    random_pairs = []
+    for later, earlier in _pairs(datas):
+        tl, te = ts[index[later.name]], ts[index[earlier.name]]
+        te_ok = te[np.isfinite(te)]
+        if te_ok.size == 0:
+            continue
+        end = te_ok.max()
+        before = np.isfinite(tl) & (tl < end)
+        rows = int(before.sum())
+        frac = rows / later.n
+        compared += later.n
+        key = _pkey(later, earlier)
+        metrics["overlap_rows"] += rows
+        metrics[f"overlap_rows.{key}"] = rows
+        metrics[f"overlap_fraction.{key}"] = frac
+        metrics["max_pair_fraction"] = max(metrics["max_pair_fraction"], frac)
+        if frac >= random_split_fraction:
+            random_pairs.append(f"{later.name}/{earlier.name}")
+        pair_rows.append({"split": later.name, "earlier_split": earlier.name, "rows": later.n, "earlier_end": _fmt_time(end, is_dt),
+                          "rows_before_end": rows, "fraction": frac})
+        room = max_evidence - sum(len(e) for e in evidence)
+        if rows and room > 0:
+            idx = np.flatnonzero(before)
+            idx = idx[np.argsort(tl[idx], kind="stable")][:room]
+            evidence.append(pd.DataFrame({"split": later.name, "row": later.row_id[idx],
+                                          "time": [_fmt_time(v, is_dt) for v in tl[idx]], "earlier_split": earlier.name,
+                                          "earlier_end": _fmt_time(end, is_dt)}))
+    metrics["overlap_fraction"] = metrics["overlap_rows"] / compared if compared else 0.0
+    metrics["pattern"] = "random split of time-ordered data" if random_pairs else ("partial overlap" if metrics["overlap_rows"] else "time-ordered")
+    tables = {"ranges": pd.DataFrame(ranges), "pairs": pd.DataFrame(pair_rows)}
+    if evidence:
+        tables["rows_before_end"] = pd.concat(evidence, ignore_index=True)
+    # Histograms on one grid for the timeline plot.
+    allt = np.concatenate([t[np.isfinite(t)] for t in ts])
+    series: dict[str, Any] = {}
+    if allt.size:
+        edges = np.linspace(allt.min(), allt.max() if allt.max() > allt.min() else allt.min() + 1, 61)
+        series["time_edges"] = edges
+        for d, t in zip(datas, ts):
+            series[f"time_counts:{d.name}"] = np.histogram(t[np.isfinite(t)], bins=edges)[0]
+    rows, worst = metrics["overlap_rows"], metrics["max_pair_fraction"]
+    if random_pairs:
+        summary = (f"the splits look like a random split of time-ordered data: {_pct(worst)} of a later split lies before "
+                   f"the end of an earlier one ({', '.join(random_pairs)})")
+        advice = [f"Split by time: sort by {time!r} and cut at one date, so every later split comes after every earlier one.",
+                  "If time order does not matter for this task, drop time= (and say why in the report)."]
+    elif rows:
+        wp = max(pair_rows, key=lambda r: r["fraction"])
+        summary = (f"{rows} row(s) of later splits are dated before the end of an earlier split (worst: {wp['rows_before_end']} "
+                   f"of {wp['rows']} {wp['split']} rows before {wp['earlier_end']}, the end of {wp['earlier_split']})")
+        advice = [f"Drop the rows listed in 'rows_before_end' from the later split, or re-split at one cut-off date on {time!r}."]
+    else:
+        summary = "every later split starts after the earlier splits end (time-ordered)"
+        advice = []
+    status = Status.FAIL if worst > max_fraction else Status.WARN if rows else Status.PASS
+    return CheckResult(cid, status, summary, metrics, tables, advice, series)

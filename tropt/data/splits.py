@@ -1,0 +1,48 @@
+"""Run every stage-1 check on a set of splits: :data:`CHECKS` and :func:`check_splits`."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..result import Report
+from .duplicates import check_exact_duplicates, check_near_duplicates
+from .labels import check_class_coverage, check_label_sanity, check_label_shift
+from .leakage import check_group_leakage, check_temporal_leakage
+from .sources import Options, load_splits, session
+from .target import check_target_leakage
+
+
+CHECKS = {
+    "data.exact_duplicates": check_exact_duplicates,
+    "data.near_duplicates": check_near_duplicates,
+    "data.group_leakage": check_group_leakage,
+    "data.temporal_leakage": check_temporal_leakage,
+    "data.target_leakage": check_target_leakage,
+    "data.label_shift": check_label_shift,
+    "data.class_coverage": check_class_coverage,
+    "data.label_sanity": check_label_sanity,
+}
+
+
+def check_splits(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
+                 near_duplicates: bool | str = "auto", progress: bool = True) -> Report:
+    """Run every stage-1 check on ``splits`` (ordered: earlier splits first) and return a :class:`tropt.Report`.
+
+    Each split is scanned once and shared between the checks. Bad input that concerns every check (columns that
+    differ between splits, an unknown label/group/time column, an empty split, unhashable values) raises
+    :class:`tropt.errors.DataError`; a check that fails for its own reasons becomes an ERROR result.
+    """
+    from ..diagnosis import run_check
+    from ..identity import run_identity
+    from ..registry import find_spec
+
+    with session():
+        load_splits(splits, Options.make(label, group, time, features), progress=progress, min_splits=2)
+        options = {"label": label, "group": group, "time": time, "features": features, "progress": progress}
+        results = []
+        for cid in CHECKS:
+            opts = dict(options)
+            if cid == "data.near_duplicates":
+                opts["enabled"] = near_duplicates
+            results.append(run_check(find_spec(cid), splits, opts))
+    return Report(results, run_identity(None, splits, checks=list(CHECKS)))
