@@ -34,6 +34,17 @@ from ..errors import TroptError
 FIELDS = ("grad_norm", "param_norm", "update_norm", "nonzero", "nonfinite", "grad_abs_sum", "grad_abs_max")
 
 
+# Same-width integer dtypes: counting non-zero bit patterns is branch-free, while count_nonzero on CPU floats slows
+# down about 20x on sparse gradients (ReLU, embeddings) from branch misprediction.
+_INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def _count_nonzero(g: torch.Tensor) -> torch.Tensor:
+    """Entries of ``g`` that are not exactly zero (a -0.0 entry, rare in gradients, counts as non-zero here)."""
+    as_int = _INT_VIEW.get(g.dtype)
+    return torch.count_nonzero(g.view(as_int) if as_int is not None else g)
+
+
 class GradientMonitor:
     """Record gradient statistics of ``model``'s parameters at every ``every``-th optimizer step.
 
@@ -195,7 +206,7 @@ class GradientMonitor:
             if self._device.type == "cpu":
                 # On CPU reading a number is not a device sync, so the costly non-finite count runs only when the
                 # norms say some entry is NaN/inf (a NaN/inf entry always makes its L2 norm non-finite).
-                row[:, 3].index_copy_(0, idx, torch.stack([torch.count_nonzero(g) for g in grads]).float())
+                row[:, 3].index_copy_(0, idx, torch.stack([_count_nonzero(g) for g in grads]).float())
                 if math.isfinite(float(norms.sum())):
                     row[:, 4].index_fill_(0, idx, 0.0)
                 else:

@@ -38,6 +38,12 @@ def new_axes(ax: Any = None, figsize: tuple[float, float] = (7, 3.5)) -> Any:
 
 def titled(ax: Any, result: Any, text: str | None = None) -> Any:
     """Title an Axes with the check id and status, coloured by status."""
+    if text:  # wrap to the axes' width so a long subtitle is never cut at the figure edge
+        import textwrap
+
+        fig = ax.get_figure()
+        chars = max(30, int(fig.get_figwidth() * ax.get_position().width * 13))
+        text = textwrap.fill(text, chars)
     ax.set_title(f"{result.check} — {result.status.value.upper()}" + (f"\n{text}" if text else ""),
                  color=_COLOURS[result.status.value], fontsize=10, loc="left")
     return ax

@@ -26,7 +26,7 @@ def plot_pairs(result: Any, ax: Any = None) -> Any:
     labels = [f"{a} in {b}" for a, b in zip(pairs["split"], pairs["earlier_split"])]
     ax.bar(labels, 100 * pairs[col].to_numpy(dtype=float), color="#cf222e")
     ax.set_ylabel("% of the later split")
-    return titled(ax, result, result.summary[:90])
+    return titled(ax, result, result.summary)
 
 
 @register_plot("data.label_shift")
