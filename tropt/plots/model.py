@@ -94,7 +94,11 @@ def plot_gradient_heatmap(result: Any, ax: Any = None) -> Any:
         logg = np.log10(np.where(grid > 0, grid, np.nan)).T
     steps = np.asarray(result.series.get("recorded_steps", np.arange(grid.shape[0])), dtype=int)
     sns.heatmap(logg, ax=ax, cmap="viridis", cbar_kws={"label": "log10 gradient RMS"},
-                yticklabels=list(layers["layer"]), xticklabels=[str(s) for s in steps])
+                yticklabels=list(layers["layer"]), xticklabels=False)
+    # At most about 12 step labels, so they never overlap however long the run.
+    stride = max(1, int(np.ceil(len(steps) / 12)))
+    ticks = np.arange(0, len(steps), stride)
+    ax.set_xticks(ticks + 0.5, [str(steps[i]) for i in ticks], rotation=0)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("layer")
     return titled(ax, result)
