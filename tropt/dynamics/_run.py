@@ -88,26 +88,6 @@ class StepRunner:
         return None
 
 
-class GradNormHook:
-    """Records the global gradient norm at each ``optimizer.step()`` (after any clipping or unscaling)."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.norms: list[torch.Tensor] = []
-        self.handle = optimizer.register_step_pre_hook(self._hook)
-
-    def _hook(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        grads = [p.grad.detach() for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        if grads:
-            norms = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [g.norm() for g in grads]
-            self.norms.append(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
-
-    def values(self) -> list[float]:
-        return [float(n) for n in self.norms]
-
-    def remove(self) -> None:
-        self.handle.remove()
-
-
 def evaluate(setup: Any, ctx: Any, n_batches: int) -> float:
     """Mean validation loss over the first ``n_batches`` of val_data, in eval mode without gradients.
 

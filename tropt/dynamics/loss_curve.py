@@ -234,8 +234,9 @@ def check_loss_curve(
     """
     from tqdm.auto import tqdm
 
+    from ..loop.harness import StepRecorder
     from ..snapshot import preserved
-    from ._run import GradNormHook, StepRunner, evaluate
+    from ._run import StepRunner, evaluate
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 10:
         raise TroptError(f"steps={steps!r}; the loss-curve probe needs an integer >= 10", "use e.g. steps=300")
@@ -245,7 +246,6 @@ def check_loss_curve(
     with preserved(setup.model):
         ctx = setup.build()
         runner = StepRunner(setup, ctx)
-        hook = GradNormHook(ctx.optimizer)
         losses: list[Any] = []
         loss_steps: list[int] = []
         val_losses: list[float] = []
@@ -254,7 +254,7 @@ def check_loss_curve(
             val_at.append(0)
             val_losses.append(evaluate(setup, ctx, val_batches))
         bar = tqdm(total=steps, desc=CHECK_ID, disable=not progress, leave=False)
-        try:
+        with bar, StepRecorder(ctx, "norm") as hook:  # the gradient norm at each optimizer.step()
             for i, batch in enumerate(setup.batches(steps)):
                 loss = runner.step(split_batch(batch, ctx.accumulation_steps))
                 bar.update(1)
@@ -268,11 +268,8 @@ def check_loss_curve(
                 if has_val and ((i + 1) % every == 0 or i + 1 == steps):
                     val_at.append(i + 1)
                     val_losses.append(evaluate(setup, ctx, val_batches))
-        finally:
-            bar.close()
-            hook.remove()
         values = np.array([float(v) for v in losses])
-        norms = hook.values()
+        norms = [r.grad_norm for r in hook.records]
     diag = classify_curve(values, np.asarray(loss_steps, dtype=np.float64),
                           np.asarray(val_losses) if has_val else None,
                           np.asarray(val_at, dtype=np.float64) if has_val else None,

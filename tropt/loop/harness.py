@@ -40,40 +40,46 @@ class StepRecord:
     grads: dict[str, torch.Tensor | None]
     lrs: list[float]
     scale: float | None
-    grad_norm: float
+    grad_norm: float  # global norm of the gradients the optimizer stepped with (NaN when not captured)
+
+
+CAPTURES = ("grads", "norm", "lr")
 
 
 @dataclass
 class StepRecorder:
     """Context manager recording a :class:`StepRecord` at every ``optimizer.step()`` of ``ctx``.
 
-    ``calls`` counts optimizer steps per harness call (see :func:`run_steps`), so a loop that steps once per
-    micro-batch, or never, is visible.
+    ``capture`` says how much: ``"grads"`` (a copy of every gradient, and the global norm), ``"norm"`` (the global
+    gradient norm only) or ``"lr"`` (learning rates and loss scale only, no pass over the gradients). Learning
+    rates and the GradScaler's scale are always recorded. See :func:`run_steps` for counting steps per call.
     """
 
     ctx: StepContext
-    grads: bool = True  # False: record learning rates and scale only (no copies of the gradients)
+    capture: str = "grads"
     records: list[StepRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.capture not in CAPTURES:
+            raise ValueError(f"capture must be one of {CAPTURES}, not {self.capture!r}")
         self._names = {id(p): n for n, p in self.ctx.model.named_parameters()}
         self._handle = None
 
     def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         scale = float(self.ctx.scaler.get_scale()) if self.ctx.scaler is not None else None
         lrs = [float(g["lr"]) for g in optimizer.param_groups]
-        if not self.grads:  # learning rates and scale only: no pass over the gradients
-            self.records.append(StepRecord({}, lrs, scale, float("nan")))
-            return
         grads: dict[str, torch.Tensor | None] = {}
-        present = []
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                g = None if p.grad is None else p.grad.detach().float().clone()
-                grads[self._names.get(id(p), f"unnamed_{len(grads)}")] = g
-                if g is not None:
-                    present.append(g)
-        norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
+        norm = float("nan")
+        if self.capture != "lr":
+            present = []
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    g = None if p.grad is None else p.grad.detach()
+                    if g is not None:
+                        present.append(g.float())
+                    if self.capture == "grads":
+                        grads[self._names.get(id(p), f"unnamed_{len(grads)}")] = None if g is None else g.float().clone()
+            norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
         self.records.append(StepRecord(grads, lrs, scale, norm))
 
     def __enter__(self) -> "StepRecorder":
@@ -84,13 +90,13 @@ class StepRecorder:
         self._handle.remove()
 
 
-def run_steps(setup: Setup, ctx: StepContext, steps: list[list], *, grads: bool = True) -> tuple[list[StepRecord], list[int]]:
+def run_steps(setup: Setup, ctx: StepContext, steps: list[list], *, capture: str = "grads") -> tuple[list[StepRecord], list[int]]:
     """Run the step under test once per entry of ``steps`` (each a list of micro-batches).
 
     Returns the optimizer-step records and, per call, how many times ``optimizer.step()`` ran.
     """
     calls = []
-    with StepRecorder(ctx, grads=grads) as rec:
+    with StepRecorder(ctx, capture) as rec:
         for micro_batches in steps:
             before = len(rec.records)
             setup.run_step(ctx, micro_batches)

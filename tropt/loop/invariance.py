@@ -351,7 +351,7 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
             quiet_randomness(ctx.model)
             start = _schedule_position(ctx.scheduler)
             positions, calls = [], []
-            with StepRecorder(ctx, grads=False) as rec:
+            with StepRecorder(ctx, capture="lr") as rec:
                 for b in batches:
                     before = len(rec.records)
                     setup.run_step(ctx, split_batch(b, kk))

@@ -133,7 +133,7 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
     with preserved(setup.model):
         batches = [split_batch(b, setup.accumulation_steps) for b in setup.batches(2 * steps)]
         ctx_a = setup.build()
-        _, calls = run_steps(setup, ctx_a, batches[:steps], grads=False)
+        _, calls = run_steps(setup, ctx_a, batches[:steps], capture="lr")
         require_steps(setup, calls, f"the first {steps} step(s)")
         state = _call_user(save, "save_state", ctx_a)
         if state is None and custom:
@@ -151,10 +151,10 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
         loaded = {c: max_rel_error(x, y) for (c, x), y in zip(_state_of(ctx_a, rng_a).items(), _state_of(ctx_b, rng_b).values())}
         # The RNGs are global: give each continuation the state its own run would have.
         rng_a.restore()
-        rec_a, _ = run_steps(setup, ctx_a, batches[steps:], grads=False)
+        rec_a, _ = run_steps(setup, ctx_a, batches[steps:], capture="lr")
         rng_a = RngState.take()
         rng_b.restore()
-        rec_b, _ = run_steps(setup, ctx_b, batches[steps:], grads=False)
+        rec_b, _ = run_steps(setup, ctx_b, batches[steps:], capture="lr")
         final_a, final_b = _state_of(ctx_a, rng_a), _state_of(ctx_b, RngState.take())
     rows = []
     for comp in COMPONENTS:
