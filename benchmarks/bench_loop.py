@@ -19,11 +19,11 @@ from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tropt  # noqa: E402
-from tropt.loop import check_accumulation, check_loss_scaling, check_resume, check_scheduler_cadence, check_zero_grad  # noqa: E402
+from tropt.loop import check_accumulation, check_ddp, check_loss_scaling, check_resume, check_scheduler_cadence, check_zero_grad  # noqa: E402
 from tropt.snapshot import preserved  # noqa: E402
 
 REPEATS = 5
-CHECKS = [check_zero_grad, check_accumulation, check_loss_scaling, check_scheduler_cadence, check_resume]
+CHECKS = [check_zero_grad, check_accumulation, check_loss_scaling, check_scheduler_cadence, check_resume, check_ddp]
 
 
 def ce(model, batch):
@@ -93,7 +93,7 @@ def main() -> None:
                       f"{fresh * 1e3:>9.1f}{t / step:>8.2f}{t / fresh:>9.2f}")
     print("× step: check time / one warm optimizer step; × fresh: / (a fresh copy + its first step), what each run of a "
           "check costs. Runs per check: zero_grad 3 steps on 1 copy, accumulation 3 runs (1, K, K uneven micro-batches), "
-          "scheduler_cadence 2 runs, resume 3 steps + a checkpoint through torch.save/load, loss_scaling 2 runs.")
+          "scheduler_cadence 2 runs, resume 3 steps + a checkpoint through torch.save/load, loss_scaling 2 runs, ddp 1 run + 2 forked processes.")
 
 
 if __name__ == "__main__":

@@ -68,11 +68,14 @@ def standard_step(ctx: StepContext, micro_batches: list) -> torch.Tensor:
     sizes = [batch_size(mb) for mb in micro_batches]
     total = sum(sizes)
     step_loss = torch.zeros((), device=ctx.device)
-    for mb, n in zip(micro_batches, sizes):
-        with ctx.autocast():
-            loss = ctx.loss_fn(ctx.model, mb)
-        weighted = loss.float() * (n / total)
-        (ctx.scaler.scale(weighted) if ctx.scaler is not None else weighted).backward()
+    no_sync = getattr(ctx.model, "no_sync", None)  # DistributedDataParallel: all-reduce once, on the last micro-batch
+    for i, (mb, n) in enumerate(zip(micro_batches, sizes)):
+        quiet = no_sync() if no_sync is not None and i < len(micro_batches) - 1 else contextlib.nullcontext()
+        with quiet:
+            with ctx.autocast():
+                loss = ctx.loss_fn(ctx.model, mb)
+            weighted = loss.float() * (n / total)
+            (ctx.scaler.scale(weighted) if ctx.scaler is not None else weighted).backward()
         step_loss += weighted.detach()
     if ctx.scaler is not None:
         ctx.scaler.unscale_(ctx.optimizer)  # clip the true gradients, never the scaled ones

@@ -225,7 +225,7 @@ def test_loop_panel_options(tiny_setup):
     assert panel.results["loop.accumulation"].metrics.get("k") in (2, None)
     assert panel.results["loop.loss_scaling"].status.value == "pass"  # fp16 + GradScaler on a copy
     assert all(r.status.value in ("pass", "skip") for r in panel.results.values())  # no scheduler: cadence SKIP
-    assert len(images(panel.action.results)) == 3  # per-parameter error plots (none for the SKIP)
+    assert len(images(panel.action.results)) == 4  # per-parameter error plots: zero_grad, accumulation, loss_scaling, ddp (none for the SKIP)
     assert tiny_setup.precision == "fp32" and not tiny_setup.use_scaler  # the user's Setup is untouched
 
 

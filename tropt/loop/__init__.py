@@ -5,6 +5,7 @@ under a change that must not change the update, captures what reaches ``optimize
 """
 
 from .harness import StepRecord, StepRecorder, compare_tensors, run_steps
+from .ddp import check_ddp
 from .invariance import check_accumulation, check_loss_scaling, check_scheduler_cadence, check_zero_grad
 from .resume import check_resume, default_load_state, default_save_state
 
@@ -14,6 +15,7 @@ __all__ = [
     "check_loss_scaling",
     "check_scheduler_cadence",
     "check_resume",
+    "check_ddp",
     "default_save_state",
     "default_load_state",
     "StepRecorder",

@@ -55,6 +55,6 @@ def plot_lr_sequences(result: Any, ax: Any = None) -> Any:
     return titled(ax, result)
 
 
-for _check in ("loop.zero_grad", "loop.accumulation", "loop.loss_scaling", "loop.resume"):
+for _check in ("loop.zero_grad", "loop.accumulation", "loop.loss_scaling", "loop.resume", "loop.ddp"):
     register_plot(_check)(plot_parameter_errors)
 register_plot("loop.scheduler_cadence")(plot_lr_sequences)

@@ -1,0 +1,74 @@
+"""loop.ddp with known answers: 2 forked gloo processes vs 1 process on the full batch."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import tropt
+from tropt.loop import check_ddp
+from tropt.result import Status
+from tropt.testing import untouched
+
+from support import ce_loss, make_classification
+
+
+def ddp_setup(step=None, k=1):
+    x, y = make_classification(n=64, d=10, classes=4, seed=2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 4))
+    return tropt.Setup(model, ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(x[:32], y[:32]), (x[32:], y[32:])],
+                       step=step, accumulation_steps=k)
+
+
+def test_standard_step_passes_with_and_without_accumulation():
+    for k in (1, 4):
+        setup = ddp_setup(k=k)
+        with untouched(setup):
+            r = check_ddp(setup)
+        assert r.status is Status.PASS, r.summary
+        assert r.metrics["synchronised_backward_passes"] == 1 and r.metrics["samples_per_process"] == 16
+        assert list(r.tables["ranks"]["optimizer_steps"]) == [1, 1]
+
+
+def step_without_no_sync(ctx, micro_batches):
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()  # all-reduces on every micro-batch
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+
+
+def test_accumulation_without_no_sync_warns_with_the_count():
+    r = check_ddp(ddp_setup(step_without_no_sync, k=4))
+    assert r.status is Status.WARN and "all-reduced 4× per optimizer step" in r.summary
+    assert "no_sync()" in r.advice[0]
+
+
+def step_dividing_by_world_size(ctx, micro_batches):
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) / world).backward()  # DDP already averages: this halves the gradient
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+
+
+def test_loss_divided_by_world_size_fails():
+    r = check_ddp(ddp_setup(step_dividing_by_world_size))
+    assert r.status is Status.FAIL and "averaging is applied twice" in r.summary
+    assert r.tables["parameters"]["rel_error"].min() > 0.4
+
+
+def test_step_that_breaks_under_the_wrapper_is_an_error():
+    def step(ctx, micro_batches):
+        first_layer = ctx.model[0]  # fine on nn.Sequential, fails on the DDP wrapper
+        ctx.loss_fn(ctx.model, micro_batches[0]).backward()
+        first_layer.weight.grad.mul_(1.0)
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+
+    report = tropt.diagnose(ddp_setup(step), checks=["loop.ddp"], progress=False)
+    r = report["loop.ddp"]
+    assert r.status is Status.ERROR and "rank 0 failed: your step function" in r.summary
+    assert "raised TypeError: 'DistributedDataParallel' object is not subscriptable" in r.summary
+    assert r.advice == ["the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as ctx.model.module"]

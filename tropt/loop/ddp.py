@@ -1,0 +1,169 @@
+"""``loop.ddp``: does the user's step give the same update under DistributedDataParallel?
+
+Run A is one process on the full batch. Run B forks ``world_size`` processes (gloo, CPU) that each wrap a seeded copy
+in ``DistributedDataParallel`` and run the same step on their share of the batch. DDP averages gradients across
+processes, so with mean-reduced losses and equal shares both runs must reach ``optimizer.step()`` with the same
+gradients. A communication hook counts the gradient all-reduces: with K micro-batches a loop should synchronise once
+per optimizer step (``model.no_sync()`` around the first K-1 backward passes), not K times.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import tempfile
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..batching import batch_size, split_batch
+from ..errors import StepError, TroptError
+from ..registry import register
+from ..result import CheckResult, Status
+from ..setup import Setup
+from ..snapshot import preserved
+from .harness import compare_tensors, quiet_randomness, require_steps, run_steps, tolerance_for
+
+_TIMEOUT_S = 120
+
+
+def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: str, out: Any) -> None:
+    """One DDP process: wrap a seeded copy, run one step on this rank's micro-batches, report its gradients.
+
+    It runs in a forked child: everything it imports was imported by the parent before the fork (an import in
+    the child could wait forever on a lock another parent thread held), and it uses one thread (OpenMP's pool
+    does not survive a fork).
+    """
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+        ctx = setup.build()
+        quiet_randomness(ctx.model)
+        ddp = DistributedDataParallel(ctx.model)
+        syncs = [0, 0]  # bucket all-reduces, synchronised backward passes
+
+        def counting_allreduce(state, bucket):  # unannotated: DDP rejects annotations other than dist.GradBucket
+            syncs[0] += 1
+            syncs[1] += int(bucket.is_last())
+            return default_hooks.allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(None, counting_allreduce)
+        ctx.model = ddp
+        records, calls = run_steps(setup, ctx, [shares[rank]])
+        grads = {name.removeprefix("module."): (None if g is None else g.numpy()) for name, g in
+                 (records[0].grads.items() if records else [])}
+        out.put((rank, "ok", grads, syncs, calls))
+    except BaseException as exc:  # noqa: BLE001 - report anything to the parent, which turns it into an ERROR
+        out.put((rank, "error", exc.message if isinstance(exc, TroptError) else f"{type(exc).__name__}: {exc}", None, None))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run_ddp(setup: Setup, shares: list[list], world: int) -> list[tuple]:
+    import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # noqa: F401 - see _rank_main
+    import torch.nn.parallel  # noqa: F401
+
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="tropt-ddp-") as tmp:
+        procs = [ctx.Process(target=_rank_main, args=(r, world, setup, shares, os.path.join(tmp, "store"), out), daemon=True)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        results = []
+        try:
+            for _ in range(world):
+                results.append(out.get(timeout=_TIMEOUT_S))
+        except queue_mod.Empty:
+            raise StepError(f"the DDP processes did not finish within {_TIMEOUT_S} s (a collective that never completes?)",
+                            "make every process run the same number of backward passes and optimizer steps") from None
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+    return sorted(results, key=lambda r: r[0])
+
+
+@register(
+    "loop.ddp",
+    title="DistributedDataParallel equivalence",
+    description="1 process on the full batch vs 2 gloo DDP processes on half each: same gradients, one all-reduce per step",
+)
+def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, progress: bool = True) -> CheckResult:
+    """FAIL when the step's gradients change under DDP; WARN when it all-reduces more than once per optimizer step.
+
+    SKIP where forking gloo processes is not possible (no torch.distributed, no ``fork``, or a non-CPU Setup).
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        return CheckResult("loop.ddp", Status.SKIP, "torch.distributed with the gloo backend is not available in this build")
+    if "fork" not in mp.get_all_start_methods():
+        return CheckResult("loop.ddp", Status.SKIP, "this platform cannot fork processes, which the DDP check needs")
+    if setup.device.type != "cpu":
+        return CheckResult("loop.ddp", Status.SKIP,
+                           f"the DDP check runs gloo processes on CPU; this Setup is on {setup.device}: "
+                           "run it with setup.replace(device='cpu')")
+    if world_size < 2:
+        raise TroptError(f"check_ddp needs world_size >= 2 (got {world_size})", "use world_size=2")
+    setup.validate()
+    tol = tolerance_for(setup, tol)
+    k = setup.accumulation_steps
+    with preserved(setup.model):
+        batch = setup.sample_batch()
+        n = batch_size(batch)
+        per_rank = n // world_size
+        if per_rank < k:
+            raise TroptError(f"a batch of {n} samples gives {per_rank} per process, fewer than the {k} micro-batches",
+                             f"use batches of at least {world_size * k} samples")
+        used = per_rank * world_size
+        full = split_batch(batch, sizes=[used, n - used])[0] if used < n else batch
+        ctx = setup.build()
+        quiet_randomness(ctx.model)
+        records, calls = run_steps(setup, ctx, [split_batch(full, k)])
+        require_steps(setup, calls, "the single-process run")
+        shares = [split_batch(share, k) for share in split_batch(full, world_size)]
+        ranks = _run_ddp(setup, shares, world_size)
+    errors = [r for r in ranks if r[1] != "ok"]
+    if errors:
+        raise StepError(f"under DDP, rank {errors[0][0]} failed: {errors[0][2]}",
+                        "the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as ctx.model.module")
+    for rank, _, _, _, rank_calls in ranks:
+        require_steps(setup, rank_calls, f"DDP rank {rank}")
+    single = records[0].grads
+    rank0 = {name: (None if g is None else torch.from_numpy(g)) for name, g in ranks[0][2].items()}
+    table = compare_tensors(single, rank0, labels=("1_process", f"ddp_{world_size}"))
+    err = float(table["rel_error"].max())
+    syncs_per_step = ranks[0][3][1]
+    metrics = {"world_size": world_size, "samples_per_process": per_rank, "micro_batches": k, "max_rel_error": err,
+               "tolerance": tol, "allreduce_buckets": ranks[0][3][0], "synchronised_backward_passes": syncs_per_step}
+    tables = {"parameters": table,
+              "ranks": pd.DataFrame([{"rank": r, "bucket_allreduces": s[0], "synchronised_backward_passes": s[1],
+                                      "optimizer_steps": int(np.sum(c))} for r, _, _, s, c in ranks])}
+    advice_std = "Compare your step with tropt.standard_step, which skips the all-reduce of all but the last micro-batch."
+    if err > tol:
+        ratio = float(table["norm_ddp_%d" % world_size].sum() / max(table["norm_1_process"].sum(), 1e-30))
+        why = (f" (DDP gradients are {ratio:.3g}× the single-process ones: the averaging is applied twice)" if abs(ratio * world_size - 1) < 0.05
+               else f" (DDP gradients are {ratio:.3g}× the single-process ones: they are summed, not averaged)" if abs(ratio - world_size) < 0.05
+               else "")
+        return CheckResult("loop.ddp", Status.FAIL,
+                           f"under DDP with {world_size} processes the gradients differ by {err:.1%}{why}", metrics, tables,
+                           ["DDP already averages gradients over processes: do not divide the loss by the world size or "
+                            "all-reduce gradients yourself.", "Give every process an equal share of each batch.", advice_std])
+    if syncs_per_step > 1:
+        return CheckResult("loop.ddp", Status.WARN,
+                           f"gradients match under DDP, but they are all-reduced {syncs_per_step}× per optimizer step "
+                           f"({k} micro-batches): {syncs_per_step - 1} of those are wasted communication", metrics, tables,
+                           [f"Wrap the backward passes of the first {k - 1} micro-batches in `with ctx.model.no_sync():`.", advice_std])
+    return CheckResult("loop.ddp", Status.PASS,
+                       f"{world_size} DDP processes reach the single-process gradients (max relative error {err:.1e}) "
+                       f"with one all-reduce per optimizer step", metrics, tables)
