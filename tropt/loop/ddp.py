@@ -27,7 +27,7 @@ from ..setup import Setup
 from ..snapshot import preserved
 from .harness import compare_tensors, quiet_randomness, require_steps, run_steps, tolerance_for
 
-_TIMEOUT_S = 120
+_TIMEOUT_S = 60
 
 
 def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: str, out: Any) -> None:
@@ -42,6 +42,13 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
+    # The parent's stdout/stderr may be a Jupyter stream or a test-capture object with locks and threads that did
+    # not survive the fork: the child writes nothing through them.
+    import sys
+    import warnings
+
+    sys.stdout = sys.stderr = open(os.devnull, "w")
+    warnings.simplefilter("ignore")
     try:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
         ctx = setup.build()
