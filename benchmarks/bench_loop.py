@@ -92,7 +92,7 @@ def main() -> None:
                 print(f"{name + ' ' + precision:<16}{check.check_id:<24}{t * 1e3:>9.1f}{step * 1e3:>9.1f}{build * 1e3:>9.1f}"
                       f"{fresh * 1e3:>9.1f}{t / step:>8.2f}{t / fresh:>9.2f}")
     print("× step: check time / one warm optimizer step; × fresh: / (a fresh copy + its first step), what each run of a "
-          "check costs. Runs per check: zero_grad 3 steps on 1 copy, accumulation 3 runs (1, K, K uneven micro-batches), "
+          "check costs. Runs per check: zero_grad 3 steps on 1 copy, accumulation 2 runs when it passes (1 and K unequal micro-batches; +1 equal split otherwise), "
           "scheduler_cadence 2 runs, resume 3 steps + a checkpoint through torch.save/load, loss_scaling 2 runs, ddp 1 run + 2 forked processes.")
 
 
