@@ -8,7 +8,6 @@ import json
 import os
 import platform
 import subprocess
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -96,6 +95,5 @@ def run_identity(setup: Any = None, splits: Mapping | None = None, *, checks: li
         "config_hash": _sha(json.dumps(config, sort_keys=True, default=str).encode()) if config else None,
         "data_fingerprint": data_fingerprint(setup, splits),
         "git_commit": _git_commit(),
-        "argv": " ".join(sys.argv[:1]),
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
