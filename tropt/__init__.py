@@ -29,7 +29,7 @@ _LAZY = {
     "GradientMonitor": "tropt.model.monitor",
     "dashboard": "tropt.widgets",
 }
-_SUBMODULES = {"data", "model", "loop", "dynamics", "perf", "experiments", "plots", "widgets", "report", "testing", "registry"}
+_SUBMODULES = {"data", "model", "loop", "dynamics", "perf", "plots", "widgets", "report", "testing", "registry"}
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
