@@ -168,3 +168,17 @@ def test_autocast_context():
         out = ctx.model(torch.randn(2, 8))
     assert out.dtype == torch.bfloat16
     assert isinstance(tropt.TroptError("a", "b"), ValueError)
+
+
+def test_reading_batches_leaves_the_users_generators_alone():
+    x, y = make_classification(n=40)
+    g = torch.Generator().manual_seed(123)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=10, shuffle=True, generator=g)
+    setup = _setup(train_data=loader)
+    before, rng = g.get_state(), torch.get_rng_state()
+    first = [b[1].tolist() for b in setup.batches(3)]
+    assert torch.equal(g.get_state(), before)  # the loader's own generator is put back
+    assert [b[1].tolist() for b in setup.batches(3)] == first  # and the order is seeded, so repeatable
+    rng = torch.get_rng_state()
+    setup.sample_batch()
+    assert torch.equal(torch.get_rng_state(), rng)  # sample_batch leaves the global RNG as it was

@@ -300,27 +300,41 @@ class Setup:
         """Yield ``n`` batches (all of one pass when None) on the Setup's device, in a seeded order.
 
         Reading a shuffling DataLoader draws from the global torch RNG; callers that must not disturb it run
-        inside :func:`tropt.snapshot.preserved` (every check does).
+        inside :func:`tropt.snapshot.preserved` (every check does). A shuffling generator the user gave the
+        DataLoader or its sampler is seeded for the read and put back when the iteration ends.
         """
         data = self.loader(which)
-        torch.manual_seed(self.seed if seed is None else seed)
+        seed = self.seed if seed is None else seed
+        own = [g for g in (getattr(data, "generator", None), getattr(getattr(data, "sampler", None), "generator", None))
+               if isinstance(g, torch.Generator)]
+        saved = [g.get_state() for g in own]
+        torch.manual_seed(seed)
+        for g in own:
+            g.manual_seed(seed)
         produced = 0
-        for epoch in itertools.count():
-            got_any = False
-            for batch in data:
-                got_any = True
-                yield to_device(batch, self.device)
-                produced += 1
-                if n is not None and produced >= n:
+        try:
+            for _ in itertools.count():
+                got_any = False
+                for batch in data:
+                    got_any = True
+                    yield to_device(batch, self.device)
+                    produced += 1
+                    if n is not None and produced >= n:
+                        return
+                if not got_any:
+                    raise SetupError(f"Setup: {which}_data yielded no batches", "check the dataset is not empty")
+                if n is None or not cycle:
                     return
-            if not got_any:
-                raise SetupError(f"Setup: {which}_data yielded no batches", "check the dataset is not empty")
-            if n is None or not cycle:
-                return
+        finally:
+            for g, state in zip(own, saved):
+                g.set_state(state)
 
     def sample_batch(self, which: str = "train") -> Any:
-        """The first batch of the (seeded) data order, on the Setup's device."""
-        return next(self.batches(1, which=which))
+        """The first batch of the (seeded) data order, on the Setup's device (the global RNG is left as it was)."""
+        from .snapshot import preserved
+
+        with preserved():
+            return next(self.batches(1, which=which))
 
     def build(self, *, seed: int | None = None, init_scale: float | None = None, model: nn.Module | None = None,
               accumulation_steps: int | None = None) -> StepContext:
