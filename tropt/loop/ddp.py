@@ -9,10 +9,13 @@ per optimizer step (``model.no_sync()`` around the first K-1 backward passes), n
 
 from __future__ import annotations
 
+import datetime
+import faulthandler
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
-import queue as queue_mod
 import tempfile
+import time
 from typing import Any
 
 import numpy as np
@@ -31,26 +34,30 @@ _TIMEOUT_S = 60
 
 
 def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: str, out: Any) -> None:
-    """One DDP process: wrap a seeded copy, run one step on this rank's micro-batches, report its gradients.
+    """One DDP process: wrap a seeded copy, run one step on this rank's micro-batches, send back its gradients.
 
-    It runs in a forked child: everything it imports was imported by the parent before the fork (an import in
-    the child could wait forever on a lock another parent thread held), and it uses one thread (OpenMP's pool
-    does not survive a fork).
+    It runs in a forked child, so it is careful: everything it imports was imported by the parent before the fork
+    (an import could wait forever on a lock another parent thread held); it uses one thread (OpenMP's pool does
+    not survive a fork); it writes nothing through the parent's streams (a Jupyter or test-capture stream holds
+    locks and threads that did not survive either); it sends its result synchronously through a pipe; and it
+    leaves with ``os._exit`` right after, so no teardown (gloo, DDP reducer, atexit) can lose or delay the result.
     """
+    import sys
+    import warnings
+
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    # The parent's stdout/stderr may be a Jupyter stream or a test-capture object with locks and threads that did
-    # not survive the fork: the child writes nothing through them.
-    import sys
-    import warnings
-
-    sys.stdout = sys.stderr = open(os.devnull, "w")
-    warnings.simplefilter("ignore")
+    code = 0
     try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+        torch.set_num_threads(1)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # both ranks are on this host: talk over loopback
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+        warnings.simplefilter("ignore")
+        faulthandler.dump_traceback_later(_TIMEOUT_S - 5, file=open(f"{store}.rank{rank}.stack", "w"))  # where a hang sits
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=_TIMEOUT_S - 10))
         ctx = setup.build()
         quiet_randomness(ctx.model)
         ddp = DistributedDataParallel(ctx.model)
@@ -66,12 +73,25 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
         records, calls = run_steps(setup, ctx, [shares[rank]])
         grads = {name.removeprefix("module."): (None if g is None else g.numpy()) for name, g in
                  (records[0].grads.items() if records else [])}
-        out.put((rank, "ok", grads, syncs, calls))
+        out.send((rank, "ok", grads, syncs, calls))
     except BaseException as exc:  # noqa: BLE001 - report anything to the parent, which turns it into an ERROR
-        out.put((rank, "error", exc.message if isinstance(exc, TroptError) else f"{type(exc).__name__}: {exc}", None, None))
+        code = 1
+        try:
+            out.send((rank, "error", exc.message if isinstance(exc, TroptError) else f"{type(exc).__name__}: {exc}", None, None))
+        except BaseException:  # noqa: BLE001 - the parent sees the closed pipe instead
+            pass
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        os._exit(code)
+
+
+def _stuck_at(path: str) -> str:
+    """The innermost Python frame of a faulthandler dump, for a hang's error message."""
+    try:
+        with open(path) as fh:
+            frames = [line.strip() for line in fh if line.strip().startswith("File ")]
+    except OSError:
+        return ""
+    return frames[0] if frames else ""
 
 
 def _run_ddp(setup: Setup, shares: list[list], world: int) -> list[tuple]:
@@ -79,25 +99,42 @@ def _run_ddp(setup: Setup, shares: list[list], world: int) -> list[tuple]:
     import torch.nn.parallel  # noqa: F401
 
     ctx = mp.get_context("fork")
-    out = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="tropt-ddp-") as tmp:
-        procs = [ctx.Process(target=_rank_main, args=(r, world, setup, shares, os.path.join(tmp, "store"), out), daemon=True)
-                 for r in range(world)]
-        for p in procs:
+        store = os.path.join(tmp, "store")
+        procs, readers = [], {}
+        for r in range(world):
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_rank_main, args=(r, world, setup, shares, store, send), daemon=True)
             p.start()
-        results = []
+            send.close()  # the child holds the only writer: its exit closes the pipe
+            procs.append(p)
+            readers[recv] = r
+        results: dict[int, tuple] = {}
+        deadline = time.monotonic() + _TIMEOUT_S
         try:
-            for _ in range(world):
-                results.append(out.get(timeout=_TIMEOUT_S))
-        except queue_mod.Empty:
-            raise StepError(f"the DDP processes did not finish within {_TIMEOUT_S} s (a collective that never completes?)",
-                            "make every process run the same number of backward passes and optimizer steps") from None
+            while len(results) < world:
+                pending = [c for c, r in readers.items() if r not in results]
+                ready = mp_connection.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    where = "; ".join(f"rank {r} in {_stuck_at(f'{store}.rank{r}.stack') or 'native code'}"
+                                      for r in range(world) if r not in results)
+                    raise StepError(f"the DDP processes did not finish within {_TIMEOUT_S} s ({where})",
+                                    "make every process run the same number of backward passes and optimizer steps")
+                for conn in ready:
+                    r = readers[conn]
+                    try:
+                        results[r] = conn.recv()
+                    except EOFError:
+                        procs[r].join(timeout=5)
+                        results[r] = (r, "error", f"the process exited with code {procs[r].exitcode} before reporting", None, None)
         finally:
             for p in procs:
-                p.join(timeout=10)
+                p.join(timeout=5)
                 if p.is_alive():
                     p.kill()
-    return sorted(results, key=lambda r: r[0])
+            for conn in readers:
+                conn.close()
+    return [results[r] for r in range(world)]
 
 
 @register(
