@@ -72,3 +72,16 @@ def test_step_that_breaks_under_the_wrapper_is_an_error():
     assert r.status is Status.ERROR and "rank 0 failed: your step function" in r.summary
     assert "raised TypeError: 'DistributedDataParallel' object is not subscriptable" in r.summary
     assert r.advice == ["the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as ctx.model.module"]
+
+
+def test_a_process_that_dies_is_an_immediate_error():
+    import os
+
+    def step(ctx, micro_batches):
+        if dist.is_initialized():
+            os._exit(3)  # e.g. a native crash inside the user's step under DDP
+        tropt.standard_step(ctx, micro_batches)
+
+    report = tropt.diagnose(ddp_setup(step), checks=["loop.ddp"], progress=False)
+    r = report["loop.ddp"]
+    assert r.status is Status.ERROR and "exited with code 3 before reporting" in r.summary  # the closed pipe, not the time limit
