@@ -26,7 +26,7 @@ def test_monitor_records_exact_norms_in_a_plain_loop_and_removes_its_hooks():
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     expected = []
     hooks_before = _global_hooks()
-    with tropt.GradientMonitor(model) as mon:
+    with tropt.GradientMonitor(model, update_every=1) as mon:
         assert _global_hooks() == (hooks_before[0] + 1, hooks_before[1] + 1)
         for x, y in data()[:5]:
             F.cross_entropy(model(x), y).backward()
@@ -50,6 +50,54 @@ def test_monitor_records_exact_norms_in_a_plain_loop_and_removes_its_hooks():
     assert mon.module_order == ["0", "2", "4"]
     assert mon.memory_bytes > 0
     assert mon.result().status.value == "pass"
+
+
+def test_monitor_measures_updates_on_every_kth_recorded_step_exactly():
+    """Default cadence: update norms on recorded rows 0, 10, 20 (NaN elsewhere); the other statistics every row."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    expected = {}
+    with tropt.GradientMonitor(model) as mon:
+        assert mon.update_every == 10
+        for step, (x, y) in enumerate((data() * 4)[:23]):
+            F.cross_entropy(model(x), y).backward()
+            before = [p.detach().clone() for p in model.parameters()]
+            opt.step()
+            expected[step] = [(p.detach() - b).norm().item() for p, b in zip(model.parameters(), before)]
+            opt.zero_grad()
+    df = mon.frame()
+    measured = sorted(df.loc[df["update_norm"].notna(), "step"].unique())
+    assert measured == [0, 10, 20]
+    for step in measured:
+        np.testing.assert_allclose(df.loc[df["step"] == step, "update_norm"], expected[step], rtol=1e-4)
+    assert df["grad_norm"].notna().all() and df["param_norm"].notna().all() and len(df) == 23 * 6
+    assert mon.summary()["update_ratio_mean"].notna().all()
+
+
+def test_monitor_two_optimizers_each_measure_their_own_update():
+    """Two optimizers over halves of one model, stepping in turn: each row's update is that optimizer's, exactly."""
+    model = mlp()
+    first = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    rest = torch.optim.SGD([p for m in list(model)[1:] for p in m.parameters()], lr=0.05)
+    names = [n for n, _ in model.named_parameters()]
+    expected = []
+    with tropt.GradientMonitor(model, update_every=1) as mon:
+        for x, y in data()[:3]:
+            F.cross_entropy(model(x), y).backward()
+            for opt in (first, rest):
+                before = [p.detach().clone() for p in model.parameters()]
+                opt.step()
+                expected.append([(p.detach() - b).norm().item() for p, b in zip(model.parameters(), before)])
+            first.zero_grad(), rest.zero_grad()
+    df = mon.frame()
+    assert mon.steps_seen == 6
+    for step, upd in enumerate(expected):
+        rows = df[df["step"] == step].set_index("name").loc[names]
+        stepped = [u > 0 for u in upd]
+        assert stepped == ([True, True] + [False] * 4 if step % 2 == 0 else [False, False] + [True] * 4)
+        got = rows["update_norm"].to_numpy()
+        np.testing.assert_allclose(got[np.array(stepped)], np.array(upd)[np.array(stepped)], rtol=1e-4)
+    assert mon.summary()["in_optimizer"].all()
 
 
 def test_monitor_every_and_explicit_optimizer_and_other_optimizers_ignored():
@@ -97,6 +145,8 @@ def test_monitor_bad_input():
         tropt.GradientMonitor("model")
     with pytest.raises(TroptError, match="every=0"):
         tropt.GradientMonitor(mlp(), every=0)
+    with pytest.raises(TroptError, match="update_every=0"):
+        tropt.GradientMonitor(mlp(), update_every=0)
     with pytest.raises(TroptError, match="no parameters"):
         tropt.GradientMonitor(nn.ReLU()).__enter__()
 

@@ -16,6 +16,8 @@ optimizer step hooks, removed on exit; pass ``optimizer=`` to watch only that on
 batched ``torch._foreach_norm`` calls into preallocated tensors on the parameters' device: on an accelerator nothing
 is copied to the host and nothing synchronises until you read the results. (On CPU, where reading a number costs no
 device sync, the monitor checks the norms for NaN/inf before counting non-finite entries, to skip that pass.)
+The exact update norm needs a copy of the parameters and a difference pass, so it is measured on every
+``update_every``-th recorded step (10 by default); everything else is measured at every recorded step.
 """
 
 from __future__ import annotations
@@ -58,8 +60,14 @@ class GradientMonitor:
     optimizer
         Watch only this optimizer's steps; by default any optimizer that holds one of the model's parameters.
     track_updates
-        Also measure the update each step applies (``||p_after - p_before||``); keeps one copy of the watched
-        parameters on their device.
+        Also measure the update the optimizer applies (``||p_after - p_before||``, exact); keeps one copy of the
+        watched parameters on their device.
+    update_every
+        Measure the update on one recorded step in ``update_every`` (rows 0, k, 2k, ...; ``update_norm`` is NaN on
+        the others). The copy and the difference cost about four passes over the parameters, which on a CPU MLP
+        is more than all the other statistics together; the update/parameter ratio drifts slowly, so the default
+        of 10 keeps the monitor within 5% of a training step (``benchmarks/bench_gradflow.py``). Use 1 to
+        measure every recorded step (the ``model.gradient_flow`` check does).
     detail
         Also record the mean and max absolute gradient entry per parameter (two more passes over the gradients;
         the gradient-flow check turns it on for its bar chart).
@@ -74,12 +82,16 @@ class GradientMonitor:
     """
 
     def __init__(self, model: nn.Module, every: int = 1, *, optimizer: torch.optim.Optimizer | None = None,
-                 track_updates: bool = True, detail: bool = False, capacity: int = 64, callback: Any = None) -> None:
+                 track_updates: bool = True, update_every: int = 10, detail: bool = False, capacity: int = 64,
+                 callback: Any = None) -> None:
         if not isinstance(model, nn.Module):
             raise TroptError(f"GradientMonitor: model is a {type(model).__name__}, expected a torch.nn.Module",
                              "pass the model you train: GradientMonitor(model)")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise TroptError(f"GradientMonitor: every={every!r}; it must be an integer >= 1", "use every=1 to record each step")
+        if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
+            raise TroptError(f"GradientMonitor: update_every={update_every!r}; it must be an integer >= 1",
+                             "use update_every=1 to measure the update at every recorded step, or track_updates=False")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TroptError(f"GradientMonitor: optimizer is a {type(optimizer).__name__}, expected a torch.optim.Optimizer",
                              "pass the optimizer, or leave it out to watch any optimizer holding the model's parameters")
@@ -87,6 +99,7 @@ class GradientMonitor:
         self.every = every
         self.optimizer = optimizer
         self.track_updates = track_updates
+        self.update_every = update_every
         self.detail = detail
         self.callback = callback
         self._capacity = max(1, int(capacity))
@@ -101,6 +114,7 @@ class GradientMonitor:
         self.in_optimizer: np.ndarray = np.zeros(0, dtype=bool)
         self.lr_nonzero: np.ndarray = np.zeros(0, dtype=bool)  # per parameter: stepped with a non-zero lr at least once
         self._data: torch.Tensor | None = None
+        self._prev: dict[int, torch.Tensor] = {}
         self._rows = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -129,8 +143,11 @@ class GradientMonitor:
         self._device = device if len(self._devices) == 1 else torch.device("cpu")
         self._data = torch.full((self._capacity, len(self._params), len(FIELDS)), float("nan"),
                                 dtype=torch.float32, device=self._device)
-        self._prev: list[torch.Tensor] | None = None
-        self._pending: tuple[int, list[int]] | None = None
+        self._prev: dict[int, torch.Tensor] = {}  # parameter index -> its value before the step (update norms)
+        self._pending: tuple[int, list[int], bool] | None = None
+        self._layouts: dict[int, tuple] = {}
+        self._all_in_optimizer = False
+        self._outside = list(range(len(self._params)))
         if self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_pre_hook(self._pre_hook))
             self._handles.append(self.optimizer.register_step_post_hook(self._post_hook))
@@ -159,7 +176,7 @@ class GradientMonitor:
         for h in self._handles + getattr(self, "_order_handles", []):
             h.remove()
         self._handles, self._order_handles = [], []
-        self._prev = None
+        self._prev = {}
         self._active = False
 
     def _order_hook(self, mname: str):
@@ -172,20 +189,36 @@ class GradientMonitor:
         return hook
 
     # ------------------------------------------------------------------ recording
-    def _mine(self, optimizer: torch.optim.Optimizer) -> list[int]:
-        return [self._pid[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in self._pid]
+    def _layout(self, optimizer: torch.optim.Optimizer) -> tuple[list[int], list[list[int]]]:
+        """The watched parameters ``optimizer`` holds, overall and per group; cached until its groups change.
+
+        The hooks run at every step of every optimizer, so this keeps their Python work independent of the model's
+        parameter count.
+        """
+        groups = optimizer.param_groups
+        key = tuple((id(g["params"]), len(g["params"])) for g in groups)
+        hit = self._layouts.get(id(optimizer))
+        if hit is not None and hit[0] == key:
+            return hit[1], hit[2]
+        per_group = [[self._pid[id(p)] for p in g["params"] if id(p) in self._pid] for g in groups]
+        mine = [i for idx in per_group for i in idx]
+        self._layouts[id(optimizer)] = (key, mine, per_group)
+        return mine, per_group
 
     def _pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        idx = self._mine(optimizer)
+        idx, per_group = self._layout(optimizer)
         if not idx:
             return
         step = self.steps_seen
         self.steps_seen += 1
-        self.in_optimizer[idx] = True
-        for g in optimizer.param_groups:  # a parameter whose group has lr 0 is stepped but never moves
+        if not self._all_in_optimizer:
+            self.in_optimizer[idx] = True
+            self._all_in_optimizer = bool(self.in_optimizer.all())
+            self._outside = [i for i in range(len(self._params)) if not self.in_optimizer[i]]
+        for g, gidx in zip(optimizer.param_groups, per_group):  # a parameter whose group has lr 0 never moves
             lr = g.get("lr", None)
-            if lr is not None and float(lr) != 0.0:
-                self.lr_nonzero[[self._pid[id(p)] for p in g["params"] if id(p) in self._pid]] = True
+            if gidx and lr is not None and float(lr) != 0.0:
+                self.lr_nonzero[gidx] = True
         if step % self.every:
             return
         self._record_grads(step, idx)
@@ -200,56 +233,61 @@ class GradientMonitor:
         self.grad_seen[have] += 1
         if have:
             grads = [self._params[i].grad for i in have]
-            idx = self._index(tuple(have))
+            # With every parameter holding a gradient (the usual case) the row's columns are written directly.
+            cols = row if len(have) == len(self._params) else None
+            idx = None if cols is not None else self._index(tuple(have))
+
+            def put(col: int, values: torch.Tensor) -> None:
+                if idx is None:
+                    row[:, col].copy_(values)
+                else:
+                    row[:, col].index_copy_(0, idx, values)
+
             norms = self._stack(torch._foreach_norm(grads))
-            row[:, 0].index_copy_(0, idx, norms)
+            put(0, norms)
             if self._device.type == "cpu":
                 # On CPU reading a number is not a device sync, so the costly non-finite count runs only when the
                 # norms say some entry is NaN/inf (a NaN/inf entry always makes its L2 norm non-finite).
-                row[:, 3].index_copy_(0, idx, torch.stack([_count_nonzero(g) for g in grads]).float())
+                put(3, torch.stack([_count_nonzero(g) for g in grads]).float())
                 if math.isfinite(float(norms.sum())):
-                    row[:, 4].index_fill_(0, idx, 0.0)
+                    put(4, torch.zeros(len(have)))
                 else:
-                    row[:, 4].index_copy_(0, idx, torch.stack([(~torch.isfinite(g)).sum() for g in grads]).float())
+                    put(4, torch.stack([(~torch.isfinite(g)).sum() for g in grads]).float())
             else:
                 # On accelerators everything stays on the device, batched: no host sync per step.
-                row[:, 3].index_copy_(0, idx, self._stack(torch._foreach_norm(grads, 0)))
+                put(3, self._stack(torch._foreach_norm(grads, 0)))
                 # NaN * 0 and inf * 0 are NaN, finite * 0 is 0: the non-zero count of g * 0 counts non-finite entries.
-                row[:, 4].index_copy_(0, idx, self._stack(torch._foreach_norm(torch._foreach_mul(grads, 0.0), 0)))
+                put(4, self._stack(torch._foreach_norm(torch._foreach_mul(grads, 0.0), 0)))
             if self.detail:
-                row[:, 5].index_copy_(0, idx, self._stack(torch._foreach_norm(grads, 1)))
-                row[:, 6].index_copy_(0, idx, self._stack([g.abs().amax() for g in grads]))
+                put(5, self._stack(torch._foreach_norm(grads, 1)))
+                put(6, self._stack([g.abs().amax() for g in grads]))
         self.recorded_steps.append(step)
-        if self.track_updates and opt_idx:
-            params = [self._params[i] for i in opt_idx]
-            if self._prev is None or len(self._prev) != len(params) or any(a.shape != b.shape for a, b in zip(self._prev, params)):
-                self._prev = [torch.empty_like(p, memory_format=torch.preserve_format) for p in params]
+        measure = self.track_updates and self._rows % self.update_every == 0
+        if measure and opt_idx:
+            for i in opt_idx:
+                if i not in self._prev or self._prev[i].shape != self._params[i].shape:
+                    self._prev[i] = torch.empty_like(self._params[i], memory_format=torch.preserve_format)
             with torch.no_grad():
-                torch._foreach_copy_(self._prev, [p.detach() for p in params])
-            self._pending = (self._rows, opt_idx)
-        else:
-            self._pending = (self._rows, [])
+                torch._foreach_copy_([self._prev[i] for i in opt_idx], [self._params[i] for i in opt_idx])
+        self._pending = (self._rows, opt_idx if measure else [], measure)
         self._rows += 1
 
     def _post_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self._pending is None or not self._mine(optimizer):
+        if self._pending is None or not self._layout(optimizer)[0]:
             return
-        row_i, opt_idx = self._pending
+        row_i, opt_idx, measured = self._pending
         self._pending = None
         row = self._data[row_i]
         with torch.no_grad():
-            params = [p.detach() for p in self._params]
-            row[:, 1].copy_(self._stack(torch._foreach_norm(params)))
-            if opt_idx and self._prev is not None:
-                sub = [self._params[i].detach() for i in opt_idx]
-                torch._foreach_sub_(self._prev, sub)
-                row[:, 2].index_copy_(0, self._index(tuple(opt_idx)), self._stack(torch._foreach_norm(self._prev)))
+            row[:, 1].copy_(self._stack(torch._foreach_norm(self._params)))
+            if opt_idx:
+                prev = [self._prev[i] for i in opt_idx]
+                torch._foreach_sub_(prev, [self._params[i] for i in opt_idx])
+                row[:, 2].index_copy_(0, self._index(tuple(opt_idx)), self._stack(torch._foreach_norm(prev)))
         # Parameters outside every optimizer that stepped are not updated by it: their update is exactly 0
         # unless another optimizer steps them (then its own row fills it).
-        if self.track_updates:
-            missing = [i for i in range(len(self._params)) if not self.in_optimizer[i]]
-            if missing:
-                row[:, 2].index_fill_(0, self._index(tuple(missing)), 0.0)
+        if measured and self._outside:
+            row[:, 2].index_fill_(0, self._index(tuple(self._outside)), 0.0)
         if self.callback is not None:
             self.callback({"step": self.steps_seen - 1, "monitor": self})
 
@@ -265,7 +303,7 @@ class GradientMonitor:
         if step % self.every:
             return
         self._record_grads(step, [])
-        row_i, _ = self._pending
+        row_i = self._pending[0]
         self._pending = None
         with torch.no_grad():
             self._data[row_i][:, 1].copy_(self._stack(torch._foreach_norm([p.detach() for p in self._params])))
@@ -287,8 +325,7 @@ class GradientMonitor:
     def memory_bytes(self) -> int:
         """Device memory the monitor holds: the record tensor plus the copy of parameters for update norms."""
         total = 0 if self._data is None else self._data.numel() * self._data.element_size()
-        if self._prev is not None:
-            total += sum(t.numel() * t.element_size() for t in self._prev)
+        total += sum(t.numel() * t.element_size() for t in self._prev.values())
         return total
 
     def array(self) -> np.ndarray:
