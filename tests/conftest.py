@@ -15,6 +15,15 @@ matplotlib.use("Agg")  # tests draw off-screen
 from support import CHROMIUM, CHROMIUM_ARGS, SAMPLES, ce_loss, make_classification  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Close what a test drew, so figures do not pile up across the suite."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
 @pytest.fixture
 def tiny_setup():
     """A correct 2-layer MLP on 4 batches of 16 samples (3 classes)."""
