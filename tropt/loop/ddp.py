@@ -5,6 +5,10 @@ in ``DistributedDataParallel`` and run the same step on their share of the batch
 processes, so with mean-reduced losses and equal shares both runs must reach ``optimizer.step()`` with the same
 gradients. A communication hook counts the gradient all-reduces: with K micro-batches a loop should synchronise once
 per optimizer step (``model.no_sync()`` around the first K-1 backward passes), not K times.
+
+BatchNorm normalises each process's share with that share's statistics, so its gradients differ under DDP by
+design (as with accumulation): when a model has such layers and the gradients differ, both runs are repeated with
+the batch statistics frozen. WARN when that isolated rerun matches, FAIL when it does not.
 """
 
 from __future__ import annotations
@@ -28,12 +32,20 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
-from .harness import compare_tensors, quiet_randomness, require_steps, run_steps, tolerance_for
+from .harness import (
+    batch_dependent_layers,
+    compare_tensors,
+    freeze_batch_stats,
+    quiet_randomness,
+    require_steps,
+    run_steps,
+    tolerance_for,
+)
 
 _TIMEOUT_S = 60
 
 
-def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: str, out: Any) -> None:
+def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: str, out: Any, freeze: bool) -> None:
     """One DDP process: wrap a seeded copy, run one step on this rank's micro-batches, send back its gradients.
 
     It runs in a forked child, so it is careful: everything it imports was imported by the parent before the fork
@@ -60,6 +72,8 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
                                 timeout=datetime.timedelta(seconds=_TIMEOUT_S - 10))
         ctx = setup.build()
         quiet_randomness(ctx.model)
+        if freeze:
+            freeze_batch_stats(ctx.model)
         ddp = DistributedDataParallel(ctx.model)
         syncs = [0, 0]  # bucket all-reduces, synchronised backward passes
 
@@ -94,7 +108,7 @@ def _stuck_at(path: str) -> str:
     return frames[0] if frames else ""
 
 
-def _run_ddp(setup: Setup, shares: list[list], world: int) -> list[tuple]:
+def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False) -> list[tuple]:
     import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # noqa: F401 - see _rank_main
     import torch.nn.parallel  # noqa: F401
 
@@ -104,7 +118,7 @@ def _run_ddp(setup: Setup, shares: list[list], world: int) -> list[tuple]:
         procs, readers = [], {}
         for r in range(world):
             recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_rank_main, args=(r, world, setup, shares, store, send), daemon=True)
+            p = ctx.Process(target=_rank_main, args=(r, world, setup, shares, store, send, freeze), daemon=True)
             p.start()
             send.close()  # the child holds the only writer: its exit closes the pipe
             procs.append(p)
@@ -135,6 +149,29 @@ def _run_ddp(setup: Setup, shares: list[list], world: int) -> list[tuple]:
             for conn in readers:
                 conn.close()
     return [results[r] for r in range(world)]
+
+
+def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freeze: bool) -> tuple[dict, list[tuple]]:
+    """The single-process gradients on the full batch and every DDP rank's result on its share."""
+    k = setup.accumulation_steps
+    ctx = setup.build()
+    quiet_randomness(ctx.model)
+    if freeze:
+        freeze_batch_stats(ctx.model)
+    records, calls = run_steps(setup, ctx, [split_batch(full, k)])
+    require_steps(setup, calls, "the single-process run")
+    ranks = _run_ddp(setup, shares, world, freeze=freeze)
+    errors = [r for r in ranks if r[1] != "ok"]
+    if errors:
+        raise StepError(f"under DDP, rank {errors[0][0]} failed: {errors[0][2]}",
+                        "the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as ctx.model.module")
+    for rank, _, _, _, rank_calls in ranks:
+        require_steps(setup, rank_calls, f"DDP rank {rank}")
+    return records[0].grads, ranks
+
+
+def _rank0_grads(ranks: list[tuple]) -> dict:
+    return {name: (None if g is None else torch.from_numpy(g)) for name, g in ranks[0][2].items()}
 
 
 @register(
@@ -171,43 +208,56 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
                              f"use batches of at least {world_size * k} samples")
         used = per_rank * world_size
         full = split_batch(batch, sizes=[used, n - used])[0] if used < n else batch
-        ctx = setup.build()
-        quiet_randomness(ctx.model)
-        records, calls = run_steps(setup, ctx, [split_batch(full, k)])
-        require_steps(setup, calls, "the single-process run")
         shares = [split_batch(share, k) for share in split_batch(full, world_size)]
-        ranks = _run_ddp(setup, shares, world_size)
-    errors = [r for r in ranks if r[1] != "ok"]
-    if errors:
-        raise StepError(f"under DDP, rank {errors[0][0]} failed: {errors[0][2]}",
-                        "the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as ctx.model.module")
-    for rank, _, _, _, rank_calls in ranks:
-        require_steps(setup, rank_calls, f"DDP rank {rank}")
-    single = records[0].grads
-    rank0 = {name: (None if g is None else torch.from_numpy(g)) for name, g in ranks[0][2].items()}
-    table = compare_tensors(single, rank0, labels=("1_process", f"ddp_{world_size}"))
-    err = float(table["rel_error"].max())
+        single, ranks = _both_runs(setup, full, shares, world_size, freeze=False)
+        table = compare_tensors(single, _rank0_grads(ranks), labels=("1_process", f"ddp_{world_size}"))
+        err = float(table["rel_error"].max())
+        bn_layers = batch_dependent_layers(setup.model)
+        ftable = None
+        if err > tol and bn_layers:
+            # Each process normalises its share with that share's BatchNorm statistics, by design: rerun both with the
+            # statistics frozen to see whether the step itself is right.
+            fsingle, franks = _both_runs(setup, full, shares, world_size, freeze=True)
+            ftable = compare_tensors(fsingle, _rank0_grads(franks), labels=("1_process", f"ddp_{world_size}"))
     syncs_per_step = ranks[0][3][1]
     metrics = {"world_size": world_size, "samples_per_process": per_rank, "micro_batches": k, "max_rel_error": err,
-               "tolerance": tol, "allreduce_buckets": ranks[0][3][0], "synchronised_backward_passes": syncs_per_step}
+               "tolerance": tol, "allreduce_buckets": ranks[0][3][0], "synchronised_backward_passes": syncs_per_step,
+               "batch_dependent_layers": len(bn_layers)}
     tables = {"parameters": table,
               "ranks": pd.DataFrame([{"rank": r, "bucket_allreduces": s[0], "synchronised_backward_passes": s[1],
                                       "optimizer_steps": int(np.sum(c))} for r, _, _, s, c in ranks])}
+    if ftable is not None:
+        metrics["frozen_max_rel_error"] = float(ftable["rel_error"].max())
+        tables = {"parameters_frozen_batch_stats": ftable, **tables, "batch_dependent_layers": pd.DataFrame({"layer": bn_layers})}
     advice_std = "Compare your step with tropt.standard_step, which skips the all-reduce of all but the last micro-batch."
-    if err > tol:
-        ratio = float(table["norm_ddp_%d" % world_size].sum() / max(table["norm_1_process"].sum(), 1e-30))
+    no_sync = f"Wrap the backward passes of the first {k - 1} micro-batches in `with ctx.model.no_sync():`."
+    decisive, derr = (ftable, metrics["frozen_max_rel_error"]) if ftable is not None else (table, err)
+    if derr > tol:
+        ratio = float(decisive["norm_ddp_%d" % world_size].sum() / max(decisive["norm_1_process"].sum(), 1e-30))
         why = (f" (DDP gradients are {ratio:.3g}× the single-process ones: the averaging is applied twice)" if abs(ratio * world_size - 1) < 0.05
                else f" (DDP gradients are {ratio:.3g}× the single-process ones: they are summed, not averaged)" if abs(ratio - world_size) < 0.05
                else "")
+        frozen = " even with BatchNorm statistics frozen" if ftable is not None else ""
         return CheckResult("loop.ddp", Status.FAIL,
-                           f"under DDP with {world_size} processes the gradients differ by {err:.1%}{why}", metrics, tables,
+                           f"under DDP with {world_size} processes the gradients differ by {derr:.1%}{frozen}{why}", metrics, tables,
                            ["DDP already averages gradients over processes: do not divide the loss by the world size or "
                             "all-reduce gradients yourself.", "Give every process an equal share of each batch.", advice_std])
+    if ftable is not None:
+        wasted = (f"; they are also all-reduced {syncs_per_step}× per optimizer step ({k} micro-batches)"
+                  if syncs_per_step > 1 else "")
+        return CheckResult("loop.ddp", Status.WARN,
+                           f"gradients match under DDP once BatchNorm's batch statistics are frozen (error {derr:.1e}); with "
+                           f"live statistics each process normalises its {per_rank} samples by themselves and the gradients "
+                           f"differ by {err:.1%}, as BatchNorm does by design{wasted}", metrics, tables,
+                           [f"Expect {len(bn_layers)} BatchNorm layer(s) to see {per_rank} samples per process under DDP, not the "
+                            "whole batch; if that is too few for stable statistics, convert them with "
+                            "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (CUDA) or use GroupNorm/LayerNorm."]
+                           + ([no_sync] if syncs_per_step > 1 else []))
     if syncs_per_step > 1:
         return CheckResult("loop.ddp", Status.WARN,
                            f"gradients match under DDP, but they are all-reduced {syncs_per_step}× per optimizer step "
                            f"({k} micro-batches): {syncs_per_step - 1} of those are wasted communication", metrics, tables,
-                           [f"Wrap the backward passes of the first {k - 1} micro-batches in `with ctx.model.no_sync():`.", advice_std])
+                           [no_sync, advice_std])
     return CheckResult("loop.ddp", Status.PASS,
                        f"{world_size} DDP processes reach the single-process gradients (max relative error {err:.1e}) "
                        f"with one all-reduce per optimizer step", metrics, tables)
