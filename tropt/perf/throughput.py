@@ -3,12 +3,13 @@ samples/s, peak memory, and a ``torch.profiler`` table of the top operators as e
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import resource
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
@@ -81,6 +82,28 @@ def _cheap_batches_advice() -> str:
             "one sample at a time.")
 
 
+@contextlib.contextmanager
+def _native_stderr_muted() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null for a moment.
+
+    The profiler's native library writes "profiler_start"/"profiler_stop" lines straight to fd 2 at any log level;
+    in Jupyter those land in the cell's output. Only the profiler's own start and stop run inside this, never the
+    user's step, so nothing of theirs is hidden.
+    """
+    try:
+        saved, sink = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # no fd 2 to redirect (some embedded interpreters): leave the output as it is
+        yield
+        return
+    try:
+        os.dup2(sink, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(sink)
+
+
 def profile_ops(setup: Any, ctx: Any, batches: list, top: int = 15) -> pd.DataFrame:
     """``torch.profiler`` over a few steps: the top operators by self time (CPU, plus CUDA on GPU)."""
     from torch.profiler import ProfilerActivity, profile
@@ -89,11 +112,17 @@ def profile_ops(setup: Any, ctx: Any, batches: list, top: int = 15) -> pd.DataFr
     cuda = ctx.device.type == "cuda"
     if cuda:
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
+    prof = profile(activities=activities)
+    with _native_stderr_muted():
+        prof.start()
+    try:
         for batch in batches:
             setup.run_step(ctx, split_batch(batch, ctx.accumulation_steps))
         if cuda:
             torch.cuda.synchronize(ctx.device)
+    finally:
+        with _native_stderr_muted():
+            prof.stop()
     rows = []
     for e in prof.key_averages():
         row = {
