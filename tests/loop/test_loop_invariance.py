@@ -295,15 +295,16 @@ def test_batchnorm_cnn_with_wrong_loop_still_fails():
 
 
 # ------------------------------------------------------------------ uneven micro-batches and dict batches
-def test_divide_by_k_is_exact_only_for_equal_micro_batches():
+@pytest.mark.parametrize("k, sizes", [(2, "18+6"), (4, "15+3+3+3")])
+def test_divide_by_k_is_exact_only_for_equal_micro_batches(k, sizes):
     def step(ctx, mbs):  # the common loop: loss / K
         for mb in mbs:
             (ctx.loss_fn(ctx.model, mb) / len(mbs)).backward()
         ctx.optimizer.step()
         ctx.optimizer.zero_grad()
 
-    r = check_accumulation(mlp_setup(step, k=4, scheduler=False))
-    assert r.status is Status.WARN and "unequal sizes" in r.summary and r.metrics["uneven_sizes"] == "12+4+4+4"
+    r = check_accumulation(mlp_setup(step, k=k, scheduler=False))
+    assert r.status is Status.WARN and "unequal sizes" in r.summary and r.metrics["uneven_sizes"] == sizes
 
 
 def test_dict_batches_work():

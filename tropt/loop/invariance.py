@@ -194,7 +194,9 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
                          f"use batches of at least {2 * k} samples for this check (or pass a smaller k)")
     n_even = n - n % k
     even_batch = split_batch(batch, sizes=[n_even, n - n_even])[0] if n_even < n else batch
-    uneven_sizes = split_sizes(n, k) if n % k else [n // 2] + split_sizes(n - n // 2, k - 1)
+    # One large micro-batch and K-1 small ones: clearly unequal for every K (a loop that divides by K is off by a lot).
+    small = max(1, n // (2 * k))
+    uneven_sizes = [n - (k - 1) * small] + [small] * (k - 1)
     bn_layers = batch_dependent_layers(setup.model)
 
     def compare(micro: list, full: object, freeze: bool, a: dict | None = None) -> tuple[pd.DataFrame, dict, dict, int]:
