@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 import tropt
 from tropt.dynamics import check_loss_curve
-from tropt.dynamics.lr_range import check_lr_range, ema_smooth, suggest
+from tropt.dynamics.lr_range import centred_median, check_lr_range, ema_smooth, suggest
 from tropt.result import CheckResult, Status
 from tropt.testing import untouched
 
@@ -82,7 +82,7 @@ def test_lr_range_brackets_the_lr_known_to_work_and_restores_the_setup():
     assert all(torch.equal(a, b) for a, b in zip(before, s.model.parameters()))
     assert torch.equal(rng, torch.get_rng_state())
     low, high = r.metrics["suggested_low"], r.metrics["suggested_high"]
-    assert low <= KNOWN_GOOD_LR <= high < MAX_STABLE_LR, r.summary
+    assert KNOWN_GOOD_LR / 10 <= low <= high < MAX_STABLE_LR, r.summary  # LRs that train, short of divergence
     assert r.status == Status.PASS and r.metrics["sweeps"] == 2
     assert set(r.tables["suggestions"]["method"]) == {"steepest", "valley", "min_div_10"}
     assert r.metrics["steps_per_sweep"] < 100  # stopped at 4x the best loss
@@ -152,6 +152,42 @@ def test_suggestions_on_a_textbook_curve():
     assert 3e-3 < out["steepest"] < 3e-2
     assert 1e-6 < out["valley"] < lrs[np.argmin(sm)]  # fastai's valley: down the longest decreasing stretch
     assert 3e-3 < out["min_div_10"] < 0.05
+
+
+def test_suggestions_ignore_a_lucky_first_batch_and_noise_at_tiny_lrs():
+    """A noisy sweep (per-batch noise ±20%) whose first batch happens to be low: the real descent (1e-3..1e-1) must
+    win over the noise at LRs far too small to learn, and the minimum is not the first point."""
+    rng = np.random.default_rng(0)
+    lrs = np.logspace(-7, 1, 100)
+    trend = 1.0 - 0.45 / (1 + np.exp(-(np.log10(lrs) + 2) * 3))
+    trend[lrs > 0.2] *= np.exp((np.log10(lrs[lrs > 0.2]) + 0.7) * 6)
+    loss = trend * np.exp(0.2 * rng.standard_normal(lrs.size))
+    loss[0] = 0.5  # the lucky first batch
+    out = suggest(lrs, centred_median(loss, 11), skip_start=10)
+    assert 1e-3 < out["steepest"] < 0.3 and 1e-3 < out["min_div_10"] < 0.1, out
+    # the old reading (the EMA's minimum over every point) took the lucky first batch for the minimum
+    assert suggest(lrs, ema_smooth(loss, 0.98))["min_div_10"] == lrs[0] / 10
+
+
+def test_identical_sweeps_report_no_seed_spread_and_shuffled_ones_do():
+    fixed = linreg_setup(KNOWN_GOOD_LR)
+    fixed = fixed.replace(train_data=list(fixed.batches(16)))  # a fixed list: every seed sees the same batches
+    r = check_lr_range(fixed, progress=False)
+    assert np.isnan(r.metrics["seed_spread_x"]) and "identical" in r.metrics["seed_note"]
+    shuffled = check_lr_range(linreg_setup(KNOWN_GOOD_LR), progress=False)
+    assert np.isfinite(shuffled.metrics["seed_spread_x"]) and "seed_note" not in shuffled.metrics
+
+
+def test_suggestions_orders_of_magnitude_apart_are_inconclusive():
+    from tropt.dynamics.lr_range import _result
+
+    lrs = np.logspace(-7, 1, 60)
+    smooth = np.r_[np.linspace(1.0, 0.2, 10), np.full(40, 0.9), np.linspace(0.9, 0.8, 5), np.linspace(0.8, 5.0, 5)]
+    sweep = {"seed": 0, "lr": lrs, "raw": smooth, "smooth": smooth, "steps": 60,
+             "suggest": {"steepest": 3e-7, "valley": 1e-2, "min_div_10": 1e-3}, "stopped_at": 10.0}
+    r = _result(linreg_setup(KNOWN_GOOD_LR), [sweep], [0.1], 60, 10.0, 100.0, 4.0, "step return")
+    assert r.status is Status.WARN and r.summary.startswith("inconclusive: the suggestions span 33333×")
+    assert "too noisy" in r.advice[0]
 
 
 def test_registered_and_run_by_diagnose(sample_module):

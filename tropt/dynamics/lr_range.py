@@ -1,7 +1,9 @@
 """``dynamics.lr_range``: the learning-rate range test, with several suggestions and how much they agree.
 
-An exponential LR sweep on a copy of the Setup (its own step, accumulation and data order), smoothed with a
-bias-corrected EMA, stopped once the smoothed loss exceeds ``stop_factor`` × its best. Instead of one argmin
+An exponential LR sweep on a copy of the Setup (its own step, accumulation and data order), stopped once a
+bias-corrected EMA of the loss exceeds ``stop_factor`` × its best. The suggestions are read from a centred running
+median of the losses afterwards: unlike the EMA it has no lag (an EMA with fastai's beta of 0.98 trails a 100-step
+sweep by half of it) and one lucky or spiky batch does not move it. Instead of one argmin
 suggestion (which users of Lightning's and torch-lr-finder's finders report as unreliable) it gives three —
 steepest descent of the smoothed loss against log-LR, fastai's "valley", and the minimum / 10 — repeated over
 seeds for a noise estimate, and says how far apart they are.
@@ -54,24 +56,47 @@ def ema_smooth(losses: np.ndarray, beta: float) -> np.ndarray:
     return out
 
 
+def centred_median(values: np.ndarray, window: int) -> np.ndarray:
+    """Running median over ``window`` points centred on each point (shrinking at the ends)."""
+    n, half = len(values), window // 2
+    return np.array([np.median(values[max(0, i - half): i + half + 1]) for i in range(n)]) if n else np.empty(0)
+
+
+def _window_slopes(x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
+    """Least-squares slope of y against x over every window of m consecutive points (O(n) with cumulative sums)."""
+    def window_sum(v: np.ndarray) -> np.ndarray:
+        c = np.concatenate(([0.0], np.cumsum(v)))
+        return c[m:] - c[:-m]
+
+    sx, sy, sxx, sxy = window_sum(x), window_sum(y), window_sum(x * x), window_sum(x * y)
+    var = sxx - sx * sx / m
+    return np.where(var > 0, (sxy - sx * sy / m) / np.where(var > 0, var, 1.0), 0.0)
+
+
 def suggest(lrs: np.ndarray, smooth: np.ndarray, skip_start: int = 0) -> dict[str, float]:
     """The three suggestions on one smoothed sweep (NaN when the curve gives none).
 
     ``steepest``: the most negative slope of the smoothed loss against log10(lr), before the minimum.
     ``valley``: fastai's valley — the longest run of decreasing loss, two thirds down it.
     ``min_div_10``: the LR of the smoothed minimum, divided by 10.
+
+    The first ``skip_start`` points are left out of the minimum: the bias-corrected EMA rests on only a few losses
+    there, so one lucky first batch would otherwise be "the minimum" at the smallest LR.
     """
     out = {m: math.nan for m in METHODS}
     n = len(smooth)
     if n < 5:
         return out
-    i_min = int(np.nanargmin(smooth))
+    skip = min(skip_start, n - 3)
+    i_min = skip + int(np.nanargmin(smooth[skip:]))
     out["min_div_10"] = float(lrs[i_min] / 10)
     lo = min(skip_start, max(0, i_min - 2))
-    seg = slice(lo, i_min + 1)
     if i_min - lo >= 2:
-        grad = np.gradient(smooth[seg], np.log10(lrs[seg]))
-        out["steepest"] = float(lrs[lo + int(np.argmin(grad))])
+        # Least-squares slope over windows of a fifth of the sweep: a point-wise gradient of a noisy loss finds its
+        # steepest "descent" in the noise at LRs far too small to learn anything.
+        m = min(max(3, n // 5), i_min - lo + 1)
+        slopes = _window_slopes(np.log10(lrs[lo:i_min + 1]), smooth[lo:i_min + 1], m)
+        out["steepest"] = float(lrs[lo + int(np.argmin(slopes)) + m // 2])
     # fastai valley: longest decreasing subsequence (O(n^2) with n <= a few hundred)
     lds = np.ones(n, dtype=np.int64)
     max_start = max_end = 0
@@ -101,6 +126,7 @@ def check_lr_range(
     stop_factor: float = 4.0,
     repeats: int = 2,
     tolerance: float = 10.0,
+    inconclusive: float = 100.0,
     progress: bool = True,
     callback: Any = None,
 ) -> CheckResult:
@@ -116,13 +142,15 @@ def check_lr_range(
     num_steps
         Optimizer steps per sweep (each respects ``accumulation_steps`` and uses the Setup's own step).
     beta
-        EMA factor of the bias-corrected smoothing.
+        EMA factor of the bias-corrected smoothing that decides when to stop.
     stop_factor
         Stop a sweep once the smoothed loss exceeds this multiple of its best (or the loss is not finite).
     repeats
         Sweeps with different seeds (data order, dropout); the spread of their suggestions is the noise estimate.
     tolerance
         WARN when the Setup's LR is more than this factor outside the suggested range.
+    inconclusive
+        WARN, with no range, when the three suggestions are more than this factor apart.
     progress
         Show a progress bar.
     callback
@@ -195,7 +223,7 @@ def check_lr_range(
                 raw_arr = np.asarray(raw)
                 finite = np.isfinite(raw_arr)
                 n_ok = int(np.argmin(finite)) if not finite.all() else raw_arr.size
-                smooth = ema_smooth(raw_arr[:n_ok], beta)
+                smooth = centred_median(raw_arr[:n_ok], max(5, num_steps // 10) | 1)
                 lrs_used = np.asarray(used[:n_ok])
                 sweeps.append({"seed": seed, "lr": lrs_used, "raw": raw_arr[:n_ok], "smooth": smooth,
                                "steps": len(raw), "suggest": suggest(lrs_used, smooth, skip_start=max(1, num_steps // 10)),
@@ -203,11 +231,11 @@ def check_lr_range(
                 del ctx, runner
         finally:
             bar.close()
-    return _result(setup, sweeps, group_lrs, num_steps, tolerance, stop_factor, loss_from)
+    return _result(setup, sweeps, group_lrs, num_steps, tolerance, inconclusive, stop_factor, loss_from)
 
 
 def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: int, tolerance: float,
-            stop_factor: float, loss_from: str | None) -> CheckResult:
+            inconclusive: float, stop_factor: float, loss_from: str | None) -> CheckResult:
     rows = []
     for s in sweeps:
         for m in METHODS:
@@ -259,8 +287,16 @@ def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: i
     vals = np.array(list(per_method.values()))
     low, high = float(vals.min()), float(vals.max())
     agreement = high / low
-    metrics.update(suggested_low=low, suggested_high=high, agreement_x=agreement,
-                   seed_spread_x=float(np.nanmax(suggestions["seed_spread_x"].to_numpy(dtype=float))))
+    # Sweeps that saw the same batches from the same weights (no shuffling, no dropout) are identical: their
+    # "spread" of 1x would be no evidence of stability, so it is not reported as one.
+    identical = len(sweeps) > 1 and all(s["raw"].shape == sweeps[0]["raw"].shape and np.array_equal(s["raw"], sweeps[0]["raw"])
+                                        for s in sweeps[1:])
+    spread = math.nan if identical else float(np.nanmax(suggestions["seed_spread_x"].to_numpy(dtype=float)))
+    metrics.update(suggested_low=low, suggested_high=high, agreement_x=agreement, seed_spread_x=spread)
+    if identical:
+        suggestions["seed_spread_x"] = math.nan
+        metrics["seed_note"] = ("the sweeps were identical (the data order and the model do not depend on the seed), "
+                                "so there is no seed-noise estimate")
     # the range a user should try: the suggestions' span (their geometric middle when they coincide)
     within = low / tolerance <= setup_lr <= high * tolerance if math.isfinite(setup_lr) and setup_lr > 0 else False
     metrics["setup_lr_in_range"] = "yes" if within else "no"
@@ -270,6 +306,16 @@ def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: i
                f"valley {per_method.get('valley', math.nan):.2g}, min/10 {per_method.get('min_div_10', math.nan):.2g}); "
                f"{agree_text}; the Setup's LR is {setup_lr:.2g}")
     advice: list[str] = []
+    if agreement > inconclusive:
+        # Suggestions orders of magnitude apart mean the sweep's loss is too noisy (or too flat) to locate a range.
+        summary = (f"inconclusive: the suggestions span {agreement:.0f}× ({low:.2g}–{high:.2g}; steepest "
+                   f"{per_method.get('steepest', math.nan):.2g}, valley {per_method.get('valley', math.nan):.2g}, "
+                   f"min/10 {per_method.get('min_div_10', math.nan):.2g}), too far apart to suggest a range; "
+                   f"the Setup's LR is {setup_lr:.2g}")
+        return CheckResult(CHECK_ID, Status.WARN, summary, metrics, tables,
+                           ["The sweep's loss is too noisy to read: use larger batches for the test, more steps "
+                            "(num_steps=300) or heavier smoothing (beta=0.99), then rerun.",
+                            "Compare a few short runs at LRs a factor 3 apart instead (dynamics.loss_curve)."], series)
     if within:
         status = Status.PASS
     else:
@@ -278,6 +324,6 @@ def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: i
         summary += f", more than {tolerance:g}× outside that range"
         advice.append(f"Try a {direction} learning rate, between {low:.2g} and {high:.2g} "
                       f"(geometric middle {math.sqrt(low * high):.2g}), and confirm with a short run (dynamics.loss_curve).")
-    if metrics["seed_spread_x"] > 10:
+    if spread > 10:
         advice.append("The suggestions moved more than 10× between seeds: run more repeats or steps before trusting them.")
     return CheckResult(CHECK_ID, status, summary, metrics, tables, advice, series)
