@@ -74,3 +74,15 @@ CASES = {
     "noisy_late": noisy_late,
     "still_improving": still_improving,
 }
+
+
+def fast_fall_then_floor(n=300, seed=0, tau=20, rel=0.25):
+    """Halves within ~2 tau steps, then sits at its noise floor (heavy per-batch noise): healthy, not flat."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    return (0.5 + 0.5 * np.exp(-t / tau)) * _noise(n, rel, rng)
+
+
+def flat_noisy(n=300, seed=0, rel=0.25):
+    rng = np.random.default_rng(seed)
+    return 0.9 * _noise(n, rel, rng)

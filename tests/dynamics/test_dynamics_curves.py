@@ -28,6 +28,14 @@ def test_each_class_is_classified(name, n, seed):
         assert r.advice and r.tables["findings"]["flagged"].any()
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_fall_inside_the_first_tenth_is_not_flat_but_heavy_noise_alone_is(seed):
+    """A loss that halves in its first ~40 of 300 steps and then sits at a noisy floor (like a small regression
+    problem) fell; the same noise around a constant did not."""
+    assert diagnose_curves(cf.fast_fall_then_floor(300, seed)).metrics["class"] == "healthy"
+    assert diagnose_curves(cf.flat_noisy(300, seed)).metrics["class"] == "flat"
+
+
 def test_healthy_curve_is_not_flagged_even_with_validation():
     y = cf.healthy(2000, 3)
     vt = np.linspace(0, 1999, 30)

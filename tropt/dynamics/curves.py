@@ -229,8 +229,13 @@ def classify_curve(
         classes.append("diverging")
         metrics["rise_from_start"] = rise
         metrics["rise_from_best"] = rise_from_min
-    # --- flat: never decreased meaningfully
-    elif decrease < max(th.min_decrease, sig_best):
+    # --- flat: never decreased meaningfully. A fast early fall can sit inside the first tenth (a loss that halves in
+    # 20 of 300 steps and then plateaus at its noise floor), so the start is also read from the first 5 and 10
+    # points against the end, each with its own standard error.
+    elif decrease < max(th.min_decrease, sig_best) and not any(
+            float(np.median(z[:k])) - end > max(th.min_decrease, th.significance * 1.2533 * max(early_noise, late_noise)
+                                                 * math.sqrt(1 / k + 1 / w))
+            for k in (5, 10) if k < w):
         classes.append("flat")
 
     # --- spikes: robust z-scores of log-loss changes
