@@ -185,7 +185,7 @@ def test_suggestions_orders_of_magnitude_apart_are_inconclusive():
     smooth = np.r_[np.linspace(1.0, 0.2, 10), np.full(40, 0.9), np.linspace(0.9, 0.8, 5), np.linspace(0.8, 5.0, 5)]
     sweep = {"seed": 0, "lr": lrs, "raw": smooth, "smooth": smooth, "steps": 60,
              "suggest": {"steepest": 3e-7, "valley": 1e-2, "min_div_10": 1e-3}, "stopped_at": 10.0}
-    r = _result(linreg_setup(KNOWN_GOOD_LR), [sweep], [0.1], 60, 10.0, 100.0, 4.0, "step return")
+    r = _result(linreg_setup(KNOWN_GOOD_LR), [sweep], [0.1], 60, 10.0, 100.0, 0.05, 4.0, "step return")
     assert r.status is Status.WARN and r.summary.startswith("inconclusive: the suggestions span 33333×")
     assert "too noisy" in r.advice[0]
 
@@ -196,3 +196,17 @@ def test_registered_and_run_by_diagnose(sample_module):
         rep = tropt.diagnose(s, checks=["dynamics"], progress=False)
     assert rep.checks == ["dynamics.loss_curve", "dynamics.lr_range"]
     assert all(r.status in (Status.PASS, Status.WARN) for r in rep), [r.summary for r in rep]
+
+
+def test_a_sweep_whose_loss_barely_moves_gives_no_range():
+    """2.34 -> 2.30 over the sweep (a CNN that needs more than 100 steps to start learning): no range, WARN."""
+    from tropt.dynamics.lr_range import _result
+
+    lrs = np.logspace(-7, 1, 100)
+    smooth = np.r_[np.linspace(2.34, 2.30, 70), np.linspace(2.31, 2.8, 30)]
+    sweep = {"seed": 0, "lr": lrs, "raw": smooth, "smooth": smooth, "steps": 100,
+             "suggest": suggest(lrs, smooth, skip_start=10), "stopped_at": 10.0}
+    assert np.isfinite(list(sweep["suggest"].values())).all()  # the methods alone would still name LRs
+    r = _result(linreg_setup(KNOWN_GOOD_LR), [sweep], [0.05], 100, 10.0, 100.0, 0.05, 4.0, "step return")
+    assert r.status is Status.WARN and "lowered the loss by more than 5%" in r.summary
+    assert abs(r.metrics["best_relative_drop"] - (2.34 - 2.30) / 2.34) < 1e-9 and "suggested_low" not in r.metrics

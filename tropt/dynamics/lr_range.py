@@ -127,6 +127,7 @@ def check_lr_range(
     repeats: int = 2,
     tolerance: float = 10.0,
     inconclusive: float = 100.0,
+    min_drop: float = 0.05,
     progress: bool = True,
     callback: Any = None,
 ) -> CheckResult:
@@ -151,6 +152,8 @@ def check_lr_range(
         WARN when the Setup's LR is more than this factor outside the suggested range.
     inconclusive
         WARN, with no range, when the three suggestions are more than this factor apart.
+    min_drop
+        WARN, with no range, when no sweep's smoothed loss fell by more than this fraction of its start.
     progress
         Show a progress bar.
     callback
@@ -231,11 +234,11 @@ def check_lr_range(
                 del ctx, runner
         finally:
             bar.close()
-    return _result(setup, sweeps, group_lrs, num_steps, tolerance, inconclusive, stop_factor, loss_from)
+    return _result(setup, sweeps, group_lrs, num_steps, tolerance, inconclusive, min_drop, stop_factor, loss_from)
 
 
 def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: int, tolerance: float,
-            inconclusive: float, stop_factor: float, loss_from: str | None) -> CheckResult:
+            inconclusive: float, min_drop: float, stop_factor: float, loss_from: str | None) -> CheckResult:
     rows = []
     for s in sweeps:
         for m in METHODS:
@@ -276,14 +279,18 @@ def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: i
         s0 = sweeps[0]
         tables["sweep"] = pd.DataFrame({"lr": s0["lr"], "loss": s0["raw"], "smoothed": s0["smooth"]})
 
-    if not per_method:
-        best_drop = max((float(s["smooth"][0] - np.min(s["smooth"])) / abs(float(s["smooth"][0])) if s["smooth"].size else 0.0)
-                        for s in sweeps) if sweeps else 0.0
+    best_drop = max((float(s["smooth"][0] - np.min(s["smooth"])) / abs(float(s["smooth"][0]))
+                     if s["smooth"].size and s["smooth"][0] else 0.0) for s in sweeps) if sweeps else 0.0
+    metrics["best_relative_drop"] = best_drop
+    if not per_method or best_drop < min_drop:
+        # A sweep whose loss never fell by more than its noise holds no information on where learning starts.
         return CheckResult(CHECK_ID, Status.WARN,
-                           f"no learning rate in the sweep decreased the loss (best relative drop {best_drop:.1%}); no suggestion",
+                           f"no learning rate in the sweep lowered the loss by more than {min_drop:.0%} (best relative drop "
+                           f"{best_drop:.1%} over {metrics['steps_per_sweep']} steps); no range can be read from it",
                            metrics, tables,
-                           ["Check that the model can learn at all (model.overfit_batch, model.gradient_flow), then widen the "
-                            "sweep (start_lr / end_lr) or give it more steps."], series)
+                           ["Check that the model can learn at all (model.overfit_batch, model.gradient_flow).",
+                            "Give the sweep more steps (num_steps=300) so that learning shows before the LR grows too "
+                            "large, or widen it (start_lr / end_lr)."], series)
     vals = np.array(list(per_method.values()))
     low, high = float(vals.min()), float(vals.max())
     agreement = high / low
