@@ -136,6 +136,21 @@ def test_batches_are_seeded_and_cycle():
     assert [len(b[0]) for b in as_dataset.batches()] == [16, 16, 8]
 
 
+def test_a_dataset_sorted_by_class_is_drawn_shuffled_for_training_and_in_order_for_validation():
+    """Like scikit-learn's iris: 3 classes of 20 rows, sorted. Training batches mix classes (seeded, repeatable,
+    the global RNG untouched); validation batches keep the dataset's order."""
+    x = torch.randn(60, 4)
+    y = torch.arange(3).repeat_interleave(20)
+    ds = torch.utils.data.TensorDataset(x, y)
+    setup = _setup(train_data=ds, val_data=ds, batch_size=16)
+    rng = torch.get_rng_state()
+    first = setup.sample_batch()[1]
+    assert len(first.unique()) > 1 and torch.equal(first, setup.sample_batch()[1])
+    assert torch.equal(rng, torch.get_rng_state())
+    assert sorted(torch.cat([b[1] for b in setup.batches()]).tolist()) == y.tolist()  # one pass covers every row once
+    assert torch.equal(next(setup.batches(1, which="val"))[1], y[:16])
+
+
 def test_standard_step_accumulation_equals_full_batch(tiny_setup):
     batch = tiny_setup.sample_batch()
     grads = []

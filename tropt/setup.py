@@ -84,7 +84,8 @@ class Setup:
         ``optimizer(model) -> torch.optim.Optimizer``, a factory so param groups are the user's. An optimizer
         instance built on ``model`` is accepted too and turned into a factory (its state is not copied).
     train_data
-        A DataLoader, a map-style Dataset (batched by ``batch_size``), or a list of batches.
+        A DataLoader, a map-style Dataset (batched by ``batch_size``, drawn in a seeded shuffled order), or a list
+        of batches.
     val_data
         Optional validation data, same forms as ``train_data``.
     scheduler
@@ -293,7 +294,9 @@ class Setup:
         if data is None:
             raise SetupError(f"Setup: no {which}_data was given", f"pass {which}_data=... to Setup")
         if isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.DataLoader):
-            return torch.utils.data.DataLoader(data, batch_size=self.batch_size, shuffle=False)
+            # Training draws shuffled batches, as a training loop would (a Dataset sorted by class would otherwise give
+            # one-class batches); the order is seeded by batches(). Validation keeps its order.
+            return torch.utils.data.DataLoader(data, batch_size=self.batch_size, shuffle=which == "train")
         return data
 
     def batches(self, n: int | None = None, *, which: str = "train", seed: int | None = None, cycle: bool = True) -> Iterator[Any]:
