@@ -18,7 +18,7 @@ from ..batching import split_batch
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from ._common import Capture, dropout_off, fmt, get_leaf, probe, require_samples, take_samples, zero_inputs
+from ._common import Capture, dropout_off, fmt, get_leaf, leaves, probe, require_samples, take_samples, zero_inputs
 
 CHECK = "model.overfit_batch"
 
@@ -123,6 +123,25 @@ def _bounded_output_cause(out: torch.Tensor | None, objective: Any) -> str | Non
     return None
 
 
+def input_scale(batch: Any, target_path: Any, low: float = 0.1, high: float = 10.0) -> tuple[pd.DataFrame, list[str]]:
+    """Per floating-point input tensor of the batch (not the target): its mean and RMS, and a sentence for each one
+    whose RMS lies outside [low, high] (inputs far from unit scale make the first layer learn slowly or blow up)."""
+    rows, notes = [], []
+    for path, t in leaves(batch):
+        if path == target_path or not t.is_floating_point() or t.numel() == 0:
+            continue
+        x = t.detach().double()
+        rms, mean = float(x.pow(2).mean().sqrt()), float(x.mean())
+        name = "batch" + "".join(f"[{p!r}]" for p in path)
+        rows.append({"input": name, "shape": tuple(t.shape), "mean": mean, "std": float(x.std()) if x.numel() > 1 else 0.0,
+                     "rms": rms})
+        if 0 < rms < low or rms > high:
+            notes.append(f"{name} has RMS {rms:.3g}, far from 1: standardise it (zero mean, unit variance per feature) "
+                         "before the model; inputs this " + ("small" if rms < low else "large") + " make the first layer "
+                         + ("learn slowly" if rms < low else "saturate or blow up") + ".")
+    return pd.DataFrame(rows, columns=["input", "shape", "mean", "std", "rms"]), notes
+
+
 @register(CHECK, title="Overfit one small batch",
           description="Train a copy on one fixed small batch; it must memorise it and beat a zeroed-input baseline.")
 def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, target_fraction: float = 0.1,
@@ -187,6 +206,7 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
                           "accuracy": [math.nan if a is None else a for a in real["accs"]]})
     tables = {"curve": curve.iloc[np.unique(np.linspace(0, len(curve) - 1, min(len(curve), 21)).astype(int))]}
     no_grad = [x for x in real["trainable"] if x not in real["got_grad"]]
+    scale_table, scale_notes = input_scale(batch, objective.target_path if objective is not None else None)
 
     def fail(summary: str, advice: list[str], extra: dict | None = None) -> CheckResult:
         return CheckResult(CHECK, Status.FAIL, summary, metrics, {**tables, **(extra or {})}, advice, series)
@@ -227,16 +247,18 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
                      "no constant output path), and that inputs and labels are paired correctly.",
                      "If it does, the input's signal is lost on the way: look for dead units (model.activation_stats) "
                      "or vanishing gradients (model.gradient_flow)."])
+    # Slow or stalled: how far the inputs are from unit scale is part of the evidence (and often the cause).
+    tables["input_scale"] = scale_table
     if _plateaued(losses):
         return fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start) and stops "
                     f"improving before memorising {n} samples"
                     + (f" (train accuracy {acc:.0%})" if acc is not None else ""),
-                    ["Check for a bounded output (sigmoid/softmax/tanh before the loss), a too-small model, or "
-                     "labels the inputs cannot determine; then raise the learning rate."])
+                    scale_notes + ["Check for a bounded output (sigmoid/softmax/tanh before the loss), a too-small model, "
+                                   "or labels the inputs cannot determine; then raise the learning rate."])
     return CheckResult(
         CHECK, Status.WARN,
         f"the loss is still falling but did not memorise a batch of {n} within {steps} steps: "
         f"{fmt(start)} -> {fmt(final)} ({final / start:.0%} of its start)"
         + (f", train accuracy {acc:.0%}" if acc is not None else ""),
-        metrics, tables, [f"Raise the learning rate or the number of steps (steps={steps * 2}) and rerun; a model "
-                          "that can learn memorises a few dozen samples quickly."], series)
+        metrics, tables, scale_notes + [f"Raise the learning rate or the number of steps (steps={steps * 2}) and rerun; "
+                                        "a model that can learn memorises a few dozen samples quickly."], series)
