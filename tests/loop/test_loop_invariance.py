@@ -373,3 +373,23 @@ def test_scheduler_without_position_is_judged_by_learning_rates():
     bad = good.replace(step=step_scheduler_per_micro_batch)
     r = check_scheduler_cadence(bad)
     assert r.status is Status.FAIL and "learning rates differ" in r.summary
+
+
+def test_accumulation_defects_are_latent_warnings_for_a_setup_that_does_not_accumulate():
+    """The same buggy step FAILs with accumulation_steps=4 and is a WARN (latent, named as such) with 1, where the
+    user's updates are not affected yet; a schedule that never advances stays a FAIL either way."""
+    for step, check in ((step_loss_not_divided, check_accumulation), (step_scheduler_per_micro_batch, check_scheduler_cadence)):
+        used = check(mlp_setup(step, k=4))
+        assert used.status is Status.FAIL and "latent" not in used.metrics
+        unused = check(mlp_setup(step, k=1))
+        assert unused.status is Status.WARN and unused.summary.startswith("latent") and unused.metrics["latent"] is True
+        assert unused.summary.split("yet): ", 1)[1] == used.summary  # the same finding, named latent
+        assert unused.advice[0].startswith("Fix this before turning on gradient accumulation")
+
+    def never_schedules(ctx, mbs):
+        for mb in mbs:
+            (ctx.loss_fn(ctx.model, mb) / len(mbs)).backward()
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+
+    assert check_scheduler_cadence(mlp_setup(never_schedules, k=1)).status is Status.FAIL

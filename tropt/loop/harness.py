@@ -115,6 +115,25 @@ def require_steps(setup: Setup, calls: list[int], what: str) -> None:
         )
 
 
+def latent_when_unused(setup: Setup, result: Any) -> Any:
+    """A FAIL that only shows with gradient accumulation becomes WARN for a Setup that does not accumulate.
+
+    The loop checks still try K micro-batches when ``accumulation_steps=1`` (the step should be right for any K),
+    but then the user's own updates are not affected yet: a latent defect, not a wrong update.
+    """
+    import dataclasses
+
+    from ..result import Status
+
+    if result.status is not Status.FAIL or setup.accumulation_steps > 1:
+        return result
+    return dataclasses.replace(
+        result, status=Status.WARN,
+        summary=f"latent (this Setup does not accumulate gradients, so its updates are not affected yet): {result.summary}",
+        metrics={**result.metrics, "latent": True},
+        advice=["Fix this before turning on gradient accumulation (accumulation_steps > 1)."] + list(result.advice))
+
+
 def quiet_randomness(model: nn.Module) -> int:
     """Switch off dropout in a copy (p = 0) so randomness not under test cannot fake or mask a difference.
 

@@ -26,6 +26,7 @@ from .harness import (
     compare_tensors,
     freeze_batch_stats,
     global_rel_error,
+    latent_when_unused,
     quiet_randomness,
     require_steps,
     run_steps,
@@ -238,15 +239,16 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
                       "batch_dependent_layers": pd.DataFrame({"layer": bn_layers})}
             if ferr > tol:
                 cause, advice = _accumulation_cause(setup, even_micro, fa, fb, k, fcalls, tol, freeze=True)
-                return CheckResult("loop.accumulation", Status.FAIL,
-                                   f"{k} micro-batches change the gradient by {ferr:.1%} even with BatchNorm statistics frozen: {cause}",
-                                   metrics, tables, advice + [_STANDARD_STEP_ADVICE])
+                return latent_when_unused(setup, CheckResult(
+                    "loop.accumulation", Status.FAIL,
+                    f"{k} micro-batches change the gradient by {ferr:.1%} even with BatchNorm statistics frozen: {cause}",
+                    metrics, tables, advice + [_STANDARD_STEP_ADVICE]))
             frozen = True
         elif err > tol:
             cause, advice = _accumulation_cause(setup, even_micro, a, b, k, calls_b, tol, freeze=False)
-            return CheckResult("loop.accumulation", Status.FAIL,
-                               f"{k} micro-batches change the gradient by {err:.1%} (max over parameters): {cause}",
-                               metrics, tables, advice + [_STANDARD_STEP_ADVICE])
+            return latent_when_unused(setup, CheckResult(
+                "loop.accumulation", Status.FAIL, f"{k} micro-batches change the gradient by {err:.1%} (max over parameters): {cause}",
+                metrics, tables, advice + [_STANDARD_STEP_ADVICE]))
         # Even split is exact (possibly with frozen batch statistics): now unequal micro-batch sizes.
         if full_grads is None:  # not measured on the fast path above
             utable, _, _, _ = compare(uneven_micro, batch, freeze=frozen, a=a if n_even == n and not frozen else None)
@@ -402,6 +404,7 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     per_micro = pos1[-1] > 0 and abs(posk[-1] / pos1[-1] - k) < 0.5
     cause = (f"it advances {posk[-1] / pos1[-1]:.0f}× faster with K={k}: the scheduler is stepped per micro-batch" if per_micro
              else f"the learning rates differ between K=1 and K={k} (positions {pos1[-1]:.0f} vs {posk[-1]:.0f} after {len(batches)} steps)")
-    return CheckResult("loop.scheduler_cadence", Status.FAIL, f"the schedule depends on accumulation: {cause}", metrics, tables,
-                       ["Call scheduler.step() once per optimizer step (after optimizer.step()), not once per micro-batch; "
-                        "a warm-up of W steps otherwise ends after W/K optimizer steps.", _STANDARD_STEP_ADVICE], series)
+    return latent_when_unused(setup, CheckResult(
+        "loop.scheduler_cadence", Status.FAIL, f"the schedule depends on accumulation: {cause}", metrics, tables,
+        ["Call scheduler.step() once per optimizer step (after optimizer.step()), not once per micro-batch; "
+         "a warm-up of W steps otherwise ends after W/K optimizer steps.", _STANDARD_STEP_ADVICE], series))
