@@ -167,10 +167,61 @@ def test_near_duplicates_skips_when_not_applicable(clean):
     train, test = clean
     r = check_near_duplicates({"train": train[["f_float", "y"]], "test": test[["f_float", "y"]]}, label="y", progress=False)
     assert r.status is Status.SKIP and "numeric feature" in r.summary
+    r = check_near_duplicates({"train": train[["y"]], "test": test[["y"]]}, label="y", progress=False)
+    assert r.status is Status.SKIP and "no text columns" in r.summary, r.summary
     r = check_near_duplicates({"train": train, "test": test}, **OPTS, enabled=False)
     assert r.status is Status.SKIP
     r = check_near_duplicates({"train": train, "test": test}, **OPTS, max_auto_rows=10)
     assert r.status is Status.SKIP and "near_duplicates=True" in r.summary
+
+
+def _reviews(seed=0, n_train=2000, n_test=500):
+    rng = np.random.default_rng(seed)
+    words = np.array(["good", "bad", "great", "awful", "movie", "plot", "actor", "boring", "fun", "long", "score",
+                      "scene", "ending", "cast", "slow", "funny", "dark", "script", "twist", "music"])
+
+    def reviews(n):
+        return [" ".join(rng.choice(words, 12)).capitalize() + "." for _ in range(n)]
+
+    train = pd.DataFrame({"review": reviews(n_train), "stars": rng.integers(1, 6, n_train), "y": rng.integers(0, 2, n_train)})
+    test = pd.DataFrame({"review": reviews(n_test), "stars": rng.integers(1, 6, n_test), "y": rng.integers(0, 2, n_test)},
+                        index=pd.RangeIndex(10_000, 10_000 + n_test))
+    return train, test
+
+
+def test_near_duplicates_in_text_columns_by_normalised_text():
+    """A review table: 12 test reviews re-cased, re-spaced or re-punctuated from train (same stars) and 8 copied
+    verbatim are found, exactly those 20, with the texts as evidence; the same tables without them pass."""
+    train, test = _reviews()
+    clean = check_near_duplicates({"train": train, "test": test}, label="y", progress=False)
+    assert clean.status is Status.PASS and clean.metrics["text_columns"] == "review"
+    leaked = test.copy()
+    src = np.arange(100, 120)
+    variants = [str.upper, lambda t: t.replace(" ", "  "), lambda t: t.replace(".", "!"), str.lower]
+    for i, j in enumerate(src):
+        text = train.loc[j, "review"]
+        leaked.iloc[i, 0] = variants[i % 4](text) if i < 12 else text
+        leaked.iloc[i, 1] = train.loc[j, "stars"]
+    with untouched(train, leaked):
+        r = check_near_duplicates({"train": train, "test": leaked}, label="y", progress=False)
+    assert r.status is Status.FAIL and r.metrics["leaked_rows"] == 20
+    ev = r.tables["near_duplicates"]
+    assert sorted(ev["row"]) == list(range(10_000, 10_020)) and sorted(ev["earlier_row"]) == list(src)
+    assert ev["exact"].sum() == 8 and (ev["text"] == ev["earlier_text"]).all()  # equal once normalised
+    assert ev.loc[ev["row"] == 10_000, "earlier_text"].item() == train.loc[100, "review"].lower().rstrip(".")
+
+
+def test_text_vectors_are_the_same_in_every_process():
+    """The trigram hash is fixed arithmetic, not Python's salted str hash: another process gets the same vectors."""
+    import subprocess
+    import sys
+
+    from tropt.data.neighbours import text_vectors
+
+    code = "from tropt.data.neighbours import text_vectors; print(text_vectors(['hello world', 'near duplicate']).tobytes().hex())"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout.strip()
+    assert other == text_vectors(["hello world", "near duplicate"]).tobytes().hex()
 
 
 # ---------------------------------------------------------------------------------------------------- group leakage

@@ -135,7 +135,9 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     """Exact cosine nearest neighbour of every later-split row among each earlier split's rows.
 
     Vectors are the numeric features (tables: standardised with the first split's mean/std; tensors: centred),
-    L2-normalised. A pair is a near duplicate when its similarity is at least ``threshold``, by default
+    L2-normalised. A table's text columns add a block of hashed character trigrams of the row's text, lower-cased
+    with punctuation and spacing collapsed (so copies that differ only in case, spacing or punctuation match
+    exactly); with both blocks the similarity is their average, and a table needs 3 numeric columns or text. A pair is a near duplicate when its similarity is at least ``threshold``, by default
     ``max(min_similarity, cos(calibration * median nearest-neighbour angle))``: far closer than rows typically are.
     Images additionally get a 16x16 average hash; a Hamming distance ``<= phash_max_distance`` also counts.
     ``enabled="auto"`` runs for tensors/images and numeric tables up to ``max_auto_rows`` rows and an estimated
@@ -147,16 +149,20 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     if enabled is False:
         return _skip(cid, "near-duplicate search disabled (near_duplicates=False)")
     datas = _load(splits, label, group, time, features, progress, needs={"numeric"})
-    missing = [d for d in datas if d.numeric is None]
-    if missing:
-        return _skip(cid, f"no vectors to compare in split {missing[0].name!r}: {missing[0].numeric_note or 'not numeric'}")
-    dims = {d.numeric.shape[1] for d in datas}
-    if len(dims) != 1:
-        return _skip(cid, f"samples have different sizes across splits ({sorted(dims)} values)")
-    dim = dims.pop()
     tabular = datas[0].tabular
-    if tabular and dim < 3:
-        return _skip(cid, f"only {dim} numeric feature column(s): cosine similarity cannot tell rows apart in so few dimensions")
+    use_text = tabular and all(d.text is not None for d in datas)
+    missing = [d for d in datas if d.numeric is None]
+    if missing and not use_text:
+        return _skip(cid, f"no vectors to compare in split {missing[0].name!r}: {missing[0].numeric_note or 'not numeric'}"
+                          + (" and no text columns" if tabular else ""))
+    dims = {d.numeric.shape[1] for d in datas} if not missing else set()
+    if len(dims) > 1:
+        return _skip(cid, f"samples have different sizes across splits ({sorted(dims)} values)")
+    num_dim = dims.pop() if dims else 0
+    use_numeric = bool(num_dim) and not (tabular and num_dim < 3)
+    if not use_numeric and not use_text:
+        return _skip(cid, f"only {num_dim} numeric feature column(s): cosine similarity cannot tell rows apart in so few dimensions")
+    dim = (num_dim if use_numeric else 0) + (nb.TEXT_DIM if use_text else 0)
     dev = nb.pick_device(device)
     cost = sum(a.n * b.n * dim for a, b in _pairs(datas))
     if enabled == "auto":
@@ -170,18 +176,30 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     elif enabled is not True:
         raise DataError(f"near_duplicates={enabled!r} is not 'auto', True or False", "pass 'auto', True or False")
 
-    ref = datas[0].numeric
-    mean = np.nanmean(ref, axis=0).astype(np.float32) if tabular else ref.mean(axis=0, dtype=np.float64).astype(np.float32)
-    mean = np.nan_to_num(mean)
-    scale = None
-    if tabular:
-        scale = np.nanstd(ref, axis=0).astype(np.float32)
-        scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0).astype(np.float32)
-    prepared = {d.name: nb.prepare(d.numeric, mean, scale) for d in datas}
+    # One unit vector per row: the numeric block (standardised with the first split's statistics) and/or the text
+    # block (hashed trigrams of the normalised text), each weighted so that the cosine is their average.
+    blocks: dict[str, list[np.ndarray]] = {d.name: [] for d in datas}
+    if use_numeric:
+        ref = datas[0].numeric
+        mean = np.nanmean(ref, axis=0).astype(np.float32) if tabular else ref.mean(axis=0, dtype=np.float64).astype(np.float32)
+        mean = np.nan_to_num(mean)
+        scale = None
+        if tabular:
+            scale = np.nanstd(ref, axis=0).astype(np.float32)
+            scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0).astype(np.float32)
+        for d in datas:
+            blocks[d.name].append(nb.prepare(d.numeric, mean, scale))
+    if use_text:
+        for d in datas:
+            blocks[d.name].append(nb.prepare_text(d.text))
+    weight = np.float32(1.0 / np.sqrt(len(blocks[datas[0].name])))
+    prepared = {name: (b[0] if len(b) == 1 else np.concatenate(b, axis=1) * weight) for name, b in blocks.items()}
     images = all(d.image_shape is not None for d in datas) and len({d.image_shape for d in datas}) == 1
     hashes = {d.name: nb.average_hash(d.numeric, d.image_shape) for d in datas} if images and phash_max_distance >= 0 else None
 
     metrics: dict[str, Any] = {"leaked_rows": 0, "leaked_fraction": 0.0, "max_pair_fraction": 0.0, "dimensions": dim, "device": dev}
+    if use_text:
+        metrics["text_columns"] = ", ".join(map(str, datas[0].text_columns))
     pair_rows, evidence, hist_rows = [], [], []
     thresholds = []
     compared = 0
@@ -226,6 +244,9 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
             ev = pd.DataFrame({"split": later.name, "row": later.row_id[order], "earlier_split": earlier.name,
                                "earlier_row": earlier.row_id[match[order]], "similarity": np.clip(sim, -1, 1).astype(np.float64),
                                "exact": later.fp[order] == earlier.fp[match[order]]})
+            if use_text:
+                ev["text"] = later.text_preview[order]
+                ev["earlier_text"] = earlier.text_preview[match[order]]
             if ham is not None:
                 ev["hash_distance"] = np.rint((hashes[later.name].shape[1] - np.einsum("ij,ij->i", hashes[later.name][order], hashes[earlier.name][match[order]])) / 2).astype(int)
             evidence.append((ev, later, earlier, order, match[order]))
@@ -253,7 +274,8 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
                   "(same source, augmentations, re-encodings) and split by that group.",
                   "If these are legitimately similar but distinct samples, raise threshold= (the similarity cut-off)."]
     else:
-        summary = f"no near duplicates across splits (similarity threshold {metrics['threshold']:.4f}, {dim} dimensions)"
+        text = f"; text columns {metrics['text_columns']} compared as normalised text" if use_text else ""
+        summary = f"no near duplicates across splits (similarity threshold {metrics['threshold']:.4f}, {dim} dimensions{text})"
         advice = []
     status = Status.FAIL if worst > max_fraction else Status.WARN if leaked else Status.PASS
     return CheckResult(cid, status, summary, metrics, tables, advice, series)

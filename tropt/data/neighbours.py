@@ -1,8 +1,14 @@
-"""Exact cosine nearest neighbours across splits, in chunks with torch matrix products; image average hashes."""
+"""Exact cosine nearest neighbours across splits, in chunks with torch matrix products; image average hashes;
+hashed-trigram vectors of text columns."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CHUNK_BYTES = 1 << 27  # similarity block size (query rows x reference rows x 4 bytes)
 
@@ -90,3 +96,53 @@ def thumbnail(x: np.ndarray, shape: tuple, side: int = 48) -> np.ndarray:
     lo, hi = float(t.min()), float(t.max())
     t = (t - lo) / (hi - lo) if hi > lo else torch.zeros_like(t)
     return (t[0] if t.shape[0] == 1 else t.permute(1, 2, 0)).numpy()
+
+
+TEXT_DIM = 256  # hashed character-trigram buckets per row
+
+
+def normalise_text(frame: pd.DataFrame, columns: list) -> pd.Series:
+    """Each row's text columns joined, lower-cased, with every run of punctuation/whitespace made one space: copies
+    that differ only in case, spacing or punctuation become the same string."""
+    import pandas as pd
+
+    parts = [frame[c].astype("string").fillna("").str.lower().str.replace(r"[\W_]+", " ", regex=True).str.strip()
+             for c in columns]
+    joined = parts[0] if len(parts) == 1 else pd.concat(parts, axis=1).agg(" | ".join, axis=1)
+    return joined.astype(object)
+
+
+def text_vectors(texts: pd.Series | np.ndarray, dim: int = TEXT_DIM) -> np.ndarray:
+    """Counts of hashed character trigrams per text (float32 ``(n, dim)``), computed vectorised over all texts.
+
+    The hash is a fixed function of the code points (not Python's salted ``hash``), so vectors and similarities are
+    the same in every process.
+    """
+    texts = [" " + str(t) + " " for t in np.asarray(texts, dtype=object)]  # pad: short words still make trigrams
+    n = len(texts)
+    if not n:
+        return np.zeros((0, dim), dtype=np.float32)
+    lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=n)
+    codes = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    valid = np.ones(codes.size, dtype=bool)  # a trigram may not run past the end of its own text
+    for back in (1, 2):
+        ends = starts + lengths - back
+        valid[ends[ends >= starts]] = False
+    idx = np.flatnonzero(valid[:-2]) if codes.size >= 3 else np.empty(0, dtype=np.int64)
+    h = (codes[idx] * np.uint64(0x9E3779B1) + codes[idx + 1] * np.uint64(0x85EBCA77) + codes[idx + 2] * np.uint64(0xC2B2AE3D))
+    bucket = ((h ^ (h >> np.uint64(29))) % np.uint64(dim)).astype(np.int64)
+    row = np.repeat(np.arange(n), lengths)[idx]
+    import torch  # its scatter-add is ~8x faster than numpy's bincount/add.at here
+
+    flat = torch.zeros(n * dim, dtype=torch.float32)
+    flat.index_add_(0, torch.from_numpy(row * dim + bucket), torch.ones(row.size, dtype=torch.float32))
+    return flat.view(n, dim).numpy()
+
+
+def prepare_text(counts: np.ndarray) -> np.ndarray:
+    """Sub-linear term weights (square root of counts), L2-normalised rows (new array)."""
+    z = np.sqrt(counts.astype(np.float32))
+    norm = np.linalg.norm(z, axis=1, keepdims=True)
+    norm[norm == 0] = 1.0
+    return z / norm

@@ -25,10 +25,13 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from . import neighbours as nb
 
 CHUNK_ROWS = 250_000  # rows per chunk when streaming files
 SAMPLE_ROWS = 20_000  # rows kept per split for the single-feature models
 NUMERIC_MAX_CELLS = 200_000_000  # numeric matrix kept for near-duplicate search up to this many cells per split
+TEXT_PREVIEW = 80  # characters of each row's normalised text kept for near-duplicate evidence
+TEXT_MAX_ROWS = 200_000  # text columns are vectorised (uint8 trigram counts) for splits up to this many rows
 _LABEL = "__tropt_label__"
 
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -210,6 +213,9 @@ class SplitData:
     numeric: np.ndarray | None = None  # float32 (n, d): numeric features for nearest-neighbour search
     numeric_columns: list = field(default_factory=list)
     numeric_note: str = ""  # why ``numeric`` is None
+    text: np.ndarray | None = None  # uint8 (n, TEXT_DIM): hashed trigram counts of the normalised text columns
+    text_columns: list = field(default_factory=list)
+    text_preview: np.ndarray | None = None  # object (n,): each row's normalised text, cut to TEXT_PREVIEW characters
     tabular: bool = True  # a table (columns) rather than tensors/images
     image_shape: tuple | None = None  # (C, H, W)-like shape of one sample when samples are images
     sample: pd.DataFrame | None = None  # up to SAMPLE_ROWS rows: feature columns (+ _LABEL)
@@ -449,12 +455,13 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
     want_numeric, want_sample = "numeric" in needs, "sample" in needs
     feats, label, group, time = _resolve(reader, opts)
     wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
-    fps, labels, groups, times, nums = [], [], [], [], []
+    fps, labels, groups, times, nums, texts, previews = [], [], [], [], [], [], []
     sampler = _Sampler(SAMPLE_ROWS)
     local_kinds: dict = {}
     n = 0
     numeric_cols: list | None = None
-    numeric_ok, numeric_note = True, ""
+    text_cols: list = []
+    numeric_ok, numeric_note, text_ok = True, "", True
     row_ids = []
     for chunk in reader.chunks(wanted):
         if len(chunk) == 0:
@@ -466,6 +473,14 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
         fps.append(hash_rows(chunk, feats, use))
         if numeric_cols is None:
             numeric_cols = [c for c in feats if use[c] == "numeric"]
+            text_cols = [c for c in feats if use[c] == "string"]
+        if want_numeric and text_ok and text_cols:
+            if n + len(chunk) > TEXT_MAX_ROWS:
+                text_ok, texts, previews = False, [], []
+            else:
+                normalised = nb.normalise_text(chunk, text_cols)
+                texts.append(np.minimum(nb.text_vectors(normalised), 255).astype(np.uint8))
+                previews.append(normalised.str.slice(0, TEXT_PREVIEW).to_numpy(dtype=object))
         if want_numeric and numeric_ok and numeric_cols:
             if (n + len(chunk)) * len(numeric_cols) > NUMERIC_MAX_CELLS:
                 numeric_ok, numeric_note, nums = False, f"more than {NUMERIC_MAX_CELLS:,} numeric cells", []
@@ -498,10 +513,15 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
         numeric = nums[0] if len(nums) == 1 else np.concatenate(nums)
     elif not numeric_cols:
         numeric_note = "no numeric feature columns"
+    text = np.concatenate(texts) if want_numeric and text_ok and texts else None
+    if text_cols and want_numeric and not text_ok:
+        numeric_note = (numeric_note + "; " if numeric_note else "") + f"text columns of more than {TEXT_MAX_ROWS:,} rows are not vectorised"
     return SplitData(
         name=name, kind=reader.kind, n=n, row_id=np.concatenate(row_ids), fp=np.concatenate(fps),
         label=cat(labels), group=cat(groups), time=cat(times), numeric=numeric, numeric_columns=numeric_cols or [],
-        numeric_note=numeric_note, tabular=not getattr(reader, "from_array", False), sample=sampler.frames,
+        numeric_note=numeric_note, text=text, text_columns=text_cols if text is not None else [],
+        text_preview=np.concatenate(previews) if text is not None else None,
+        tabular=not getattr(reader, "from_array", False), sample=sampler.frames,
         feature_columns=feats, kinds=dict(kinds or local_kinds),
         has=frozenset(k for k, w in (("numeric", want_numeric), ("sample", want_sample)) if w),
     )
