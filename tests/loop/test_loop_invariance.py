@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -393,3 +394,52 @@ def test_accumulation_defects_are_latent_warnings_for_a_setup_that_does_not_accu
         ctx.optimizer.zero_grad()
 
     assert check_scheduler_cadence(mlp_setup(never_schedules, k=1)).status is Status.FAIL
+
+
+# ------------------------------------------------------------------ non-finite state (ReduceLROnPlateau's best = inf)
+def step_plateau(ctx, micro_batches):
+    """A correct step for a metric-based scheduler: scheduler.step(loss) once per optimizer step."""
+    total = 0.0
+    for mb in micro_batches:
+        loss = ctx.loss_fn(ctx.model, mb) / len(micro_batches)
+        loss.backward()
+        total += float(loss)
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+    ctx.scheduler.step(total)
+
+
+def plateau_setup(**kw):
+    return mlp_setup(step_plateau, **kw).replace(
+        scheduler=lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o, patience=0, factor=0.5))
+
+
+def test_non_finite_entries_are_compared_exactly_not_hidden_by_the_scale():
+    from tropt.loop.harness import compare_tensors, max_rel_error
+
+    inf = float("inf")
+    a = {"best": torch.tensor(1.0), "mode_worse": torch.tensor(inf), "w": torch.tensor([1.0, inf, 2.0])}
+    b = {"best": torch.tensor(inf), "mode_worse": torch.tensor(inf), "w": torch.tensor([1.0, inf, 2.0])}
+    assert max_rel_error(a, b) == 1.0  # inf vs 1 is a full mismatch, not 0 relative to an infinite scale
+    table = compare_tensors(a, b).set_index("tensor")
+    assert table.loc["best", "rel_error"] == 1.0 and table.loc["mode_worse", "rel_error"] == 0.0
+    assert table.loc["w", "rel_error"] == 0.0 and np.isfinite(table[["norm_a", "norm_b", "abs_diff"]].to_numpy()).all()
+    b["w"] = torch.tensor([1.5, inf, 2.0])  # finite entries still compared relative to the finite norm
+    assert 0.1 < compare_tensors(a, b).set_index("tensor").loc["w", "rel_error"] < 0.3
+    assert max_rel_error({"x": torch.tensor(float("nan"))}, {"x": torch.tensor(float("nan"))}) == 0.0
+
+
+def test_resume_that_forgets_a_plateau_scheduler_is_not_a_pass():
+    def save(ctx):
+        return {"m": ctx.model.state_dict(), "o": ctx.optimizer.state_dict()}
+
+    def load(ctx, s):
+        ctx.model.load_state_dict(s["m"]); ctx.optimizer.load_state_dict(s["o"])
+
+    r = check_resume(plateau_setup(save_state=save, load_state=load))
+    assert r.status is not Status.PASS, r.summary
+    assert not r.tables["components"].set_index("component").loc["schedule position", "restored"]
+    assert "schedule position" in r.summary
+    good = plateau_setup()
+    with untouched(good):
+        assert check_resume(good).status is Status.PASS  # tropt's full checkpoint restores best = 1.x, not inf

@@ -178,8 +178,28 @@ def _as_float(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_floating_point() and t.dtype in (torch.float32, torch.float64) else t.float()
 
 
+def _nonfinite_pair(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, float | None]:
+    """(|x|, |y|, |x - y|) over finite entries only; the diff is None when a non-finite entry differs.
+
+    Non-finite entries are compared by exact equality (inf == inf, NaN == NaN): a norm of inf would make any
+    difference vanish relative to it, e.g. ReduceLROnPlateau's ``best`` = inf before its first step vs 1.0 after.
+    """
+    x, y = x.detach().double().cpu(), y.detach().double().cpu()
+    if x.shape != y.shape:
+        return float(x.nan_to_num(0.0, 0.0, 0.0).norm()), float(y.nan_to_num(0.0, 0.0, 0.0).norm()), None
+    fx, fy = torch.isfinite(x), torch.isfinite(y)
+    bad = ~(fx & fy)
+    same = (x[bad] == y[bad]) | (x[bad].isnan() & y[bad].isnan())
+    nx, ny = float(x.where(fx, 0.0).norm()), float(y.where(fy, 0.0).norm())
+    return nx, ny, (float((x - y).where(~bad, 0.0).norm()) if bool(same.all()) else None)
+
+
 def _pair_norms(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None]) -> dict[str, tuple[float, float, float | None]]:
-    """Per name: (|a|, |b|, |a - b|) with batched foreach norms (one host read); diff is None when one side is missing."""
+    """Per name: (|a|, |b|, |a - b|) with batched foreach norms (one host read).
+
+    The diff is None for a full mismatch: a tensor present on one side only, or non-finite entries that differ.
+    Norms cover finite entries only (see :func:`_nonfinite_pair`), so they are always finite.
+    """
     names = list(a) + [n for n in b if n not in a]
     both = [n for n in names if a.get(n) is not None and b.get(n) is not None]
     xs, ys = [_as_float(a[n]) for n in both], [_as_float(b[n]) for n in both]
@@ -187,10 +207,14 @@ def _pair_norms(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | N
     norms: list[torch.Tensor] = []
     if both:
         norms += torch._foreach_norm(xs) + torch._foreach_norm(ys) + torch._foreach_norm(torch._foreach_sub(xs, ys))
-    norms += [_as_float(t).norm() for _, t in lone]
+    norms += [_as_float(t).nan_to_num(0.0, 0.0, 0.0).norm() for _, t in lone]
     values = torch.stack([v.double().cpu() for v in norms]).tolist() if norms else []
     k = len(both)
-    out = {n: (values[i], values[k + i], values[2 * k + i]) for i, n in enumerate(both)}
+    out = {}
+    for i, n in enumerate(both):
+        triple = (values[i], values[k + i], values[2 * k + i])
+        # A non-finite norm means a non-finite entry (or an overflow): redo that pair exactly, in float64.
+        out[n] = triple if all(math.isfinite(v) for v in triple) else _nonfinite_pair(a[n], b[n])
     for j, (n, _) in enumerate(lone):
         v = values[3 * k + j]
         out[n] = (v, 0.0, None) if a.get(n) is not None else (0.0, v, None)
@@ -199,11 +223,16 @@ def _pair_norms(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | N
     return {n: out[n] for n in names}
 
 
+def _rel(nx: float, ny: float, d: float | None, scale: float) -> float:
+    """Relative error of one pair; a full mismatch (d None) is 1."""
+    return 1.0 if d is None else d / max(nx, ny, 1e-6 * scale)
+
+
 def max_rel_error(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None]) -> float:
     """The worst per-tensor relative error of :func:`compare_tensors`, without building its table."""
     norms = _pair_norms(a, b)
     scale = max([max(nx, ny) for nx, ny, _ in norms.values()] + [1e-30])
-    return max([1.0 if d is None else d / max(nx, ny, 1e-6 * scale) for nx, ny, d in norms.values()] + [0.0])
+    return max([_rel(nx, ny, d, scale) for nx, ny, d in norms.values()] + [0.0])
 
 
 def compare_tensors(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None], *,
@@ -212,15 +241,15 @@ def compare_tensors(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor
 
     A tensor present on one side only (e.g. a gradient that is None in one run) counts as error 1. The
     denominator is floored at 1e-6 of the largest norm so tensors that are zero in both runs compare as equal.
+    Non-finite entries (inf, NaN) stay out of the norms and are compared exactly: any difference there is error 1.
     """
     la, lb = labels
     norms = _pair_norms(a, b)
     scale = max([max(nx, ny) for nx, ny, _ in norms.values()] + [1e-30])
     rows = []
     for name, (nx, ny, diff) in norms.items():
-        rel = 1.0 if diff is None else diff / max(nx, ny, 1e-6 * scale)
         rows.append({"tensor": name, f"norm_{la}": nx, f"norm_{lb}": ny, "abs_diff": max(nx, ny) if diff is None else diff,
-                     "rel_error": rel})
+                     "rel_error": _rel(nx, ny, diff, scale)})
     df = pd.DataFrame(rows, columns=["tensor", f"norm_{la}", f"norm_{lb}", "abs_diff", "rel_error"])
     return df.sort_values("rel_error", ascending=False, kind="stable").reset_index(drop=True)
 
