@@ -308,3 +308,37 @@ def test_overfit_names_inputs_far_from_unit_scale_as_the_likely_cause():
     assert slow.advice[0].startswith("batch[0] has RMS 0.0") and "standardise" in slow.advice[0]
     scale = slow.tables["input_scale"].set_index("input")
     assert list(scale.index) == ["batch[0]"] and scale.loc["batch[0]", "rms"] < 0.03  # the target is not an input
+
+
+def smoothed_ce(m, b):
+    """A loss tropt cannot identify (label smoothing): the baseline must still keep the labels."""
+    return F.cross_entropy(m(b[0]), b[1], label_smoothing=0.1)
+
+
+def test_overfit_baseline_zeroes_only_what_the_model_reads_when_the_loss_is_custom():
+    """With an unidentified loss the baseline zeroed the labels too and learned "always class 0", so a healthy model
+    'ignored its input'. Now the baseline keeps the labels: the healthy model passes, one that ignores its input
+    still fails."""
+    good = run(check_overfit_batch, setup_for(mlp(), loss=smoothed_ce))
+    assert good.metrics["objective"] == "unknown" and good.metrics["inputs_zeroed_in_baseline"] == 1
+    # label smoothing puts a floor under the loss: a plateau far below the baseline is a WARN naming that, not a FAIL
+    assert good.status is Status.WARN and "label smoothing" in good.summary, good.summary
+    assert good.metrics["baseline_final_loss"] > 1.5 * good.metrics["final_loss"]
+    bad = run(check_overfit_batch, setup_for(IgnoresInput(), loss=smoothed_ce))
+    assert bad.status is Status.FAIL and "ignores its input" in bad.summary
+
+
+def test_overfit_names_a_regression_target_far_from_zero_instead_of_blaming_the_input():
+    """Targets with mean ~150 (like scikit-learn's raw diabetes y): model and baseline both spend 200 steps moving the
+    output bias, which used to read as 'the model ignores its input'."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 10, generator=g)
+    y = 150 + 20 * torch.sin(x @ torch.randn(10, generator=g))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 1))
+    s = tropt.Setup(model, lambda m, b: F.mse_loss(m(b[0]).squeeze(-1), b[1]),
+                    lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), [(x, y)])
+    r = run(check_overfit_batch, s)
+    assert r.status is Status.FAIL and "target's mean" in r.summary and "ignores" not in r.summary
+    assert 140 < r.metrics["target_mean"] < 160 and r.advice[0].startswith("Standardise the target")
+    assert list(r.tables["target_scale"]["target"]) == ["batch[1]"]

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import pandas as pd
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -52,9 +53,10 @@ def map_leaves(batch: Any, fn: Callable[[Path, torch.Tensor], torch.Tensor], pat
     return batch
 
 
-def zero_inputs(batch: Any, keep: Path | None) -> Any:
-    """The batch with every tensor except the target (``keep``) zeroed: the input-independent baseline's data."""
-    return map_leaves(batch, lambda p, t: t if p == keep else torch.zeros_like(t))
+def zero_inputs(batch: Any, inputs: set) -> Any:
+    """The batch with the tensors at ``inputs`` zeroed (the rest, e.g. the target, kept): the input-independent
+    baseline's data."""
+    return map_leaves(batch, lambda p, t: torch.zeros_like(t) if p in inputs else t)
 
 
 def take_samples(batch: Any, n: int) -> Any:
@@ -240,6 +242,70 @@ def probe(setup: Any, model: nn.Module, batch: Any, ctx: Any = None) -> tuple[fl
     value = float(loss.detach().float())
     out = cap.output
     return value, out, identify_objective(value, out, batch, setup.num_classes), cap.calls
+
+
+def input_scale(batch: Any, inputs: set, low: float = 0.1, high: float = 10.0) -> tuple[pd.DataFrame, list[str]]:
+    """Per floating-point input tensor of the batch (paths in ``inputs``): its mean and RMS, and a sentence for each
+    one whose RMS lies outside [low, high] (inputs far from unit scale make the first layer learn slowly or blow up)."""
+    rows, notes = [], []
+    for path, t in leaves(batch):
+        if path not in inputs or not t.is_floating_point() or t.numel() == 0:
+            continue
+        x = t.detach().double()
+        rms, mean = float(x.pow(2).mean().sqrt()), float(x.mean())
+        name = "batch" + "".join(f"[{p!r}]" for p in path)
+        rows.append({"input": name, "shape": tuple(t.shape), "mean": mean, "std": float(x.std()) if x.numel() > 1 else 0.0,
+                     "rms": rms})
+        if 0 < rms < low or rms > high:
+            notes.append(f"{name} has RMS {rms:.3g}, far from 1: standardise it (zero mean, unit variance per feature) "
+                         "before the model; inputs this " + ("small" if rms < low else "large") + " make the first layer "
+                         + ("learn slowly" if rms < low else "saturate or blow up") + ".")
+    return pd.DataFrame(rows, columns=["input", "shape", "mean", "std", "rms"]), notes
+
+
+def input_paths(setup: Any, model: nn.Module, batch: Any, ctx: Any = None) -> set:
+    """Paths of the batch tensors the model reads: those whose zeroing changes its output (a target only reaches the
+    loss). Runs the loss once per tensor under no_grad with dropout off; a tensor whose zeroing breaks the forward
+    counts as an input."""
+    def output_of(b: Any) -> torch.Tensor | None:
+        with torch.no_grad(), dropout_off(model), Capture(model) as cap:
+            if ctx is not None:
+                with ctx.autocast():
+                    setup.loss(model, b)
+            else:
+                setup.loss(model, b)
+        return cap.output
+
+    ref = output_of(batch)
+    found = set()
+    for path, _ in leaves(batch):
+        try:
+            out = output_of(map_leaves(batch, lambda p, t: torch.zeros_like(t) if p == path else t))
+        except Exception:  # noqa: BLE001 - zeroing it broke the forward: the model reads it
+            found.add(path)
+            continue
+        if ref is None or out is None or out.shape != ref.shape or not torch.equal(out, ref):
+            found.add(path)
+    return found
+
+
+def target_scale(batch: Any, objective: Any) -> tuple[pd.DataFrame, str] | None:
+    """For a regression objective whose target is far from zero mean / unit scale: its statistics and a sentence.
+
+    A freshly initialised regressor outputs about 0, so a target with mean 150 makes the first hundreds of steps
+    nothing but moving the output bias (a model and its zeroed-input baseline then look alike)."""
+    if objective is None or objective.kind not in ("mse", "l1"):
+        return None
+    y = get_leaf(batch, objective.target_path).detach().double()
+    mean, std = float(y.mean()), float(y.std()) if y.numel() > 1 else 0.0
+    table = pd.DataFrame([{"target": "batch" + "".join(f"[{p!r}]" for p in objective.target_path), "mean": mean,
+                           "std": std, "abs_max": float(y.abs().max())}])
+    if abs(mean) > 3 * max(std, 1e-12) and abs(mean) > 1:
+        return table, f"the target's mean ({mean:.3g}) is {abs(mean) / max(std, 1e-12):.0f}x its std ({std:.3g}), far from the ~0 a fresh model outputs"
+    if std > 10:
+        return table, f"the target's std is {std:.3g}, far from unit scale"
+    return None
+
 
 
 def dropout_off(model: nn.Module):

@@ -18,7 +18,19 @@ from ..batching import split_batch
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from ._common import Capture, dropout_off, fmt, get_leaf, leaves, probe, require_samples, take_samples, zero_inputs
+from ._common import (
+    Capture,
+    dropout_off,
+    fmt,
+    get_leaf,
+    input_paths,
+    input_scale,
+    probe,
+    require_samples,
+    take_samples,
+    target_scale,
+    zero_inputs,
+)
 
 CHECK = "model.overfit_batch"
 
@@ -123,25 +135,6 @@ def _bounded_output_cause(out: torch.Tensor | None, objective: Any) -> str | Non
     return None
 
 
-def input_scale(batch: Any, target_path: Any, low: float = 0.1, high: float = 10.0) -> tuple[pd.DataFrame, list[str]]:
-    """Per floating-point input tensor of the batch (not the target): its mean and RMS, and a sentence for each one
-    whose RMS lies outside [low, high] (inputs far from unit scale make the first layer learn slowly or blow up)."""
-    rows, notes = [], []
-    for path, t in leaves(batch):
-        if path == target_path or not t.is_floating_point() or t.numel() == 0:
-            continue
-        x = t.detach().double()
-        rms, mean = float(x.pow(2).mean().sqrt()), float(x.mean())
-        name = "batch" + "".join(f"[{p!r}]" for p in path)
-        rows.append({"input": name, "shape": tuple(t.shape), "mean": mean, "std": float(x.std()) if x.numel() > 1 else 0.0,
-                     "rms": rms})
-        if 0 < rms < low or rms > high:
-            notes.append(f"{name} has RMS {rms:.3g}, far from 1: standardise it (zero mean, unit variance per feature) "
-                         "before the model; inputs this " + ("small" if rms < low else "large") + " make the first layer "
-                         + ("learn slowly" if rms < low else "saturate or blow up") + ".")
-    return pd.DataFrame(rows, columns=["input", "shape", "mean", "std", "rms"]), notes
-
-
 @register(CHECK, title="Overfit one small batch",
           description="Train a copy on one fixed small batch; it must memorise it and beat a zeroed-input baseline.")
 def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, target_fraction: float = 0.1,
@@ -179,11 +172,14 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
                                                          f"{setup.accumulation_steps} micro-batches", CHECK)
         model_probe = setup.build(seed=seed)
         _, _, objective, _ = probe(setup, model_probe.model, batch, model_probe)
+        # The baseline zeroes what the model reads, never the target: found by which tensors change its output
+        # (a custom loss, label smoothing or soft targets leave the objective unidentified).
+        inputs = input_paths(setup, model_probe.model, batch, model_probe)
         del model_probe
         real = _train(setup, batch, objective, steps, target_fraction, seed, True, "overfit batch", progress,
                       callback=callback)
         base_steps = max(len(real["losses"]) - 1, 1)
-        baseline_batch = zero_inputs(batch, objective.target_path if objective is not None else None)
+        baseline_batch = zero_inputs(batch, inputs)
         base = _train(setup, baseline_batch, objective, steps, target_fraction, seed, False, "zeroed-input baseline",
                       progress, fixed_steps=base_steps if real["reached"] else steps, callback=callback, phase="baseline")
     losses, base_losses = real["losses"], base["losses"]
@@ -196,7 +192,7 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         "best_loss": best, "loss_fraction": final / start if start else math.nan, "baseline_final_loss": base_final,
         "target_fraction": target_fraction, "baseline_ratio": baseline_ratio,
         "objective": objective.kind if objective is not None else "unknown",
-        "optimizer_steps": real["optimizer_steps"],
+        "optimizer_steps": real["optimizer_steps"], "inputs_zeroed_in_baseline": len(inputs),
     }
     if acc is not None:
         metrics["final_accuracy"] = acc
@@ -206,7 +202,8 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
                           "accuracy": [math.nan if a is None else a for a in real["accs"]]})
     tables = {"curve": curve.iloc[np.unique(np.linspace(0, len(curve) - 1, min(len(curve), 21)).astype(int))]}
     no_grad = [x for x in real["trainable"] if x not in real["got_grad"]]
-    scale_table, scale_notes = input_scale(batch, objective.target_path if objective is not None else None)
+    scale_table, scale_notes = input_scale(batch, inputs)
+    offset = target_scale(batch, objective)
 
     def fail(summary: str, advice: list[str], extra: dict | None = None) -> CheckResult:
         return CheckResult(CHECK, Status.FAIL, summary, metrics, {**tables, **(extra or {})}, advice, series)
@@ -240,15 +237,35 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         return fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start): {cause}",
                     ["Return raw logits from the model and let the loss apply softmax/sigmoid (remove the final "
                      "Softmax/Sigmoid, or use NLLLoss on log_softmax outputs)."])
+    # Slow or stalled: how far the inputs (and a regression target) are from unit scale is part of the evidence,
+    # and often the cause.
+    tables["input_scale"] = scale_table
+    if offset is not None:
+        tables["target_scale"] = offset[0]
+        metrics["target_mean"], metrics["target_std"] = float(offset[0]["mean"].iloc[0]), float(offset[0]["std"].iloc[0])
+        return fail(f"the loss falls only to {fmt(final)} ({final / start:.0%} of its start) in {len(losses) - 1} steps: "
+                    f"{offset[1]}",
+                    [f"Standardise the target (subtract its mean, divide by its std) or set the bias of the last layer "
+                     f"to its mean ({fmt(metrics['target_mean'])}); then rerun."] + scale_notes)
     if base_final > 0 and final >= baseline_ratio * base_final and math.isfinite(base_final):
         return fail(f"the model ignores its input: after {len(losses) - 1} steps its loss {fmt(final)} does not beat "
                     f"the {fmt(base_final)} of the same model trained on zeroed inputs",
-                    ["Check that the forward pass uses its input (no torch.zeros_like/detached or overwritten input, "
-                     "no constant output path), and that inputs and labels are paired correctly.",
-                     "If it does, the input's signal is lost on the way: look for dead units (model.activation_stats) "
-                     "or vanishing gradients (model.gradient_flow)."])
-    # Slow or stalled: how far the inputs are from unit scale is part of the evidence (and often the cause).
-    tables["input_scale"] = scale_table
+                    scale_notes + [
+                        "Check that the forward pass uses its input (no torch.zeros_like/detached or overwritten input, "
+                        "no constant output path), and that inputs and labels are paired correctly.",
+                        "If it does, the input's signal is lost on the way: look for dead units (model.activation_stats) "
+                        "or vanishing gradients (model.gradient_flow)."])
+    if _plateaued(losses) and objective is None and final < baseline_ratio * base_final:
+        # A custom loss (label smoothing, a regulariser) can have a floor well above zero: beating the baseline is
+        # learning, and tropt cannot tell where that floor is.
+        return CheckResult(
+            CHECK, Status.WARN,
+            f"the loss plateaus at {fmt(final)} ({final / start:.0%} of its start), well below the zeroed-input baseline's "
+            f"{fmt(base_final)}; the loss is not one tropt recognises, so whether that is its floor (label smoothing, "
+            "regularisation terms) cannot be told",
+            metrics, tables, ["If the loss has no such floor, raise the learning rate or the steps and rerun; to let tropt "
+                              "judge memorisation, compute the plain loss in loss_fn (e.g. without label smoothing)."]
+            + scale_notes, series)
     if _plateaued(losses):
         return fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start) and stops "
                     f"improving before memorising {n} samples"
