@@ -168,7 +168,7 @@ def test_near_duplicates_skips_when_not_applicable(clean):
     r = check_near_duplicates({"train": train[["f_float", "y"]], "test": test[["f_float", "y"]]}, label="y", progress=False)
     assert r.status is Status.SKIP and "numeric feature" in r.summary
     r = check_near_duplicates({"train": train[["y"]], "test": test[["y"]]}, label="y", progress=False)
-    assert r.status is Status.SKIP and "no text columns" in r.summary, r.summary
+    assert r.status is Status.SKIP and "no free-text columns" in r.summary, r.summary
     r = check_near_duplicates({"train": train, "test": test}, **OPTS, enabled=False)
     assert r.status is Status.SKIP
     r = check_near_duplicates({"train": train, "test": test}, **OPTS, max_auto_rows=10)
@@ -222,6 +222,28 @@ def test_text_vectors_are_the_same_in_every_process():
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout.strip()
     assert other == text_vectors(["hello world", "near duplicate"]).tobytes().hex()
+
+
+def test_near_duplicates_categorical_strings_are_not_text():
+    """A 3-value category is not free text: with 2 numeric features it made every test row a 'near duplicate'
+    (FAIL 100%); now the table has too few numeric columns to compare (SKIP), and with 3 numeric columns only
+    the 5 planted noisy copies are found."""
+    rng = np.random.default_rng(0)
+    n = 3000
+    df = pd.DataFrame({"x0": rng.normal(size=n), "x1": rng.normal(size=n), "cat": rng.choice(["a", "b", "c"], n),
+                       "y": rng.integers(0, 2, n)})
+    r = check_near_duplicates({"train": df.iloc[:2400], "test": df.iloc[2400:]}, label="y", progress=False)
+    assert r.status is Status.SKIP and "2 numeric feature" in r.summary, r.summary
+    df["x2"] = rng.normal(size=n)
+    test = df.iloc[2400:].copy()
+    test.iloc[:5, [0, 1, 4]] = df.iloc[[7, 8, 9, 10, 11], [0, 1, 4]].to_numpy() + 1e-4
+    test.iloc[:5, 2] = df.iloc[[7, 8, 9, 10, 11], 2].to_numpy()
+    r = check_near_duplicates({"train": df.iloc[:2400], "test": test}, label="y", progress=False)
+    assert "text_columns" not in r.metrics and r.metrics["dimensions"] == 3
+    assert r.metrics["leaked_rows"] == 5 and sorted(r.tables["near_duplicates"]["earlier_row"]) == [7, 8, 9, 10, 11]
+    from tropt.data.sources import looks_like_text
+
+    assert not looks_like_text(df["cat"]) and looks_like_text(_reviews()[0]["review"])
 
 
 # ---------------------------------------------------------------------------------------------------- group leakage

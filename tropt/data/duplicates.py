@@ -135,9 +135,11 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     """Exact cosine nearest neighbour of every later-split row among each earlier split's rows.
 
     Vectors are the numeric features (tables: standardised with the first split's mean/std; tensors: centred),
-    L2-normalised. A table's text columns add a block of hashed character trigrams of the row's text, lower-cased
-    with punctuation and spacing collapsed (so copies that differ only in case, spacing or punctuation match
-    exactly); with both blocks the similarity is their average, and a table needs 3 numeric columns or text. A pair is a near duplicate when its similarity is at least ``threshold``, by default
+    L2-normalised. A table's free-text columns (strings with mostly distinct values, or long multi-word ones with
+    many different values; low-cardinality strings are categories and are not compared) add a block of hashed
+    character trigrams of the row's text, lower-cased with punctuation and spacing collapsed (so copies that differ
+    only in case, spacing or punctuation match exactly); with both blocks the similarity is their average, and a
+    table needs 3 numeric columns or free text. A pair is a near duplicate when its similarity is at least ``threshold``, by default
     ``max(min_similarity, cos(calibration * median nearest-neighbour angle))``: far closer than rows typically are.
     Images additionally get a 16x16 average hash; a Hamming distance ``<= phash_max_distance`` also counts.
     ``enabled="auto"`` runs for tensors/images and numeric tables up to ``max_auto_rows`` rows and an estimated
@@ -154,7 +156,7 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     missing = [d for d in datas if d.numeric is None]
     if missing and not use_text:
         return _skip(cid, f"no vectors to compare in split {missing[0].name!r}: {missing[0].numeric_note or 'not numeric'}"
-                          + (" and no text columns" if tabular else ""))
+                          + (" and no free-text columns" if tabular else ""))
     dims = {d.numeric.shape[1] for d in datas} if not missing else set()
     if len(dims) > 1:
         return _skip(cid, f"samples have different sizes across splits ({sorted(dims)} values)")

@@ -68,7 +68,11 @@ _UNHASHABLE = (list, dict, set, tuple, np.ndarray)
 
 
 def column_kind(s: pd.Series, split: str) -> str:
-    """"numeric", "datetime", "string" or "mixed" (numbers and strings); raises for unhashable values."""
+    """"numeric", "datetime", "string" or "mixed" (numbers and strings); raises for unhashable values.
+
+    A "string" column that :func:`looks_like_text` is then made "text" (same fingerprints; also vectorised for the
+    near-duplicate search) by :func:`load_splits` / :func:`scan`.
+    """
     dt = s.dtype
     if pd.api.types.is_bool_dtype(dt) or pd.api.types.is_numeric_dtype(dt):
         if pd.api.types.is_complex_dtype(dt):
@@ -98,6 +102,26 @@ def column_kind(s: pd.Series, split: str) -> str:
             f"convert it to strings (df[{s.name!r}].map(str)), expand it into columns, or leave it out with features=[...]",
         )
     return "mixed"
+
+
+TEXT_MIN_DISTINCT = 0.5  # a string column whose values are at least this share distinct is free text
+TEXT_MIN_WORDS, TEXT_MIN_VALUES = 4, 50  # ... as is one of long multi-word values with many different ones
+
+
+def looks_like_text(s: pd.Series) -> bool:
+    """Whether a string column holds free text rather than a category: mostly distinct values, or long multi-word
+    values with many different ones. Low-cardinality strings ("red", "green", "blue") are categories; comparing
+    them as text would make every row with the same category a near duplicate."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        return False
+    v = s.dropna()
+    if len(v) == 0:
+        return False
+    v = v.astype(str)
+    distinct = v.nunique()
+    if distinct >= TEXT_MIN_DISTINCT * len(v):
+        return True
+    return distinct >= TEXT_MIN_VALUES and float(v.str.split().str.len().median()) >= TEXT_MIN_WORDS
 
 
 def unify_kinds(kinds: list[str]) -> str:
@@ -213,7 +237,7 @@ class SplitData:
     numeric: np.ndarray | None = None  # float32 (n, d): numeric features for nearest-neighbour search
     numeric_columns: list = field(default_factory=list)
     numeric_note: str = ""  # why ``numeric`` is None
-    text: np.ndarray | None = None  # uint8 (n, TEXT_DIM): hashed trigram counts of the normalised text columns
+    text: np.ndarray | None = None  # uint8 (n, TEXT_DIM): hashed trigram counts of the normalised free-text columns
     text_columns: list = field(default_factory=list)
     text_preview: np.ndarray | None = None  # object (n,): each row's normalised text, cut to TEXT_PREVIEW characters
     tabular: bool = True  # a table (columns) rather than tensors/images
@@ -468,12 +492,14 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
             continue
         if not kinds:
             for c in feats:
-                local_kinds.setdefault(c, column_kind(chunk[c], name))
+                if c not in local_kinds:
+                    k = column_kind(chunk[c], name)
+                    local_kinds[c] = "text" if k == "string" and looks_like_text(chunk[c].iloc[:10_000]) else k
         use = kinds or local_kinds
         fps.append(hash_rows(chunk, feats, use))
         if numeric_cols is None:
             numeric_cols = [c for c in feats if use[c] == "numeric"]
-            text_cols = [c for c in feats if use[c] == "string"]
+            text_cols = [c for c in feats if use[c] == "text"]
         if want_numeric and text_ok and text_cols:
             if n + len(chunk) > TEXT_MAX_ROWS:
                 text_ok, texts, previews = False, [], []
@@ -693,8 +719,10 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
     if tables:
         if opts.features is None:
             _check_columns(tables)
-        # One comparison kind per feature column over all splits (from each split's first chunk).
+        # One comparison kind per feature column over all splits (from each split's first chunk); string columns
+        # are free text or categories by all splits' first chunks together, so every split vectorises the same ones.
         per_col: dict = {}
+        heads: dict = {}
         for r in tables:
             feats, *_ = _resolve(r, opts)
             head = r.frame.iloc[:10_000][feats] if r.kind == "frame" else _head(r, feats)
@@ -704,7 +732,11 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
                 continue
             for c in feats:
                 per_col.setdefault(c, []).append(column_kind(head[c], r.name))
+                heads.setdefault(c, []).append(head[c])
         kinds = {c: unify_kinds(v) for c, v in per_col.items()}
+        for c, k in kinds.items():
+            if k == "string" and looks_like_text(pd.concat(heads[c], ignore_index=True) if len(heads[c]) > 1 else heads[c][0]):
+                kinds[c] = "text"
     sess = _SESSION.get()
     out = []
     for (name, obj), reader in zip(items, readers):
