@@ -94,6 +94,35 @@ def test_dataframe_csv_and_lightning_csvlogger(tmp_path):
     assert diagnose_curves(pd.Series(cf.healthy(500), index=np.arange(500) * 2)).metrics["last_step"] == 998
 
 
+def test_nan_losses_in_tables_and_series_fail_like_in_an_array(tmp_path):
+    """A logger writes NaN once training blows up: every input form must find it (a dropna hid it, leaving a
+    curve that "was still improving"); only rows that log another metric (Lightning's sparse rows) are dropped."""
+    y = cf.non_finite(1000)  # NaN from step 700 on
+    steps = np.arange(1000)
+    plain = pd.DataFrame({"step": steps, "loss": y})
+    path = tmp_path / "nan_tail.csv"
+    plain.to_csv(path, index=False)
+    wide = plain.assign(lr=1e-3, train_acc=np.linspace(0.3, 0.9, 1000), val_acc=np.linspace(0.3, 0.8, 1000))
+    tb = pd.DataFrame({"Wall time": steps * 1.0, "Step": steps, "Value": y})
+    listed = [None if np.isnan(v) else float(v) for v in y]
+    for name, source in [("array", y), ("list with None", listed), ("Series", pd.Series(y)), ("DataFrame", plain),
+                         ("CSV", str(path)), ("wide DataFrame", wide), ("TensorBoard CSV", tb)]:
+        r = diagnose_curves(source)
+        assert r.status == Status.FAIL and r.metrics["class"] == "non_finite", (name, r.summary)
+        assert r.metrics["first_non_finite_step"] == 700 and r.metrics["non_finite"] == 300, name
+        assert r.metrics["points"] == 1000, name
+    # Lightning CSVLogger: sparse validation rows leave the training loss empty; they are not NaN losses
+    vt = np.arange(99, 1000, 100)
+    rows = [{"epoch": s // 100, "step": s, "train_loss": v, "val_loss": np.nan} for s, v in zip(steps, y)]
+    rows += [{"epoch": s // 100, "step": s, "train_loss": np.nan, "val_loss": 1.0} for s in vt]
+    sparse = pd.DataFrame(rows)
+    r = diagnose_curves(sparse)
+    assert r.metrics["class"] == "non_finite" and r.metrics["first_non_finite_step"] == 700
+    assert r.metrics["points"] == 1000 and r.metrics["non_finite"] == 300 and r.metrics["val_points"] == 10
+    healthy_sparse = sparse.assign(train_loss=np.r_[cf.healthy(1000), np.full(vt.size, np.nan)])
+    assert diagnose_curves(healthy_sparse).metrics["non_finite"] == 0
+
+
 def test_tensorboard_csv_export(tmp_path):
     y = cf.diverging(800)
     tb = pd.DataFrame({"Wall time": np.arange(800.0), "Step": np.arange(800) * 5, "Value": y})

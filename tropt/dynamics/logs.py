@@ -163,7 +163,7 @@ def _from_frame(df: pd.DataFrame, role: str, source: str) -> Curve | None:
     df = df.copy()
     df.columns = cols
     if {"Step", "Value"} <= set(cols):  # TensorBoard "Download CSV": Wall time, Step, Value
-        d = df[["Step", "Value"]].dropna()
+        d = df[["Step", "Value"]].dropna(subset=["Step"])  # a NaN value is a NaN loss: keep it
         return d["Step"].to_numpy(np.float64), d["Value"].to_numpy(np.float64)
     step_col = next((c for c in STEP_NAMES if c in cols), None)
     numeric = [c for c in cols if c != step_col and pd.api.types.is_numeric_dtype(df[c]) and c not in STEP_NAMES
@@ -176,7 +176,7 @@ def _from_frame(df: pd.DataFrame, role: str, source: str) -> Curve | None:
             return None
         raise TroptError(f"{source}: cannot tell which column is the training loss (columns: {cols})",
                          "name it 'train_loss' or 'loss', or pass the column itself: diagnose_curves(df['my_loss'])")
-    d = df[[col] + ([step_col] if step_col else [])].dropna(subset=[col])
+    d = df.loc[~_other_metric_rows(df, col), [col] + ([step_col] if step_col else [])]
     values = d[col].to_numpy(np.float64)
     if step_col is None:
         return None, values
@@ -184,6 +184,29 @@ def _from_frame(df: pd.DataFrame, role: str, source: str) -> Curve | None:
     if role == "train" and step_col == "epoch" and np.unique(steps).size < values.size:
         return None, values  # several logged values per epoch: their order is the best step we have
     return steps, values
+
+
+def _other_metric_rows(df: pd.DataFrame, col: str) -> pd.Series:
+    """Rows that log another metric, not ``col`` (Lightning's ``CSVLogger`` writes one row per logging call, so its
+    validation rows leave the training loss empty, and its training rows the validation loss).
+
+    An empty ``col`` belongs to another metric when the row sets a column that is never set where ``col`` is. A row
+    that sets neither (only its step: a NaN loss, or a metric that went NaN) is ``col``'s unless a metric disjoint
+    from ``col`` is logged more often, which then owns it. Every other empty ``col`` is a NaN loss, kept so that
+    non-finite losses are found as in an array.
+    """
+    missing = df[col].isna()
+    logged = ~missing
+    if not missing.any() or not logged.any():
+        return pd.Series(False, index=df.index)
+    others = [c for c in df.columns if c != col and c not in STEP_NAMES]
+    disjoint = [c for c in others if not (df[c].notna() & logged).any()]
+    if not disjoint:
+        return pd.Series(False, index=df.index)
+    other_metric = missing & df[disjoint].notna().any(axis=1)
+    if int(df[disjoint].notna().sum().max()) > int(logged.sum()):
+        other_metric |= missing & df[others].isna().all(axis=1)
+    return other_metric
 
 
 def read_curve(obj: Any, role: str = "train") -> Curve | None:
@@ -204,7 +227,7 @@ def read_curve(obj: Any, role: str = "train") -> Curve | None:
     if isinstance(obj, pd.DataFrame):
         return _from_frame(obj, role, source)
     if isinstance(obj, pd.Series):
-        s = obj.dropna()
+        s = obj  # NaN entries are NaN losses (as in an array), not gaps: keep them so non-finite losses are found
         idx = s.index
         steps = idx.to_numpy(np.float64) if pd.api.types.is_numeric_dtype(idx) else None
         return steps, s.to_numpy(np.float64)
