@@ -88,6 +88,36 @@ def test_precision_on_cpu_compares_fp32_and_bf16_and_skips_fp16_with_the_reason(
     plt.close("all")
 
 
+def amp_step(ctx, micro_batches):
+    """A correct fp16 + GradScaler step that uses ctx.scaler unconditionally, as AMP training loops do."""
+    n = sum(len(mb[1]) for mb in micro_batches)
+    for x, y in micro_batches:
+        with ctx.autocast():
+            loss = F.cross_entropy(ctx.model(x), y)
+        ctx.scaler.scale(loss * len(y) / n).backward()
+    ctx.scaler.unscale_(ctx.optimizer)
+    torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.grad_clip)
+    ctx.scaler.step(ctx.optimizer)
+    ctx.scaler.update()
+    ctx.optimizer.zero_grad(set_to_none=True)
+
+
+def test_precision_runs_a_user_amp_step_in_precisions_without_a_scaler():
+    """The fp32 reference (and bf16) runs have no loss scaling: the step gets a pass-through scaler, so its fp32
+    losses are those of the standard step in fp32."""
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(6)]
+    s = mlp_setup(batches, step=amp_step, precision="fp16", use_scaler=True, grad_clip=1.0, accumulation_steps=2)
+    with untouched(s):
+        r = check_precision(s, precisions=("fp32", "bf16"), steps=4, warmup=1, progress=False)
+    t = r.tables["precisions"].set_index("precision")
+    assert t.loc["fp32", "status"] == "measured" and t.loc["bf16", "status"] == "measured", r.summary
+    ref = check_precision(mlp_setup(batches, grad_clip=1.0, accumulation_steps=2), precisions=("fp32",), steps=4,
+                          warmup=1, progress=False)
+    # the step returns no loss and calls no ctx.loss_fn: losses come from an extra forward, from the second step on
+    assert torch.allclose(torch.as_tensor(r.series["loss_fp32"][1:]), torch.as_tensor(ref.series["loss_fp32"][1:]), rtol=1e-5)
+
+
 def test_precision_guardrail_rejects_an_unstable_precision(tiny_setup):
     # a guardrail of 0 deviation: bf16's rounding alone puts it outside, fp32 (the reference) stays in
     with untouched(tiny_setup):

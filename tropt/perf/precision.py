@@ -114,6 +114,10 @@ def _run(setup: Any, precision: str, steps: int, warmup: int, seed: int, batches
     cuda = device.type == "cuda"
     with _tf32(precision == "tf32") if cuda else contextlib.nullcontext():
         ctx = run_setup.build(seed=seed)
+        if ctx.scaler is None and setup.use_scaler:
+            # The Setup's step is written for AMP (ctx.scaler.scale(loss).backward(), scaler.step(...)): in a precision
+            # without loss scaling it gets a disabled scaler, whose scale/unscale_/step/update are pass-throughs.
+            ctx.scaler = torch.amp.GradScaler(device.type, enabled=False)
         runner = StepRunner(run_setup, ctx)
         if cuda:
             torch.cuda.empty_cache()
