@@ -226,7 +226,7 @@ def test_text_vectors_are_the_same_in_every_process():
 
 def test_near_duplicates_categorical_strings_are_not_text():
     """A 3-value category is not free text: with 2 numeric features it made every test row a 'near duplicate'
-    (FAIL 100%); now the table has too few numeric columns to compare (SKIP), and with 3 numeric columns only
+    (FAIL 100%); now the table has too few numeric columns to compare (SKIP), and with 4 numeric columns only
     the 5 planted noisy copies are found."""
     rng = np.random.default_rng(0)
     n = 3000
@@ -234,16 +234,31 @@ def test_near_duplicates_categorical_strings_are_not_text():
                        "y": rng.integers(0, 2, n)})
     r = check_near_duplicates({"train": df.iloc[:2400], "test": df.iloc[2400:]}, label="y", progress=False)
     assert r.status is Status.SKIP and "2 numeric feature" in r.summary, r.summary
-    df["x2"] = rng.normal(size=n)
+    df = df.assign(x2=rng.normal(size=n), x3=rng.normal(size=n))
     test = df.iloc[2400:].copy()
-    test.iloc[:5, [0, 1, 4]] = df.iloc[[7, 8, 9, 10, 11], [0, 1, 4]].to_numpy() + 1e-4
+    test.iloc[:5, [0, 1, 4, 5]] = df.iloc[[7, 8, 9, 10, 11], [0, 1, 4, 5]].to_numpy() + 1e-4
     test.iloc[:5, 2] = df.iloc[[7, 8, 9, 10, 11], 2].to_numpy()
     r = check_near_duplicates({"train": df.iloc[:2400], "test": test}, label="y", progress=False)
-    assert "text_columns" not in r.metrics and r.metrics["dimensions"] == 3
+    assert "text_columns" not in r.metrics and r.metrics["dimensions"] == 4
     assert r.metrics["leaked_rows"] == 5 and sorted(r.tables["near_duplicates"]["earlier_row"]) == [7, 8, 9, 10, 11]
     from tropt.data.sources import looks_like_text
 
     assert not looks_like_text(df["cat"]) and looks_like_text(_reviews()[0]["review"])
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, 1e30])
+def test_near_duplicates_survive_one_infinite_or_huge_value(bad):
+    """One inf (or 1e30) in a train column made the column's mean/std, and so every vector, NaN: 5 planted copies
+    passed unseen. Statistics now use the finite values only; the copies are found, the clean table passes."""
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame(rng.normal(size=(2000, 6)), columns=list("abcdef")).assign(y=rng.integers(0, 2, 2000))
+    df.loc[3, "a"] = bad
+    train = df.iloc[:1600]
+    r = check_near_duplicates({"train": train, "test": df.iloc[1600:]}, label="y", progress=False)
+    assert r.status is Status.PASS and r.metrics["median_nn_similarity.test_in_train"] > 0.5, r.summary
+    with untouched(train):
+        r = check_near_duplicates({"train": train, "test": pd.concat([df.iloc[1600:], df.iloc[100:105]])}, label="y", progress=False)
+    assert r.metrics["leaked_rows"] == 5 and sorted(r.tables["near_duplicates"]["earlier_row"]) == [100, 101, 102, 103, 104]
 
 
 # ---------------------------------------------------------------------------------------------------- group leakage

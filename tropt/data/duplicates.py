@@ -182,13 +182,12 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     # block (hashed trigrams of the normalised text), each weighted so that the cosine is their average.
     blocks: dict[str, list[np.ndarray]] = {d.name: [] for d in datas}
     if use_numeric:
-        ref = datas[0].numeric
-        mean = np.nanmean(ref, axis=0).astype(np.float32) if tabular else ref.mean(axis=0, dtype=np.float64).astype(np.float32)
-        mean = np.nan_to_num(mean)
+        # Statistics over finite values only (±inf counts as missing): one inf made every vector NaN.
+        mean64, std64 = nb.finite_mean_std(datas[0].numeric, with_std=tabular)
+        mean = mean64.astype(np.float32)
         scale = None
         if tabular:
-            scale = np.nanstd(ref, axis=0).astype(np.float32)
-            scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0).astype(np.float32)
+            scale = np.where(np.isfinite(std64) & (std64 > 0), std64, 1.0).astype(np.float32)
         for d in datas:
             blocks[d.name].append(nb.prepare(d.numeric, mean, scale))
     if use_text:

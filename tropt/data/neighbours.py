@@ -21,8 +21,37 @@ def pick_device(device: str | None) -> str:
     return str(device)
 
 
+def finite_mean_std(x: np.ndarray, with_std: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-column float64 mean (and std) of ``x`` over its finite values only, in row chunks (no full copy).
+
+    One inf (or a value whose square overflows float32) must not make the statistics, and with them every
+    standardised vector, NaN. A column without finite values gets mean 0 (and std NaN).
+    """
+    x2 = x.reshape(len(x), -1)
+    d = x2.shape[1]
+    step = max(1, (1 << 22) // max(d, 1))
+    total, count = np.zeros(d), np.zeros(d)
+    for a in range(0, len(x2), step):
+        v = x2[a:a + step].astype(np.float64)
+        ok = np.isfinite(v)
+        total += np.where(ok, v, 0.0).sum(axis=0)
+        count += ok.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, total / count, 0.0)
+    if not with_std:
+        return mean, None
+    sq = np.zeros(d)
+    for a in range(0, len(x2), step):
+        v = x2[a:a + step].astype(np.float64)
+        sq += np.where(np.isfinite(v), (v - mean) ** 2, 0.0).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        std = np.where(count > 0, np.sqrt(sq / count), np.nan)
+    return mean, std
+
+
 def prepare(x: np.ndarray, mean: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
-    """Centre (and scale) with the reference statistics, fill missing with the mean, L2-normalise rows (new array)."""
+    """Centre (and scale) with the reference statistics, fill missing and ±inf with the mean, L2-normalise rows
+    (new array)."""
     z = x.astype(np.float32, copy=True)
     z -= mean
     if scale is not None:
