@@ -189,6 +189,17 @@ def test_bad_inputs_say_how_to_fix():
         diagnose_curves(np.ones(20), steps=np.arange(10))
 
 
+def test_a_lone_column_not_named_like_a_loss_is_not_read_as_one():
+    """An accuracy column rises: read as a loss it was judged "diverging". Only a name that says loss is guessed."""
+    steps = np.arange(500)
+    with pytest.raises(TroptError, match=r"training loss.*'acc'.*diagnose_curves\(df\['my_loss'\]\)"):
+        diagnose_curves(pd.DataFrame({"step": steps, "acc": np.linspace(0.2, 0.9, 500)}))
+    y = cf.healthy(500)
+    for df in (pd.DataFrame({"step": steps, "my_loss": y}), pd.DataFrame({"step": steps, "val_nll": y}),
+               pd.DataFrame(y), pd.DataFrame({"step": steps, "loss": y, "acc": np.linspace(0.2, 0.9, 500)})):
+        assert diagnose_curves(df).metrics["class"] == "healthy", list(df.columns)
+
+
 def test_json_round_trip_and_plot():
     import matplotlib.pyplot as plt
 

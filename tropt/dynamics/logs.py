@@ -18,6 +18,7 @@ from ..errors import TroptError
 
 TRAIN_NAMES = ("train_loss_step", "train_loss", "train/loss", "loss/train", "training_loss", "train_loss_epoch", "loss")
 VAL_NAMES = ("val_loss", "val/loss", "loss/val", "valid_loss", "validation_loss", "val_loss_epoch", "eval_loss", "eval/loss")
+LOSS_WORDS = ("loss", "nll", "mse", "mae", "rmse", "xent", "cross_entropy", "crossentropy")  # a lone column named so is a loss
 STEP_NAMES = ("step", "Step", "global_step", "iteration", "iter", "epoch")
 
 Curve = tuple[np.ndarray | None, np.ndarray]  # (steps or None, values)
@@ -159,6 +160,7 @@ def _from_tags(curves: dict[str, Curve], role: str, source: str) -> Curve | None
 
 # ---------------------------------------------------------------------------------------------- tables
 def _from_frame(df: pd.DataFrame, role: str, source: str) -> Curve | None:
+    unnamed = isinstance(df.columns, pd.RangeIndex)  # pd.DataFrame(array): columns 0, 1, ...
     cols = [str(c) for c in df.columns]
     df = df.copy()
     df.columns = cols
@@ -169,12 +171,15 @@ def _from_frame(df: pd.DataFrame, role: str, source: str) -> Curve | None:
     numeric = [c for c in cols if c != step_col and pd.api.types.is_numeric_dtype(df[c]) and c not in STEP_NAMES
                and c.lower() not in ("wall time", "wall_time", "time", "timestamp", "lr")]
     col = _pick(numeric, TRAIN_NAMES if role == "train" else VAL_NAMES, want_val=role == "val")
-    if col is None and role == "train" and len(numeric) == 1:
+    # A lone numeric column is the loss only when its name says so: an 'acc' column read as a loss is "diverging".
+    if (col is None and role == "train" and len(numeric) == 1
+            and (unnamed or any(w in numeric[0].lower() for w in LOSS_WORDS))):
         col = numeric[0]
     if col is None:
         if role == "val":
             return None
-        raise TroptError(f"{source}: cannot tell which column is the training loss (columns: {cols})",
+        raise TroptError(f"{source}: cannot tell which column is the training loss: no column is named like a loss "
+                         f"(columns: {cols}; numeric: {numeric})",
                          "name it 'train_loss' or 'loss', or pass the column itself: diagnose_curves(df['my_loss'])")
     d = df.loc[~_other_metric_rows(df, col), [col] + ([step_col] if step_col else [])]
     values = d[col].to_numpy(np.float64)
