@@ -339,13 +339,53 @@ def _schedule_position(sched: object) -> float:
     return float(pos) if isinstance(pos, (int, float)) else float("nan")
 
 
+def _lr0(optimizer: torch.optim.Optimizer) -> float:
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def _cadence_run(setup: Setup, ctx: object, batches: list, kk: int) -> dict:
+    """Run ``batches`` as ``kk`` micro-batches each; record the schedule around every call and optimizer step.
+
+    Positions and learning rates are read at the start and end of every call and, through a second step pre-hook,
+    at every ``optimizer.step()``: a scheduler stepped before the optimizer shows there, within its own call.
+    """
+    quiet_randomness(ctx.model)
+    at_step: list[float] = []
+    handle = ctx.optimizer.register_step_pre_hook(lambda opt, args, kwargs: at_step.append(_schedule_position(ctx.scheduler)))
+    start = _schedule_position(ctx.scheduler)
+    before, lr_before, after, lr_after, calls = [], [], [], [], []
+    try:
+        with StepRecorder(ctx, capture="lr") as rec:
+            for b in batches:
+                before.append(_schedule_position(ctx.scheduler) - start)
+                lr_before.append(_lr0(ctx.optimizer))
+                n = len(rec.records)
+                setup.run_step(ctx, split_batch(b, kk))
+                calls.append(len(rec.records) - n)
+                after.append(_schedule_position(ctx.scheduler) - start)
+                lr_after.append(_lr0(ctx.optimizer))
+    finally:
+        handle.remove()
+    require_steps(setup, calls, f"the K={kk} run")
+    first = np.cumsum([0] + calls[:-1])  # index of each call's first optimizer step
+    stepped = [i for i, c in enumerate(calls) if c > 0]
+    lrs = np.array([r.lrs for r in rec.records])
+    return {"lrs": lrs, "positions": np.array(after), "calls": calls, "moved": bool(after[-1] != 0 or lr_after[-1] != lr_before[0]),
+            # per call with exactly one optimizer step: how far the schedule moved in that call
+            "advances": [after[i] - before[i] for i in stepped if calls[i] == 1],
+            # per call: how far the schedule had moved (position, LR) by the call's first optimizer.step()
+            "early": [(at_step[first[i]] - start - before[i], lrs[first[i], 0], lr_before[i]) for i in stepped]}
+
+
 @register(
     "loop.scheduler_cadence",
     title="Scheduler steps once per optimizer step",
     description="learning rate and schedule position at each optimizer step are the same with K = 1 and K = 4",
 )
 def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 4, progress: bool = True) -> CheckResult:
-    """FAIL when the schedule advances per micro-batch (LR sequence differs between K = 1 and K = ``k``), or never.
+    """FAIL when the schedule advances per micro-batch (LR sequence differs between K = 1 and K = ``k``) or more than
+    once per optimizer step; WARN when it never moves (fine for a per-epoch scheduler stepped outside the step) or is
+    stepped before ``optimizer.step()``.
 
     Compares, after every optimizer step, the scheduler's position (``last_epoch``) and each group's learning
     rate. ``steps`` defaults to 1 when the scheduler reports its position (decisive on its own), else 2 so the
@@ -356,55 +396,87 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     setup.validate()
     if steps is not None and steps < 1:
         raise TroptError(f"check_scheduler_cadence needs steps >= 1 (got {steps})", "use steps=2")
-    runs = {}
     with preserved(setup.model):
         first = setup.build(accumulation_steps=1)
+        has_position = not math.isnan(_schedule_position(first.scheduler))
+        # ReduceLROnPlateau counts metric evaluations: stepping it before optimizer.step() shifts no schedule.
+        plateau = isinstance(first.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         if steps is None:
-            steps = 1 if not math.isnan(_schedule_position(first.scheduler)) else 2
+            steps = 1 if has_position else 2
         batches = list(setup.batches(steps))
         if min(batch_size(b) for b in batches) < k:
             raise TroptError(f"batches must hold at least K={k} samples to compare K=1 with K={k}", "use bigger batches or k=2")
-        for kk in (1, k):
-            ctx = first if kk == 1 else setup.build(accumulation_steps=kk)
-            quiet_randomness(ctx.model)
-            start = _schedule_position(ctx.scheduler)
-            positions, calls = [], []
-            with StepRecorder(ctx, capture="lr") as rec:
-                for b in batches:
-                    before = len(rec.records)
-                    setup.run_step(ctx, split_batch(b, kk))
-                    calls.append(len(rec.records) - before)
-                    positions.append(_schedule_position(ctx.scheduler) - start)
-            require_steps(setup, calls, f"the K={kk} run")
-            runs[kk] = (np.array([r.lrs for r in rec.records]), np.array(positions), calls)
-    (lr1, pos1, _), (lrk, posk, _) = runs[1], runs[k]
+        one = _cadence_run(setup, first, batches, 1)
+        many = _cadence_run(setup, setup.build(accumulation_steps=k), batches, k)
+    lr1, pos1, calls1 = one["lrs"], one["positions"], one["calls"]
+    lrk, posk, callsk = many["lrs"], many["positions"], many["calls"]
     n = min(len(lr1), len(lrk))
     table = pd.DataFrame({
         "step": np.arange(1, len(batches) + 1),
         "lr_k1": [lr1[i, 0] if i < len(lr1) else np.nan for i in range(len(batches))],
         f"lr_k{k}": [lrk[i, 0] if i < len(lrk) else np.nan for i in range(len(batches))],
         "position_k1": pos1, f"position_k{k}": posk,
+        "optimizer_steps_k1": calls1, f"optimizer_steps_k{k}": callsk,
     })
     same_lr = len(lr1) == len(lrk) and np.allclose(lr1[:n], lrk[:n], rtol=1e-6, atol=0)
     same_pos = np.allclose(pos1, posk, equal_nan=True)
     metrics = {"steps": len(batches), "k": k, "position_after_k1": float(pos1[-1]), f"position_after_k{k}": float(posk[-1]),
+               "optimizer_steps_k1": int(sum(calls1)), f"optimizer_steps_k{k}": int(sum(callsk)),
                "max_lr_rel_diff": float(np.max(np.abs(lr1[:n] - lrk[:n]) / np.maximum(np.abs(lr1[:n]), 1e-30))) if n else float("nan")}
     series = {"lr_k1": lr1[:, 0], f"lr_k{k}": lrk[:, 0]}
     tables = {"schedule": table}
+    after_opt = "Call ctx.scheduler.step() once per optimizer step, right after optimizer.step()."
+
+    def result(status: Status, summary: str, advice: list[str] | None = None) -> CheckResult:
+        return CheckResult("loop.scheduler_cadence", status, summary, metrics, tables,
+                           (advice + [_STANDARD_STEP_ADVICE]) if advice else [], series)
+
     # A scheduler without last_epoch gives no position; then only the learning rates are compared.
-    if not np.isnan(pos1).any() and np.all(pos1 == 0):
-        return CheckResult("loop.scheduler_cadence", Status.FAIL,
-                           f"the schedule never advances: after {len(batches)} optimizer steps its position and learning rate are unchanged",
-                           metrics, tables, ["Call ctx.scheduler.step() once per optimizer step, right after optimizer.step().",
-                                             _STANDARD_STEP_ADVICE], series)
-    if same_lr and same_pos:
-        return CheckResult("loop.scheduler_cadence", Status.PASS,
-                           f"the schedule advances once per optimizer step: same learning rates and positions with K=1 and K={k}",
-                           metrics, tables, series=series)
-    per_micro = pos1[-1] > 0 and abs(posk[-1] / pos1[-1] - k) < 0.5
-    cause = (f"it advances {posk[-1] / pos1[-1]:.0f}× faster with K={k}: the scheduler is stepped per micro-batch" if per_micro
-             else f"the learning rates differ between K=1 and K={k} (positions {pos1[-1]:.0f} vs {posk[-1]:.0f} after {len(batches)} steps)")
-    return latent_when_unused(setup, CheckResult(
-        "loop.scheduler_cadence", Status.FAIL, f"the schedule depends on accumulation: {cause}", metrics, tables,
-        ["Call scheduler.step() once per optimizer step (after optimizer.step()), not once per micro-batch; "
-         "a warm-up of W steps otherwise ends after W/K optimizer steps.", _STANDARD_STEP_ADVICE], series))
+    if has_position and not one["moved"] and not many["moved"]:
+        opt_steps = int(sum(calls1))
+        return result(Status.WARN,
+                      f"the schedule did not move during {opt_steps} optimizer step{'s' if opt_steps != 1 else ''} (position and "
+                      "learning rate unchanged): fine if your epoch loop steps it once per epoch, outside the step function; "
+                      "a bug if it is meant to step per optimizer step",
+                      ["If the scheduler is meant to advance per optimizer step (warm-up, cosine or linear decay over steps), call "
+                       "ctx.scheduler.step() once per optimizer step, right after optimizer.step().", "If it is a per-epoch scheduler stepped in your epoch loop, nothing to fix: tropt runs only "
+                       "the step function and cannot see that loop."])
+    # With K=1 a correct step advances the schedule exactly once per optimizer step.
+    adv = one["advances"]
+    if has_position and adv and min(adv) >= 2:
+        times = f"{adv[0]:.0f} times" if len(set(adv)) == 1 else f"{min(adv):.0f} to {max(adv):.0f} times"
+        metrics["schedule_steps_per_optimizer_step"] = float(np.mean(adv))
+        return result(Status.FAIL,
+                      f"the scheduler is stepped {times} per optimizer step (position {pos1[-1]:.0f} after {sum(calls1)} optimizer "
+                      "step(s) with K=1): the schedule runs that much faster than planned",
+                      ["Call scheduler.step() exactly once per optimizer step: look for a second call (a callback, a "
+                       "helper, or the epoch loop also stepping it).", after_opt])
+    if calls1 != callsk:
+        per = [c for c in callsk if c]
+        return result(Status.WARN,
+                      f"cannot compare the schedule per optimizer step: optimizer.step() ran {sum(callsk)} times with K={k} but "
+                      f"{sum(calls1)} with K=1 over {len(batches)} step(s), so the step does not run the optimizer once per "
+                      f"call{' (once per micro-batch?)' if per and max(per) == k else ''}; loop.accumulation reports this defect",
+                      [f"Call optimizer.step() once per call of the step function, after the backward of the last of the "
+                       f"{k} micro-batches; then rerun this check.", after_opt])
+    if not (same_lr and same_pos):
+        per_micro = pos1[-1] > 0 and abs(posk[-1] / pos1[-1] - k) < 0.5
+        cause = (f"it advances {posk[-1] / pos1[-1]:.0f}× faster with K={k}: the scheduler is stepped per micro-batch" if per_micro
+                 else f"the learning rates differ between K=1 and K={k} (positions {pos1[-1]:.0f} vs {posk[-1]:.0f} after {len(batches)} steps)")
+        return latent_when_unused(setup, result(
+            Status.FAIL, f"the schedule depends on accumulation: {cause}",
+            ["Call scheduler.step() once per optimizer step (after optimizer.step()), not once per micro-batch; "
+             "a warm-up of W steps otherwise ends after W/K optimizer steps."]))
+    # Stepped before optimizer.step(): the first update already uses the schedule's second learning rate.
+    early = next(((d, used, planned) for d, used, planned in one["early"]
+                  if (has_position and d > 0) or not math.isclose(used, planned, rel_tol=1e-9)), None)
+    if early is not None and not plateau:
+        d, used, planned = early
+        metrics.update(lr_at_optimizer_step=float(used), lr_planned=float(planned))
+        return result(Status.WARN,
+                      f"the scheduler is stepped before optimizer.step(): the optimizer steps with learning rate {used:.3g} where the "
+                      f"schedule's value for that step is {planned:.3g}, so every update uses the next step's learning rate "
+                      "(the schedule's first value is skipped)",
+                      [f"Move ctx.scheduler.step() after optimizer.step() (PyTorch's order since 1.1). {after_opt}"])
+    return result(Status.PASS,
+                  f"the schedule advances once per optimizer step: same learning rates and positions with K=1 and K={k}")
