@@ -342,3 +342,29 @@ def test_overfit_names_a_regression_target_far_from_zero_instead_of_blaming_the_
     assert r.status is Status.FAIL and "target's mean" in r.summary and "ignores" not in r.summary
     assert 140 < r.metrics["target_mean"] < 160 and r.advice[0].startswith("Standardise the target")
     assert list(r.tables["target_scale"]["target"]) == ["batch[1]"]
+
+
+class BagOfWords(nn.Module):
+    """A BERT-sized vocabulary averaged over the tokens, then a small MLP head."""
+
+    def __init__(self, vocab=30_522, dim=64):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.head = nn.Sequential(nn.Linear(dim, 64), nn.ReLU(), nn.Linear(64, 2))
+
+    def forward(self, ids):
+        return self.head(self.emb(ids).mean(1))
+
+
+def test_a_large_embedding_table_is_not_vanishing_because_most_rows_sit_out_the_batch():
+    """Each step touches ~6% of the rows, so the whole-table gradient RMS (7e-6) looked vanishing next to the head's.
+    Vanishing is judged on the rows that got a gradient; the per-table RMS stays in the table for reference."""
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 30_522, (256, 60), generator=g)
+    batches = [(tokens[i:i + 32], tokens[i:i + 32, 0] % 2) for i in range(0, 256, 32)]
+    torch.manual_seed(0)
+    r = run(check_gradient_flow, setup_for(BagOfWords(), batches=batches))
+    assert r.status is Status.PASS, r.summary
+    layers = r.tables["layers"].set_index("layer")
+    assert layers.loc["emb", "grad_rms_mean"] < 1e-5  # what the old rule read as vanishing
+    assert layers.loc["emb", "grad_rms_active_mean"] > 3 * layers.loc["emb", "grad_rms_mean"]  # 1/sqrt(share)

@@ -39,6 +39,11 @@ def layer_table(mon: GradientMonitor, summary: pd.DataFrame | None = None) -> pd
         any_grad = (~np.isnan(g)).any(axis=1) if g.size else np.zeros(0, dtype=bool)
         per_step = np.where(any_grad, per_step, np.nan)
         rms = per_step / math.sqrt(numel)
+        # RMS over the entries that received a gradient: an embedding table's rows outside the batch get exactly
+        # zero, which would make its whole-table RMS look vanishing.
+        nz = np.nansum(data[:, idx, 3], axis=1) if g.size else np.zeros(0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            active = np.where(nz > 0, per_step / np.sqrt(np.maximum(nz, 1)), np.nan)
         with np.errstate(invalid="ignore"):
             rows.append({
                 "layer": module,
@@ -47,13 +52,14 @@ def layer_table(mon: GradientMonitor, summary: pd.DataFrame | None = None) -> pd
                 "grad_norm_mean": float(np.nanmean(per_step)) if np.isfinite(per_step).any() else math.nan,
                 "grad_rms_mean": float(np.nanmean(rms)) if np.isfinite(rms).any() else math.nan,
                 "grad_rms_max": float(np.nanmax(rms)) if np.isfinite(rms).any() else math.nan,
+                "grad_rms_active_mean": float(np.nanmean(active)) if np.isfinite(active).any() else math.nan,
                 "grad_abs_mean": float(s["grad_abs_sum_mean"].iloc[idx].sum() / numel) if s["grad_abs_sum_mean"].iloc[idx].notna().any() else math.nan,
                 "grad_abs_max": float(np.nanmax(s["grad_abs_max"].iloc[idx])) if s["grad_abs_max"].iloc[idx].notna().any() else math.nan,
                 "update_ratio_mean": float(np.nanmean(s["update_ratio_mean"].iloc[idx])) if s["update_ratio_mean"].iloc[idx].notna().any() else math.nan,
                 "zero_fraction": float(np.nanmean(s["zero_fraction"].iloc[idx])) if s["zero_fraction"].iloc[idx].notna().any() else math.nan,
             })
     return pd.DataFrame(rows, columns=["layer", "params", "numel", "grad_norm_mean", "grad_rms_mean", "grad_rms_max",
-                                       "grad_abs_mean", "grad_abs_max", "update_ratio_mean", "zero_fraction"])
+                                       "grad_rms_active_mean", "grad_abs_mean", "grad_abs_max", "update_ratio_mean", "zero_fraction"])
 
 
 def layer_heatmap(mon: GradientMonitor, layers: list[str]) -> np.ndarray:
@@ -153,19 +159,20 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
         reasons.append(f"exploding gradients: global norm up to {fmt(float(finite.max()))} > {fmt(explode_norm)}")
         advice.append("Lower the learning rate or the initial weight scale, add normalisation, or clip gradients "
                       "(grad_clip=1.0).")
-    live = layers[np.isfinite(layers["grad_rms_mean"]) & (layers["grad_rms_mean"] > 0)]
+    rms_col = "grad_rms_active_mean"  # over entries that got a gradient (see layer_table)
+    live = layers[np.isfinite(layers[rms_col]) & (layers[rms_col] > 0)]
     if len(live) >= 2:
         first_l, last_l = live.iloc[0], live.iloc[-1]
-        ratio = first_l["grad_rms_mean"] / last_l["grad_rms_mean"]
+        ratio = first_l[rms_col] / last_l[rms_col]
         metrics.update(first_layer=first_l["layer"], last_layer=last_l["layer"], first_to_last_ratio=float(ratio),
-                       first_layer_grad_rms=float(first_l["grad_rms_mean"]))
-        if ratio < vanish_ratio and first_l["grad_rms_mean"] < vanish_rms:
-            small = live[live["grad_rms_mean"] < vanish_rms]
+                       first_layer_grad_rms=float(first_l[rms_col]))
+        if ratio < vanish_ratio and first_l[rms_col] < vanish_rms:
+            small = live[live[rms_col] < vanish_rms]
             for _, r in small.iterrows():
                 problems.append({"name": r["layer"], "problem": "vanishing gradient",
-                                 "detail": f"gradient RMS {fmt(r['grad_rms_mean'])} vs {fmt(last_l['grad_rms_mean'])} at {last_l['layer']}"})
+                                 "detail": f"gradient RMS {fmt(r[rms_col])} vs {fmt(last_l[rms_col])} at {last_l['layer']}"})
             reasons.append(f"vanishing gradients: the first layer {first_l['layer']} gets {fmt(ratio)}x the gradient of "
-                           f"the last ({last_l['layer']}), RMS {fmt(first_l['grad_rms_mean'])}")
+                           f"the last ({last_l['layer']}), RMS {fmt(first_l[rms_col])}")
             advice.append("Use ReLU/GELU instead of sigmoid/tanh in deep stacks, add residual connections or "
                           "normalisation layers, and use a fan-in aware init (kaiming/xavier).")
     if problems:
