@@ -53,6 +53,22 @@ def test_throughput_flags_a_slow_dataset():
     plt.close("all")
 
 
+def test_throughput_advice_for_sub_millisecond_waits_does_not_also_ask_for_workers():
+    """Waits under a millisecond (tensors in memory): workers may cost more than they save, so no advice may then
+    ask for num_workers=1, prefetching or persistent workers."""
+    g = torch.Generator().manual_seed(0)
+    ds = torch.utils.data.TensorDataset(torch.randn(256, 8, generator=g), torch.randint(0, 3, (256,), generator=g))
+    s = mlp_setup(torch.utils.data.DataLoader(ds, batch_size=8))
+    r = check_throughput(s, warmup=3, steps=5, profile=False, data_threshold=0.0, progress=False)  # always WARN
+    assert r.status == Status.WARN and r.metrics["data_wait_ms"] < 1.0, r.summary
+    assert len(r.advice) == 1 and "may cost more than they save" in r.advice[0], r.advice
+    assert not any(w in r.advice[0] for w in ("num_workers=", "prefetch_factor", "persistent_workers"))
+    # a loader that already has workers is told to try without them (its waits are too timing-dependent to run here)
+    from tropt.perf.throughput import _cheap_batches_advice
+
+    assert "try num_workers=0 instead of 2" in _cheap_batches_advice(mlp_setup(torch.utils.data.DataLoader(ds, num_workers=2)))
+
+
 def test_throughput_in_memory_batches_are_compute_bound():
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(256, 8, generator=g), torch.randint(0, 3, (256,), generator=g)) for _ in range(4)]
@@ -116,6 +132,16 @@ def test_precision_runs_a_user_amp_step_in_precisions_without_a_scaler():
                           warmup=1, progress=False)
     # the step returns no loss and calls no ctx.loss_fn: losses come from an extra forward, from the second step on
     assert torch.allclose(torch.as_tensor(r.series["loss_fp32"][1:]), torch.as_tensor(ref.series["loss_fp32"][1:]), rtol=1e-5)
+
+
+def test_precision_of_an_fp16_setup_on_cpu_is_reported_as_not_measured(tiny_setup):
+    s = tiny_setup.replace(precision="fp16", use_scaler=True)
+    r = check_precision(s, precisions=("fp32", "bf16", "fp16"), steps=3, warmup=0, progress=False)
+    assert r.status == Status.WARN and r.tables["precisions"].set_index("precision").loc["fp16", "status"] == "skipped"
+    assert len(r.advice) == 1 and "could not run" not in r.advice[0], r.advice
+    assert "fp16 is not measured on this CPU" in r.advice[0] and r.metrics["recommended"] in r.advice[0]
+    r = check_precision(s, precisions=("fp32",), steps=3, warmup=0, progress=False)  # fp16 left out by the caller
+    assert "fp16 was not among the precisions compared" in r.advice[0], r.advice
 
 
 def test_precision_guardrail_rejects_an_unstable_precision(tiny_setup):

@@ -304,7 +304,14 @@ def check_precision(
     status = Status.PASS
     if cur.empty:
         status = Status.WARN
-        advice.append(f"The Setup's precision {current} could not run here; use {recommended}.")
+        if current not in reasons:  # left out by the caller's ``precisions``
+            advice.append(f"The Setup's precision {current} was not among the precisions compared; {recommended} is the "
+                          f"fastest stable one of those measured (add {current!r} to precisions= to compare it).")
+        elif reasons[current].startswith("failed"):
+            advice.append(f"The Setup's precision {current} could not run here ({reasons[current]}); use {recommended}.")
+        else:
+            advice.append(f"The Setup's precision {current} is not measured on this {device.type.upper()} "
+                          f"({reasons[current]}); the fastest stable precision measured here is {recommended}.")
     else:
         c = cur.iloc[0]
         if not bool(c["stable"]):
