@@ -510,3 +510,25 @@ def test_correct_plateau_step_passes_cadence():
     with untouched(setup):
         r = check_scheduler_cadence(setup)
     assert r.status is Status.PASS, r.summary
+
+
+@pytest.mark.parametrize("scheduler", ["warmup", "cosine", "plateau"])
+def test_resume_that_forgets_the_scheduler_fails_even_after_one_step(scheduler):
+    """Losing the schedule's position makes every later step diverge: FAIL at the default steps=1, where the
+    updates themselves still agree (the optimizer's state_dict carries the current learning rate)."""
+    def save(ctx):
+        return {"m": ctx.model.state_dict(), "o": ctx.optimizer.state_dict()}
+
+    def load(ctx, s):
+        ctx.model.load_state_dict(s["m"]); ctx.optimizer.load_state_dict(s["o"])
+
+    make = {"warmup": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 10)),
+            "cosine": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 50)}
+    setup = plateau_setup() if scheduler == "plateau" else mlp_setup().replace(scheduler=make[scheduler])
+    r = check_resume(setup.replace(save_state=save, load_state=load))
+    assert r.status is Status.FAIL and "first divergence: schedule position" in r.summary, r.summary
+    assert r.metrics["schedule_position_straight"] == 2 and r.metrics["schedule_position_resumed"] == 1
+    if scheduler != "plateau":  # the next learning rate already differs
+        assert "resuming changes the schedule" in r.summary and r.metrics["lr_after_straight"] != r.metrics["lr_after_resumed"]
+    assert any("scheduler.state_dict()" in a for a in r.advice)
+    assert check_resume(setup).status is Status.PASS  # control: tropt's full checkpoint

@@ -89,6 +89,12 @@ def _state_of(ctx: StepContext, rng: RngState) -> dict[str, dict[str, torch.Tens
     }
 
 
+def _position(ctx: StepContext) -> float | None:
+    """The scheduler's position (``last_epoch``), when it reports one."""
+    pos = getattr(ctx.scheduler, "last_epoch", None)
+    return float(pos) if isinstance(pos, (int, float)) else None
+
+
 def _call_user(fn: Callable, who: str, *args: Any) -> Any:
     try:
         return fn(*args)
@@ -156,6 +162,9 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
         rng_b.restore()
         rec_b, _ = run_steps(setup, ctx_b, batches[steps:], capture="lr")
         final_a, final_b = _state_of(ctx_a, rng_a), _state_of(ctx_b, RngState.take())
+        # Where each schedule stands after the continuation: the learning rate the next step would use, and position.
+        end_a = ([float(g["lr"]) for g in ctx_a.optimizer.param_groups], _position(ctx_a))
+        end_b = ([float(g["lr"]) for g in ctx_b.optimizer.param_groups], _position(ctx_b))
     rows = []
     for comp in COMPONENTS:
         final = max_rel_error(final_a[comp], final_b[comp])
@@ -179,6 +188,20 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
                            metrics, tables, series=series)
     advice = [_ADVICE[c] for c in lost] or ["Something outside the checkpoint carries state: a module attribute that is not "
                                             "in state_dict(), or state kept by loss_fn or the step function. Save it too."]
+    metrics.update(lr_after_straight=end_a[0][0], lr_after_resumed=end_b[0][0])
+    if end_a[1] is not None and end_b[1] is not None:
+        metrics.update(schedule_position_straight=end_a[1], schedule_position_resumed=end_b[1])
+    schedule_differs = ("schedule position" in lost and not components.set_index("component").loc["schedule position", "matches_at_end"]) \
+        or not np.allclose(end_a[0], end_b[0], rtol=1e-6)
+    if final_err <= tol and lr_same and schedule_differs:
+        # The updates so far agree, but the two schedules now stand at different places: every later step diverges.
+        where = (f"position {end_a[1]:g} vs {end_b[1]:g}, " if end_a[1] is not None and end_b[1] is not None else "")
+        return CheckResult("loop.resume", Status.FAIL,
+                           f"resuming changes the schedule: after {steps} more step(s) the resumed run's schedule differs from the "
+                           f"straight run's (straight vs resumed: {where}next learning rate {end_a[0][0]:.3g} vs {end_b[0][0]:.3g}); first divergence: "
+                           f"{lost[0] if lost else 'schedule position'}"
+                           + (f" (also not restored: {', '.join(lost[1:])})" if len(lost) > 1 else ""),
+                           metrics, tables, advice, series)
     if final_err <= tol and lr_same:
         return CheckResult("loop.resume", Status.WARN,
                            f"the resumed run matches here, but {', '.join(lost)} {'is' if len(lost) == 1 else 'are'} not restored "
