@@ -261,6 +261,26 @@ def test_near_duplicates_survive_one_infinite_or_huge_value(bad):
     assert r.metrics["leaked_rows"] == 5 and sorted(r.tables["near_duplicates"]["earlier_row"]) == [100, 101, 102, 103, 104]
 
 
+def test_near_duplicates_in_few_dimensions_see_magnitude():
+    """In few dimensions a row and 1.5x that row had cosine 1.0 and were 'near duplicates'; a constant component
+    next to the standardised table features makes magnitude count. True near copies are still found, and the
+    threshold is printed with the digits that tell it from 1."""
+    import re
+
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame(rng.normal(size=(3000, 4)), columns=["a", "b", "c", "d"]).assign(y=rng.integers(0, 2, 3000))
+    train, test = df.iloc[:2400], df.iloc[2400:].copy()
+    mean = train.iloc[:, :4].mean().to_numpy()
+    test.iloc[:10, :4] = mean + 1.5 * (train.iloc[:10, :4].to_numpy() - mean)  # same direction from the mean
+    r = check_near_duplicates({"train": train, "test": test}, label="y", progress=False)
+    assert r.status is Status.PASS and r.metrics["leaked_rows"] == 0, r.summary
+    shown = float(re.search(r"threshold ([0-9.]+)", r.summary).group(1))
+    assert shown < 1 and abs((1 - shown) / (1 - r.metrics["threshold"]) - 1) < 0.01, r.summary
+    test.iloc[10:15, :4] = train.iloc[20:25, :4].to_numpy() + 1e-5  # near copies
+    r = check_near_duplicates({"train": train, "test": test}, label="y", progress=False)
+    assert r.metrics["leaked_rows"] == 5 and sorted(r.tables["near_duplicates"]["earlier_row"]) == list(range(20, 25))
+
+
 # ---------------------------------------------------------------------------------------------------- group leakage
 def test_group_leakage_counts_and_boundary(clean):
     train, test = clean

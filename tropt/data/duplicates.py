@@ -125,6 +125,12 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
 
 
 # ---------------------------------------------------------------------------------------------------- near duplicates
+def _fmt_sim(x: float) -> str:
+    """A similarity with enough digits to show its distance from 1 (0.9999966 is not '1.0000')."""
+    digits = max(4, int(np.ceil(-np.log10(max(1.0 - x, 1e-12)))) + 2)
+    return f"{x:.{digits}f}"
+
+
 @register("data.near_duplicates", title="Near duplicates across splits",
           description="rows/samples of a later split nearly identical (cosine) to one in an earlier split", needs="splits")
 def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
@@ -134,8 +140,9 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
                           max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
     """Exact cosine nearest neighbour of every later-split row among each earlier split's rows.
 
-    Vectors are the numeric features (tables: standardised with the first split's mean/std; tensors: centred),
-    L2-normalised. A table's free-text columns (strings with mostly distinct values, or long multi-word ones with
+    Vectors are the numeric features (tables: standardised with the first split's finite mean/std, plus a constant
+    component of 1 so that magnitude counts, not only direction; tensors: centred), L2-normalised; the similarity of
+    each nearest pair is recomputed in float64 from the distance, so cut-offs within 1e-7 of 1 are resolved. A table's free-text columns (strings with mostly distinct values, or long multi-word ones with
     many different values; low-cardinality strings are categories and are not compared) add a block of hashed
     character trigrams of the row's text, lower-cased with punctuation and spacing collapsed (so copies that differ
     only in case, spacing or punctuation match exactly); with both blocks the similarity is their average, and a
@@ -165,8 +172,9 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     if not use_numeric and not use_text:
         return _skip(cid, f"only {num_dim} numeric feature column(s): cosine similarity cannot tell rows apart in so few dimensions")
     dim = (num_dim if use_numeric else 0) + (nb.TEXT_DIM if use_text else 0)
+    vec_dim = dim + (1 if use_numeric and tabular else 0)  # the vectors compared (tables: + the constant component)
     dev = nb.pick_device(device)
-    cost = sum(a.n * b.n * dim for a, b in _pairs(datas))
+    cost = sum(a.n * b.n * vec_dim for a, b in _pairs(datas))
     if enabled == "auto":
         total = sum(d.n for d in datas)
         if tabular and total > max_auto_rows:
@@ -189,7 +197,9 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
         if tabular:
             scale = np.where(np.isfinite(std64) & (std64 > 0), std64, 1.0).astype(np.float32)
         for d in datas:
-            blocks[d.name].append(nb.prepare(d.numeric, mean, scale))
+            # Tables: a constant 1 (one standard deviation) next to the standardised features makes magnitude
+            # count; tensors/images keep pure cosine (brightness/contrast changes are still near copies).
+            blocks[d.name].append(nb.prepare(d.numeric, mean, scale, offset=1.0 if tabular else None))
     if use_text:
         for d in datas:
             blocks[d.name].append(nb.prepare_text(d.text))
@@ -207,12 +217,13 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     edges = np.linspace(-9, 0.5, 96)
     for later, earlier in _pairs(datas):
         best, arg = nb.nearest(prepared[later.name], prepared[earlier.name], dev, progress, f"tropt: {later.name} vs {earlier.name}")
+        best = nb.pair_similarity(prepared[later.name], prepared[earlier.name][arg])  # the same pairs, exactly near 1
         angle = np.arccos(best.astype(np.float64))
         nonexact = angle[angle > 1e-3]
         typical = float(np.median(nonexact)) if nonexact.size else float(np.pi / 2)
         # Far closer than rows typically are: the expected share of unrelated rows that close falls like
         # ratio**(dim-1), so low-dimensional data gets a smaller ratio (false positives below ~1e-5 per row).
-        ratio = min(calibration, 1e-5 ** (1.0 / max(dim - 1, 1)))
+        ratio = min(calibration, 1e-5 ** (1.0 / max(vec_dim - 1, 1)))
         thr = float(threshold) if threshold is not None else max(min_similarity, float(np.cos(ratio * typical)))
         thresholds.append(thr)
         flagged = best >= thr
@@ -241,9 +252,9 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
         room = max_evidence - sum(len(e) for e in evidence)
         if room > 0 and len(hit):
             order = hit[np.argsort(-best[hit], kind="stable")][:room]
-            sim = np.einsum("ij,ij->i", prepared[later.name][order], prepared[earlier.name][match[order]])
+            sim = nb.pair_similarity(prepared[later.name][order], prepared[earlier.name][match[order]])
             ev = pd.DataFrame({"split": later.name, "row": later.row_id[order], "earlier_split": earlier.name,
-                               "earlier_row": earlier.row_id[match[order]], "similarity": np.clip(sim, -1, 1).astype(np.float64),
+                               "earlier_row": earlier.row_id[match[order]], "similarity": sim,
                                "exact": later.fp[order] == earlier.fp[match[order]]})
             if use_text:
                 ev["text"] = later.text_preview[order]
@@ -276,7 +287,7 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
                   "If these are legitimately similar but distinct samples, raise threshold= (the similarity cut-off)."]
     else:
         text = f"; text columns {metrics['text_columns']} compared as normalised text" if use_text else ""
-        summary = f"no near duplicates across splits (similarity threshold {metrics['threshold']:.4f}, {dim} dimensions{text})"
+        summary = f"no near duplicates across splits (similarity threshold {_fmt_sim(metrics['threshold'])}, {dim} dimensions{text})"
         advice = []
     status = Status.FAIL if worst > max_fraction else Status.WARN if leaked else Status.PASS
     return CheckResult(cid, status, summary, metrics, tables, advice, series)

@@ -49,14 +49,18 @@ def finite_mean_std(x: np.ndarray, with_std: bool = True) -> tuple[np.ndarray, n
     return mean, std
 
 
-def prepare(x: np.ndarray, mean: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
+def prepare(x: np.ndarray, mean: np.ndarray, scale: np.ndarray | None, offset: float | None = None) -> np.ndarray:
     """Centre (and scale) with the reference statistics, fill missing and ±inf with the mean, L2-normalise rows
-    (new array)."""
-    z = x.astype(np.float32, copy=True)
-    z -= mean
+    (new array). ``offset`` appends that constant component before normalising, so that the cosine also sees
+    magnitude: without it, rows on one ray from the mean (z and 1.5 z) have similarity 1 in any dimension."""
+    z = np.empty((len(x), x.shape[1] + (offset is not None)), dtype=np.float32)
+    z[:, :x.shape[1]] = x
+    z[:, :x.shape[1]] -= mean
     if scale is not None:
-        z /= scale
+        z[:, :x.shape[1]] /= scale
     np.nan_to_num(z, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+    if offset is not None:
+        z[:, -1] = offset
     norm = np.linalg.norm(z, axis=1, keepdims=True)
     norm[norm == 0] = 1.0
     z /= norm
@@ -81,6 +85,19 @@ def nearest(query: np.ndarray, ref: np.ndarray, device: str = "cpu", progress: b
             best[a:a + step] = v.cpu().numpy()
             arg[a:a + step] = i.cpu().numpy()
     return np.clip(best, -1.0, 1.0), arg
+
+
+def pair_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """float64 cosine of row pairs of unit vectors, as ``1 - |a - b|^2 / 2``: a float32 dot product cannot resolve
+    similarities within ~1e-7 of 1 (identical rows may score 0.99999994), the distance can. Zero rows: the dot."""
+    out = np.empty(len(a))
+    step = max(1, (1 << 20) // max(a.shape[1], 1))
+    for s in range(0, len(a), step):
+        x, y = a[s:s + step].astype(np.float64), b[s:s + step].astype(np.float64)
+        dot = np.einsum("ij,ij->i", x, y)
+        unit = (np.einsum("ij,ij->i", x, x) > 0) & (np.einsum("ij,ij->i", y, y) > 0)
+        out[s:s + step] = np.where(unit, 1.0 - 0.5 * np.einsum("ij,ij->i", x - y, x - y), dot)
+    return np.clip(out, -1.0, 1.0)
 
 
 def average_hash(x: np.ndarray, shape: tuple, side: int = 16) -> np.ndarray:
