@@ -200,6 +200,27 @@ def test_a_lone_column_not_named_like_a_loss_is_not_read_as_one():
         assert diagnose_curves(df).metrics["class"] == "healthy", list(df.columns)
 
 
+def test_summaries_read_well():
+    """No label repeated as its own evidence, and counts agree with their nouns."""
+    r = diagnose_curves(cf.still_improving(2000))
+    assert r.summary.startswith("still improving at the end: the loss fell a further ") and r.summary.count("still improving") == 1
+    assert r.summary.endswith("% over the last tenth of the run"), r.summary
+    one_spike = cf.healthy(2000)
+    one_spike[1000:1003] *= 4.0
+    assert "1 loss spike (" in diagnose_curves(one_spike).summary
+    assert "3 loss spikes (" in diagnose_curves(cf.unstable(2000)).summary
+    one_nan = cf.healthy(500)
+    one_nan[-1] = np.nan
+    assert "(1 non-finite value)" in diagnose_curves(one_nan).summary
+
+
+def test_both_dynamics_checks_are_exported():
+    import tropt.dynamics as dynamics
+
+    assert {"check_loss_curve", "check_lr_range"} <= set(dynamics.__all__)
+    assert dynamics.check_lr_range.__module__ == "tropt.dynamics.lr_range"
+
+
 def test_json_round_trip_and_plot():
     import matplotlib.pyplot as plt
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 from .curves import CurveThresholds, classify_curve
 from .logs import read_curve, read_tensorboard
 from .loss_curve import check_loss_curve, diagnose_curves
+from .lr_range import check_lr_range
 
 __all__ = [
     "CurveThresholds",
     "check_loss_curve",
+    "check_lr_range",
     "classify_curve",
     "diagnose_curves",
     "read_curve",

@@ -37,6 +37,11 @@ def _g(x: float) -> str:
     return f"{x:.3g}" if isinstance(x, (int, float)) and math.isfinite(x) else str(x)
 
 
+def _n(count: Any, noun: str) -> str:
+    """``1 spike``, ``2 spikes``."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def _step(x: float) -> str:
     return str(int(round(x))) if math.isfinite(x) else str(x)
 
@@ -52,15 +57,16 @@ def _clip_advice(m: dict) -> str:
 def _describe(cls: str, m: dict) -> str:
     if cls == "non_finite":
         if m.get("non_finite"):
-            return f"the loss became non-finite at step {_step(m['first_non_finite_step'])} ({m['non_finite']} non-finite values)"
-        return f"the validation loss is non-finite ({m.get('val_non_finite', '?')} values)"
+            return (f"the loss became non-finite at step {_step(m['first_non_finite_step'])} "
+                    f"({_n(m['non_finite'], 'non-finite value')})")
+        return f"the validation loss is non-finite ({_n(m.get('val_non_finite', '?'), 'value')})"
     if cls == "diverging":
         return (f"the loss rose to {_g(m['end_loss'])} at the end (start {_g(m['start_loss'])}, "
                 f"best {_g(m['best_loss'])} at step {_step(m['best_loss_step'])})")
     if cls == "flat":
         return f"no significant decrease: {_g(m['start_loss'])} → {_g(m['end_loss'])} over {m['points']} points"
     if cls == "unstable":
-        return f"{m['spikes']} loss spike(s) (robust z of log-loss change above threshold)"
+        return f"{_n(m['spikes'], 'loss spike')} (robust z of log-loss change above threshold)"
     if cls == "noisy_late":
         return (f"step-to-step noise grew from {_g(m['early_noise_abs'])} to {_g(m['late_noise_abs'])} "
                 f"(±{m['late_noise']:.0%} of the loss) in the last quarter")
@@ -68,7 +74,10 @@ def _describe(cls: str, m: dict) -> str:
         return (f"validation was best at step {_step(m['val_best_step'])} ({_g(m['val_best_loss'])}) and rose to "
                 f"{_g(m['val_end_loss'])} while training kept falling")
     if cls == "still_improving":
-        return f"still improving at the end ({_g(m['late_improvement'])} log-loss over the last tenth)"
+        x = m["late_improvement"]
+        if m.get("scale") == "log":
+            return f"the loss fell a further {-math.expm1(-x):.1%} over the last tenth of the run"
+        return f"the loss fell a further {_g(x)} (in units of its spread) over the last tenth of the run"
     if "late_improvement" in m and "still_improving" in m.get("classes", ""):
         return f"the loss fell from {_g(m['start_loss'])} to {_g(m['end_loss'])}"
     return f"the loss fell from {_g(m['start_loss'])} to {_g(m['end_loss'])} and settled"

@@ -317,7 +317,8 @@ def check_precision(
         if not bool(c["stable"]):
             status = Status.WARN
             advice.append(f"{current} is outside the stability guardrail here (loss {float(c['loss_deviation']):.1%} from fp32, "
-                          f"{int(c['non_finite'])} non-finite, {int(c['scaler_skips'])} scaler skips): train in {recommended}.")
+                          f"{int(c['non_finite'])} non-finite, {int(c['scaler_skips'])} scaler skip{'' if int(c['scaler_skips']) == 1 else 's'}): "
+                          f"train in {recommended}.")
         elif recommended != current and float(c["step_ms"]) / float(best["step_ms"]) >= speedup_threshold:
             status = Status.WARN
             advice.append(f"Train in {recommended}: it is {float(c['step_ms']) / float(best['step_ms']):.2f}× faster than "
