@@ -532,3 +532,18 @@ def test_resume_that_forgets_the_scheduler_fails_even_after_one_step(scheduler):
         assert "resuming changes the schedule" in r.summary and r.metrics["lr_after_straight"] != r.metrics["lr_after_resumed"]
     assert any("scheduler.state_dict()" in a for a in r.advice)
     assert check_resume(setup).status is Status.PASS  # control: tropt's full checkpoint
+
+
+def test_accumulation_does_not_pass_when_no_gradient_reaches_the_optimizer():
+    def step(ctx, mbs):  # zero_grad between backward and step: both runs step with no gradient, so they "match"
+        for mb in mbs:
+            (ctx.loss_fn(ctx.model, mb) / len(mbs)).backward()
+        ctx.optimizer.zero_grad()
+        ctx.optimizer.step()
+
+    for k in (2, 4):
+        r = check_accumulation(mlp_setup(step, k=k, scheduler=False))
+        assert r.status is Status.WARN and "no gradient reaches optimizer.step()" in r.summary, r.summary
+        assert "loop.zero_grad" in r.summary and "never between backward() and step()" in r.advice[0]
+    bn = bn_cnn_setup().replace(step=step)  # the BatchNorm path too
+    assert check_accumulation(bn).status is Status.WARN

@@ -207,6 +207,18 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
         return compare_tensors(a, b, labels=("1x", f"{k}x")), a, b, calls[0]
 
     uneven_micro = split_batch(batch, sizes=uneven_sizes)
+
+    def no_gradient(a: dict, b: dict, metrics: dict, tables: dict) -> CheckResult | None:
+        # Zero equals zero: a step that clears gradients before optimizer.step() would "match" in every comparison.
+        if _norm(a) > 0 or _norm(b) > 0:
+            return None
+        return CheckResult("loop.accumulation", Status.WARN,
+                           "cannot check accumulation: no gradient reaches optimizer.step() in either run (every gradient is "
+                           "zero or None when the optimizer steps); loop.zero_grad reports this defect",
+                           metrics, tables,
+                           ["Call optimizer.zero_grad() after optimizer.step() (or before the first backward of the next step), "
+                            "never between backward() and step(); then rerun this check.", _STANDARD_STEP_ADVICE])
+
     with preserved(setup.model):
         full_grads = None
         if not bn_layers and n_even == n:
@@ -218,7 +230,7 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
                 metrics = {"k": k, "batch_size": n, "uneven_sizes": "+".join(map(str, uneven_sizes)), "max_rel_error": uerr,
                            "uneven_max_rel_error": uerr, "global_rel_error": global_rel_error(full_grads, ub), "tolerance": tol,
                            "optimizer_steps_in_k_run": ucalls, "batch_dependent_layers": 0}
-                return CheckResult("loop.accumulation", Status.PASS,
+                return no_gradient(full_grads, ub, metrics, {"parameters": utable}) or CheckResult("loop.accumulation", Status.PASS,
                                    f"{k} micro-batches of unequal sizes ({metrics['uneven_sizes']}) give the full-batch gradient "
                                    f"(max relative error {uerr:.1e} ≤ {tol:.0e}); equal sizes follow",
                                    metrics, {"parameters": utable})
@@ -230,6 +242,8 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
                    "optimizer_steps_in_k_run": calls_b, "grad_norm_ratio": _norm(b) / _norm(a) if _norm(a) else float("nan"),
                    "grad_cosine": _cosine(a, b), "batch_dependent_layers": len(bn_layers)}
         tables = {"parameters": table}
+        if (empty := no_gradient(a, b, metrics, tables)) is not None:
+            return empty
         frozen = False
         if err > tol and bn_layers and calls_b == 1:
             ftable, fa, fb, fcalls = compare(even_micro, even_batch, freeze=True)
