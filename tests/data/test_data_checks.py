@@ -117,6 +117,25 @@ def test_three_splits_check_every_later_pair(clean):
     assert len(r.tables["pairs"]) == 3
 
 
+def test_exact_duplicates_in_a_tiny_feature_space_are_not_leakage():
+    """4 five-point answers (625 combinations) for 5000 rows: every test row has a copy in train by chance, and
+    rows repeat within test too. That was FAIL '1000 of 1000 test rows in train'; now WARN, feature space too
+    small to judge. Real copies (every row of a continuous table triplicated, then split) still FAIL."""
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({f"q{i}": rng.integers(1, 6, 5000) for i in range(4)})
+    df["y"] = ((df.sum(axis=1) + rng.normal(0, 2, 5000)) > 12).astype(int)
+    r = check_exact_duplicates({"train": df.iloc[:4000], "test": df.iloc[4000:]}, label="y", progress=False)
+    assert r.status is Status.WARN and "too small to judge" in r.summary, r.summary
+    assert r.metrics["leaked_rows"] == 1000 and len(r.tables["leaked_rows"]) == 1000
+    assert r.metrics["small_feature_space"] and r.metrics["distinct_vectors"] == 625
+    assert r.metrics["distinct_vectors.test"] == 494 and r.metrics["within_repeat_rate.test"] == pytest.approx(0.81)
+    assert not any("Drop the" in a for a in r.advice)
+    x = pd.DataFrame(rng.normal(size=(1000, 3)), columns=["a", "b", "c"]).assign(y=rng.integers(0, 2, 1000))
+    tripled = pd.concat([x] * 3, ignore_index=True).sample(frac=1.0, random_state=0)
+    r = check_exact_duplicates({"train": tripled.iloc[:2400], "test": tripled.iloc[2400:]}, label="y", progress=False)
+    assert r.status is Status.FAIL and not r.metrics["small_feature_space"] and r.metrics["leaked_rows"] > 500
+
+
 # ---------------------------------------------------------------------------------------------------- near duplicates
 def planted_vectors(n_train=3000, n_test=800, d=32, k=12, noise=1e-3, seed=0):
     g = torch.Generator().manual_seed(seed)

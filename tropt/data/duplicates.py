@@ -17,12 +17,16 @@ from ._common import MAX_EVIDENCE, _canon_hashes, _labels, _load, _pairs, _pct, 
 @register("data.exact_duplicates", title="Exact duplicates across splits",
           description="rows of a later split with an exact copy (same features) in an earlier split", needs="splits")
 def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
-                           max_fraction: float = 0.01, max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
+                           max_fraction: float = 0.01, small_space: float = 10.0, max_evidence: int = MAX_EVIDENCE,
+                           progress: bool = True) -> CheckResult:
     """Find rows of later splits whose features exactly match a row of an earlier split.
 
     Fingerprints are canonical (-0.0 == 0.0, NaN == NaN, column order and index ignored) and cover the feature
     columns only: every column except ``label``, ``group`` and ``time`` unless ``features=`` lists them.
-    WARN for any leaked row (or conflicting labels), FAIL when more than ``max_fraction`` of a later split leaked.
+    WARN for any leaked row (or conflicting labels), FAIL when more than ``max_fraction`` of a later split leaked,
+    except in a feature space too small to judge: when a table's feature columns can take at most ``small_space``
+    times as many value combinations as there are rows (4 five-point answers: 625), rows coincide by chance
+    across and within splits, and the copies are a WARN with the distinct counts and within-split repeat rates.
     """
     cid = "data.exact_duplicates"
     datas = _load(splits, label, group, time, features, progress)
@@ -68,6 +72,7 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
         metrics[f"duplicates_within.{d.name}"] = within
         within_total += within
     metrics["duplicates_within"] = within_total
+    metrics["distinct_vectors"] = len(uniq)
 
     # Same features, different labels (anywhere in the splits): label noise or a feature set too poor to decide.
     conflicting, conflict_rows, conflict_table = 0, 0, None
@@ -104,7 +109,29 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
         tables["conflicting_labels"] = conflict_table
     leaked, worst = metrics["leaked_rows"], metrics["max_pair_fraction"]
     advice = []
-    if leaked:
+    space = None
+    if worst > max_fraction and datas[0].tabular:
+        space = _feature_space(splits, label, group, time, features, progress)
+        if np.isfinite(space[0]):
+            metrics["feature_combinations_log10"] = round(space[0], 3)
+        for d, c in zip(datas, split_codes):
+            metrics[f"distinct_vectors.{d.name}"] = int(np.unique(c).size)
+            metrics[f"within_repeat_rate.{d.name}"] = float(np.mean(np.bincount(c)[c] > 1))  # rows sharing their vector
+    chance = space is not None and space[0] <= np.log10(small_space * sum(d.n for d in datas))
+    metrics["small_feature_space"] = bool(chance)
+    if leaked and chance:
+        # Few possible feature vectors for the rows: copies across splits are what chance gives (rows repeat within
+        # each split too), so they say nothing about leakage. Not FAIL; the numbers and the evidence stay.
+        worst_pair = max(pair_rows, key=lambda r: r["leaked_fraction"])
+        wl = worst_pair["split"]
+        summary = (f"feature space too small to judge exact copies: {space[1]} feature column(s) take at most "
+                   f"{10 ** space[0]:,.0f} value combinations ({len(uniq)} distinct vectors) for "
+                   f"{sum(d.n for d in datas)} rows, so {worst_pair['leaked_rows']} of {worst_pair['rows']} {wl} rows "
+                   f"matching {worst_pair['earlier_split']} ({_pct(worst_pair['leaked_fraction'])}) is expected by chance; "
+                   f"{_pct(metrics[f'within_repeat_rate.{wl}'])} of {wl} rows repeat within {wl} too")
+        advice.append("Exact copies cannot show leakage here: check it by the entity instead (pass group= with the "
+                      "user/patient/session id), or include the columns that identify a record in features=.")
+    elif leaked:
         worst_pair = max(pair_rows, key=lambda r: r["leaked_fraction"])
         advice.append(f"Drop the {leaked} leaked rows from the later splits (listed in 'leaked_rows'), or de-duplicate "
                       "the data before splitting so every copy lands in one split.")
@@ -120,8 +147,21 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
         advice.append("Review the rows with identical features but different labels ('conflicting_labels'): fix the labels or drop them.")
     if within_total:
         summary += f"; {within_total} duplicate row(s) within splits"
-    status = Status.FAIL if worst > max_fraction else Status.WARN if leaked or conflicting else Status.PASS
+    status = Status.FAIL if worst > max_fraction and not chance else Status.WARN if leaked or conflicting else Status.PASS
     return CheckResult(cid, status, summary, metrics, tables, advice)
+
+
+def _feature_space(splits, label, group, time, features, progress) -> tuple[float, int]:
+    """log10 of how many value combinations the feature columns can take (product of each column's distinct values,
+    missing counting as one, in the splits' row samples), and the number of feature columns."""
+    datas = _load(splits, label, group, time, features, progress, needs={"sample"})
+    cols = datas[0].feature_columns
+    frames = [d.sample for d in datas if d.sample is not None]
+    both = pd.concat([f[cols] for f in frames], ignore_index=True) if len(frames) > 1 else frames[0][cols]
+    distinct = [both[c].nunique(dropna=False) for c in cols]
+    if any(k >= 0.5 * len(both) for k in distinct):  # a mostly-distinct column: the sample cannot bound it
+        return float("inf"), len(cols)
+    return float(sum(np.log10(max(1, k)) for k in distinct)), len(cols)
 
 
 # ---------------------------------------------------------------------------------------------------- near duplicates
