@@ -368,3 +368,20 @@ def test_a_large_embedding_table_is_not_vanishing_because_most_rows_sit_out_the_
     layers = r.tables["layers"].set_index("layer")
     assert layers.loc["emb", "grad_rms_mean"] < 1e-5  # what the old rule read as vanishing
     assert layers.loc["emb", "grad_rms_active_mean"] > 3 * layers.loc["emb", "grad_rms_mean"]  # 1/sqrt(share)
+
+
+def test_init_loss_names_a_regression_offset_an_input_scale_and_a_class_count_mismatch():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(128, D, generator=g)
+    y = 150 + 20 * torch.randn(128, generator=g)
+    torch.manual_seed(0)
+    reg = tropt.Setup(nn.Sequential(nn.Linear(D, 16), nn.ReLU(), nn.Linear(16, 1)),
+                      lambda m, b: F.mse_loss(m(b[0]).squeeze(-1), b[1]), adam(), [(x[i:i + 32], y[i:i + 32]) for i in range(0, 128, 32)])
+    r = run(check_init_loss, reg)
+    assert r.status is Status.FAIL and "target's mean (1" in r.summary and r.metrics["offset_share"] > 0.9
+    raw = run(check_init_loss, setup_for(mlp(), batches=[(bx * 300, by) for bx, by in data()]))
+    assert raw.advice[0].startswith("batch[0] has RMS") and "large" in raw.advice[0]
+    assert raw.tables["input_scale"]["rms"].iloc[0] > 100
+    wrong = run(check_init_loss, setup_for(mlp(), num_classes=C + 2))
+    assert wrong.status is Status.WARN and wrong.metrics["output_classes"] == C
+    assert wrong.summary.startswith(f"the model outputs {C} class scores but the Setup says num_classes={C + 2}")

@@ -18,7 +18,7 @@ import torch
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from ._common import fmt, probe
+from ._common import _class_layouts, fmt, get_leaf, input_paths, input_scale, probe
 
 CHECK = "model.init_loss"
 
@@ -63,7 +63,8 @@ def check_init_loss(setup: Any, *, n_batches: int = 4, warn_ratio: float = 1.5, 
         for i, batch in enumerate(setup.batches(max(1, n_batches))):
             value, out, obj, order = probe(setup, model, batch, ctx)
             if i == 0:
-                objective, calls, out0 = obj, order, out
+                objective, calls, out0, first_batch = obj, order, out, batch
+                inputs = input_paths(setup, model, batch, ctx)
             losses.append(value)
             if objective is not None and out is not None:
                 outputs.append(out.float().cpu())
@@ -82,6 +83,8 @@ def check_init_loss(setup: Any, *, n_batches: int = 4, warn_ratio: float = 1.5, 
             "entropy, MSE or L1 of the model's output against a tensor of the batch (custom or reduced-by-sum loss)",
             {"init_loss": measured, "model_output_captured": out0 is not None}, {"batches": per_batch})
     y = torch.cat([t.reshape(-1) for t in targets]) if targets else torch.zeros(0)
+    scale_table, scale_notes = input_scale(first_batch, inputs)
+    width = _output_classes(out0, first_batch, objective)
     expected, basis = _expected(objective.kind, objective.num_classes, y)
     ratio = measured / expected if expected > 0 else math.inf
     metrics: dict[str, Any] = {
@@ -109,8 +112,20 @@ def check_init_loss(setup: Any, *, n_batches: int = 4, warn_ratio: float = 1.5, 
                                                "log_prior": np.log(np.maximum(priors, 1e-12))})
     if ratio > warn_ratio:
         status = Status.FAIL if ratio > fail_ratio else Status.WARN
+        cause = f"{layer} starts confidently wrong"
+        if not objective.is_classification and out_all is not None and y.numel():
+            # A fresh regressor outputs about 0: with a target far from zero mean the loss is mostly that offset.
+            offset = float(y.float().mean()) - float(out_all.mean())
+            share = offset ** 2 / measured if objective.kind == "mse" else abs(offset) / measured
+            metrics.update(target_mean=float(y.float().mean()), target_std=float(y.float().std()), offset_share=share)
+            if share > 0.5:
+                cause = (f"the target's mean ({fmt(metrics['target_mean'])}) is far from the initial outputs "
+                         f"({fmt(float(out_all.mean()))}); that offset is {share:.0%} of the loss")
         summary = (f"loss at initialisation is {fmt(measured)}, {fmt(ratio)}x the {fmt(expected)} ({basis}) that "
-                   f"{objective.name} implies: {layer} starts confidently wrong")
+                   f"{objective.name} implies: {cause}")
+        if scale_notes:
+            advice.extend(scale_notes)
+            tables["input_scale"] = scale_table
         if objective.is_classification:
             advice.append(f"Scale down the weights of {layer} at initialisation (e.g. multiply them by 0.01) so the "
                           "initial outputs are near zero.")
@@ -134,7 +149,21 @@ def check_init_loss(setup: Any, *, n_batches: int = 4, warn_ratio: float = 1.5, 
         summary = f"loss at initialisation {fmt(measured)} is close to the {fmt(expected)} ({basis}) that {objective.name} implies"
         if ratio < 0.5:
             summary += " (well below it: a pretrained model, or a target that leaks into the inputs)"
+    if setup.num_classes is not None and width is not None and width != setup.num_classes:
+        # The chance level above used num_classes; the model disagrees about how many classes there are.
+        metrics["output_classes"] = width
+        status = status if status.rank >= Status.WARN.rank else Status.WARN
+        summary = f"the model outputs {width} class scores but the Setup says num_classes={setup.num_classes}; " + summary
+        advice.insert(0, f"Make num_classes match the model's output width ({width}), or fix the output layer.")
     return CheckResult(CHECK, status, summary, metrics, tables, advice)
+
+
+def _output_classes(out: torch.Tensor | None, batch: Any, objective: Any) -> int | None:
+    """The number of class scores the model outputs for a cross-entropy/NLL objective (None otherwise)."""
+    if out is None or objective is None or objective.kind not in ("cross_entropy", "nll"):
+        return None
+    layouts = _class_layouts(out, get_leaf(batch, objective.target_path).to(out.device))
+    return layouts[objective.layout][2] if objective.layout < len(layouts) else None
 
 
 def _target(batch: Any, objective: Any) -> torch.Tensor:
