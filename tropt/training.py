@@ -58,6 +58,19 @@ class StepContext:
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
 
+def needs_metric(scheduler: Any) -> bool:
+    """Whether ``scheduler.step`` needs an argument (a metric, like ReduceLROnPlateau): no argument-free step."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        return True
+    import inspect
+
+    try:
+        params = inspect.signature(scheduler.step).parameters.values()
+    except (TypeError, ValueError, AttributeError):  # no step, or a builtin without a signature: assume argument-free
+        return False
+    return any(p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
 def standard_step(ctx: StepContext, micro_batches: list) -> torch.Tensor:
     """The reference optimizer step: what a correct loop does with K micro-batches.
 
@@ -65,6 +78,14 @@ def standard_step(ctx: StepContext, micro_batches: list) -> torch.Tensor:
     micro-batches give exactly the gradient of the whole batch; then unscale -> clip -> step -> update ->
     zero_grad, and the scheduler once per optimizer step. Returns the step's loss (detached, sample-weighted).
     """
+    if ctx.scheduler is not None and needs_metric(ctx.scheduler):  # fail before any update, not at scheduler.step()
+        from .errors import SetupError
+
+        raise SetupError(
+            f"Setup: the scheduler is a {type(ctx.scheduler).__name__}, which steps on a metric (scheduler.step(metric)); "
+            "tropt.standard_step steps the scheduler once per optimizer step with no argument, so it cannot drive it",
+            "pass your own step=step(ctx, micro_batches) that calls ctx.scheduler.step(metric) (e.g. with the step's loss), "
+            "or leave the scheduler out of the Setup")
     sizes = [batch_size(mb) for mb in micro_batches]
     total = sum(sizes)
     step_loss = torch.zeros((), device=ctx.device)

@@ -547,3 +547,15 @@ def test_accumulation_does_not_pass_when_no_gradient_reaches_the_optimizer():
         assert "loop.zero_grad" in r.summary and "never between backward() and step()" in r.advice[0]
     bn = bn_cnn_setup().replace(step=step)  # the BatchNorm path too
     assert check_accumulation(bn).status is Status.WARN
+
+
+def test_standard_step_with_a_metric_scheduler_is_a_setup_error_not_a_broken_step():
+    """standard_step cannot call ReduceLROnPlateau.step(metric): say so (and how to fix it) instead of blaming the step."""
+    setup = plateau_setup().replace(step=None)
+    report = tropt.diagnose(setup, checks="loop", progress=False)
+    for r in report:
+        if r.status is not Status.SKIP:
+            assert r.status is Status.ERROR, (r.check, r.summary)
+            assert "ReduceLROnPlateau, which steps on a metric" in r.summary and "raised TypeError" not in r.summary, r.summary
+            assert "calls ctx.scheduler.step(metric)" in r.advice[0]
+    assert tropt.diagnose(plateau_setup(), checks="loop", progress=False).status is not Status.ERROR  # its own step works
