@@ -60,6 +60,36 @@ def test_sample_setup_diverges_with_a_far_too_high_lr(sample_module):
     assert r.status == Status.FAIL and r.metrics["class"] in ("non_finite", "diverging")
 
 
+def sgdr_like_step(n=300, period=60):
+    """Trains with the standard step but returns a loss that doubles after each warm restart of a
+    CosineAnnealingWarmRestarts(T_0=period) schedule (the loss of step t reflects the LR of update t-1)."""
+    rng = np.random.default_rng(0)
+    t = np.arange(n)
+    lr_share = 0.5 * (1 + np.cos(np.pi * (np.maximum(t - 1, 0) % period) / period))
+    losses = (0.3 + 2.0 * np.exp(-t / 100)) * (1 + lr_share) * np.exp(rng.normal(0, 0.03, n))
+    calls = iter(range(n))
+
+    def step(ctx, micro):
+        tropt.standard_step(ctx, micro)
+        return float(losses[next(calls)])
+
+    return step
+
+
+def test_loss_jumps_right_after_a_warm_restart_are_not_instability():
+    restarts = lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=60)
+    s = linreg_setup(KNOWN_GOOD_LR, scheduler=restarts, step=sgdr_like_step())
+    with untouched(s):
+        r = check_loss_curve(s, steps=300, progress=False)
+    assert "unstable" not in r.metrics["classes"] and r.status == Status.PASS, r.summary
+    assert r.metrics["spikes"] == 0 and r.metrics["spikes_after_lr_increase"] == 4
+    assert list(r.tables["spikes"]["step"]) == [61, 121, 181, 241] and r.tables["spikes"]["after_lr_increase"].all()
+    assert np.isclose(r.series["lr"][60], KNOWN_GOOD_LR) and r.series["lr"][59] < 0.01 * KNOWN_GOOD_LR
+    # the same jumps under a constant learning rate have no schedule to explain them
+    r = check_loss_curve(linreg_setup(KNOWN_GOOD_LR, step=sgdr_like_step()), steps=300, progress=False)
+    assert r.metrics["class"] == "unstable" and r.metrics["spikes"] == 4, r.summary
+
+
 def test_step_returning_none_reads_the_loss_from_loss_fn_calls():
     def my_step(ctx, micro):
         for mb in micro:

@@ -20,6 +20,7 @@ from ..errors import TroptError
 
 MAX_BINS = 50
 MIN_POINTS = 10
+LR_WINDOW = 5  # a spike within this many steps after a learning-rate increase is the schedule's (warm restart, warm-up)
 
 # Classes in order of severity (the primary class is the first that applies).
 CLASSES = ("non_finite", "diverging", "flat", "overfitting", "unstable", "noisy_late", "still_improving", "healthy")
@@ -109,6 +110,7 @@ def classify_curve(
     val_steps: Any = None,
     grad_norms: Any = None,
     thresholds: CurveThresholds | None = None,
+    lrs: Any = None,
 ) -> CurveDiagnosis:
     """Classify a training-loss curve (and optionally a validation curve).
 
@@ -124,6 +126,10 @@ def classify_curve(
         Optional gradient norms per step, used to suggest a clipping threshold (90th percentile).
     thresholds
         :class:`CurveThresholds`; the defaults suit most runs.
+    lrs
+        Optional learning rate of the optimizer step that followed each training value. A spike within
+        ``LR_WINDOW`` steps after the learning rate rose (a warm restart, a warm-up) is listed but not counted as
+        instability.
 
     Returns
     -------
@@ -250,8 +256,18 @@ def classify_curve(
         events = up[np.concatenate(([True], np.diff(up) > 1))]  # consecutive jumps are one event
     else:
         events = up
-    metrics["spikes"] = int(events.size)
-    series["spike_step"] = x_use[events + 1] if events.size else np.empty(0)
+    scheduled = np.zeros(events.size, dtype=bool)
+    if lrs is not None:
+        lr = _as_float_array(lrs, "lrs")
+        if lr.size != n:
+            raise TroptError(f"lrs has {lr.size} values but train has {n}", "give the learning rate of each training step")
+        series["lr"] = lr
+        rose = np.r_[False, lr[1:n_use] > lr[:n_use - 1] * (1 + 1e-9)]  # rose[j]: step j's LR above step j-1's
+        # change e (loss e -> e+1) follows step e's update: the schedule's when the LR rose shortly before
+        scheduled = np.array([bool(rose[max(0, e - LR_WINDOW + 1):e + 1].any()) for e in events], dtype=bool)
+        metrics["spikes_after_lr_increase"] = int(scheduled.sum())
+    metrics["spikes"] = int((~scheduled).sum())
+    series["spike_step"] = x_use[events[~scheduled] + 1] if events.size else np.empty(0)
     if events.size:
         tables["spikes"] = pd.DataFrame(
             {
@@ -259,9 +275,10 @@ def classify_curve(
                 "loss": y_use[events + 1],
                 "loss_before": y_use[events],
                 "robust_z": rz[events],
+                **({"after_lr_increase": scheduled} if lrs is not None else {}),
             }
         ).head(1000)
-    if events.size and "diverging" not in classes:
+    if metrics["spikes"] and "diverging" not in classes:
         classes.append("unstable")
 
     # --- noisy late in training

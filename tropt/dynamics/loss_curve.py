@@ -257,6 +257,7 @@ def check_loss_curve(
         runner = StepRunner(setup, ctx)
         losses: list[Any] = []
         loss_steps: list[int] = []
+        lrs: list[float] = []  # the LR of each loss's optimizer step: spikes right after an LR increase are scheduled
         val_losses: list[float] = []
         val_at: list[int] = []
         if has_val:
@@ -265,13 +266,16 @@ def check_loss_curve(
         bar = tqdm(total=steps, desc=CHECK_ID, disable=not progress, leave=False)
         with bar, StepRecorder(ctx, "norm") as hook:  # the gradient norm at each optimizer.step()
             for i, batch in enumerate(setup.batches(steps)):
+                before = len(hook.records)
                 loss = runner.step(split_batch(batch, ctx.accumulation_steps))
+                stepped = hook.records[before:]
                 bar.update(1)
                 if callback is not None:
                     callback({"check": CHECK_ID, "step": i + 1, "total": steps, "loss": None if loss is None else float(loss)})
                 if loss is not None:
                     losses.append(loss)
                     loss_steps.append(i)
+                    lrs.append(max(stepped[-1].lrs) if stepped and stepped[-1].lrs else math.nan)
                     if not math.isfinite(float(loss)):
                         break
                 if has_val and ((i + 1) % every == 0 or i + 1 == steps):
@@ -282,7 +286,7 @@ def check_loss_curve(
     diag = classify_curve(values, np.asarray(loss_steps, dtype=np.float64),
                           np.asarray(val_losses) if has_val else None,
                           np.asarray(val_at, dtype=np.float64) if has_val else None,
-                          norms or None, thresholds)
+                          norms or None, thresholds, lrs=lrs)
     extra = {"source": "setup run", "steps_run": int(len(loss_steps)), "loss_from": runner.source or "none"}
     if setup.scheduler is not None:
         extra["scheduler"] = "the Setup's scheduler"
