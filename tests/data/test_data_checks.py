@@ -372,6 +372,26 @@ def test_target_leakage_gap_and_regression(clean):
     assert r.metrics["task"] == "regression" and r.metrics["top_feature"] == "copy" and r.status is Status.FAIL
 
 
+def test_target_leakage_gap_is_like_for_like_and_significant():
+    """Wine, stratified 70/30: 'alcohol' was WARNed with a 0.15 gap (train power out-of-fold with 64 bins on 124
+    rows, test with the full-train encoding). Both now come from the same fold models, with bins for the row
+    count, and the gap must be significant: PASS. A feature that copies the label in train only still WARNs."""
+    pytest.importorskip("sklearn")
+    from sklearn.datasets import load_wine
+    from sklearn.model_selection import train_test_split
+
+    df = load_wine(as_frame=True).frame
+    tr, te = train_test_split(df, test_size=0.3, random_state=0, stratify=df["target"])
+    r = check_target_leakage({"train": tr, "test": te}, label="target", progress=False)
+    assert r.status is Status.PASS and r.metrics["gap_features"] == 0, r.summary
+    rng = np.random.default_rng(0)
+    tr = tr.assign(leak=tr.target + rng.normal(0, 0.6, len(tr)))
+    te = te.assign(leak=rng.normal(1.0, 0.6, len(te)))
+    r = check_target_leakage({"train": tr, "test": te}, label="target", progress=False)
+    assert r.status is Status.WARN and r.metrics["gap_features"] == 1 and "'leak'" in r.summary, r.summary
+    assert r.tables["features"].set_index("feature").loc["leak", "gap_z_test"] > 4
+
+
 # ---------------------------------------------------------------------------------------------------- label shift
 def shifted(p_train: float, p_test: float, n: int = 2000):
     a = pd.DataFrame({"x": np.arange(n), "y": (np.arange(n) < p_train * n).astype(int)})

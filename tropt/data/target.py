@@ -90,31 +90,68 @@ def _knn_predict(x_fit: np.ndarray, y_fit: np.ndarray, x_new: np.ndarray, k: int
     return out
 
 
-def _regression_power(x: pd.Series, y: np.ndarray, fold: np.ndarray, folds: int, later: list, col, first: str) -> dict:
-    """Out-of-fold R² of a numeric feature alone (nearest-neighbour smoother), then on each later split."""
+def _regression_preds(x: pd.Series, y: np.ndarray, fold: np.ndarray, folds: int, later: list, col) -> tuple:
+    """Out-of-fold predictions of a numeric feature alone (nearest-neighbour smoother) on the first split, and each
+    fold's model on every later split's rows (``(folds, n, 1)``)."""
     v = _numeric_values(x)
     pred = np.empty(len(v))
+    outs = [[] for _ in later]
     for k in range(folds):
         fit, app = fold != k, fold == k
         pred[app] = _knn_predict(v[fit], y[fit], v[app])
-    row = {"feature": col, f"power_{first}": _power(pred, y, "regression", 1)}
-    for d, smp, yl in later:
-        row[f"power_{d.name}"] = _power(_knn_predict(v, y, _numeric_values(smp[col])), yl, "regression", 1) if len(smp) >= 2 else float("nan")
-    return row
+        for j, (d, smp, yl) in enumerate(later):
+            outs[j].append(_knn_predict(v[fit], y[fit], _numeric_values(smp[col])))
+    return pred[:, None], [np.stack(o)[:, :, None] for o in outs]
+
+
+def _fold_powers(pred: np.ndarray, y: np.ndarray, fold: np.ndarray, later: np.ndarray | None, y_later: np.ndarray | None,
+                 power, rows: np.ndarray | None = None, rows_later: np.ndarray | None = None) -> tuple[float, float]:
+    """Mean power of each fold's model on its held-out rows, and on the later split's rows (optionally resampled).
+
+    Each model is scored on its own (not pooled): pooling out-of-fold predictions of different models ranks rows
+    by how their fold's absence shifted the encoding, which biases weak features' power below chance."""
+    if rows is not None:
+        pred, y, fold = pred[rows], y[rows], fold[rows]
+    folds = int(fold.max()) + 1
+    first = float(np.nanmean([power(pred[fold == k], y[fold == k]) for k in range(folds)]))
+    if later is None:
+        return first, float("nan")
+    if rows_later is not None:
+        later, y_later = later[:, rows_later], y_later[rows_later]
+    return first, float(np.nanmean([power(later[k], y_later) for k in range(folds)]))
+
+
+def _gap_z(pred: np.ndarray, y: np.ndarray, fold: np.ndarray, later: np.ndarray, y_later: np.ndarray, power,
+           rng: np.random.Generator, reps: int) -> float:
+    """The power gap (first - later) over its bootstrap standard error (rows of both splits resampled)."""
+    a, b = _fold_powers(pred, y, fold, later, y_later, power)
+    boots = []
+    for _ in range(reps):
+        pa, pb = _fold_powers(pred, y, fold, later, y_later, power,
+                              rng.integers(0, len(y), len(y)), rng.integers(0, len(y_later), len(y_later)))
+        boots.append(pa - pb)
+    se = float(np.nanstd(boots))
+    return (a - b) / se if se > 0 else float("inf") * np.sign(a - b)
 
 
 @register("data.target_leakage", title="Target leakage (single-feature power)",
           description="a single feature that predicts the label almost perfectly, or far better in one split", needs="splits")
 def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
                          max_power: float = 0.98, max_gap: float = 0.15, min_power_for_gap: float = 0.6,
-                         task: str | None = None, bins: int = 64, folds: int = 5, seed: int = 0,
-                         max_features: int = 1000, progress: bool = True) -> CheckResult:
+                         gap_alpha: float = 0.01, task: str | None = None, bins: int = 64, rows_per_bin: int = 10,
+                         folds: int = 5, seed: int = 0, bootstrap: int = 200, max_features: int = 1000,
+                         progress: bool = True) -> CheckResult:
     """Cross-validated predictive power of each feature alone (a binned one-feature model, i.e. target encoding).
 
     Power is ROC AUC for classification (macro one-vs-rest for several classes) and R² for regression, measured
-    out-of-fold on up to 20,000 rows of the first split, then on each later split with the first split's
-    encoding. FAIL for a feature with power ``>= max_power``; WARN when a feature's power differs between the
-    first split and a later one by more than ``max_gap`` (and one of them is at least ``min_power_for_gap``).
+    on up to 20,000 rows of the first split by ``folds``-fold cross-validation, and on each later split with the same
+    fold models (each fit on the other folds and scored alone, then averaged: both powers come from the same models
+    on unseen rows). Numeric features get
+    ``bins`` quantile bins, fewer for small splits (at least ``rows_per_bin`` rows per bin). FAIL for a feature
+    with power ``>= max_power``; WARN when a feature's power differs between the first split and a later one by
+    more than ``max_gap`` (one of them at least ``min_power_for_gap``) and the difference is significant: its
+    bootstrap z-score (``bootstrap`` resamples of both splits' rows) beyond the two-sided ``gap_alpha`` level,
+    Bonferroni-corrected for the features checked.
     """
     from tqdm.auto import tqdm
 
@@ -160,28 +197,34 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
     for d, s in zip(datas[1:], labels[1:]):
         y, ok, _ = target_of(s, classes)
         later.append((d, d.sample[ok].reset_index(drop=True), y[ok]))
-    rows = []
+    # Quantile bins with enough rows each that a fold's encoding is not noise (64 bins on 124 rows: 2 per bin).
+    nbins = int(min(bins, max(2, len(tr) * (folds - 1) // (folds * rows_per_bin))))
+
+    def power(p, y):
+        return _power(p[:, 0] if task == "regression" else p, y, task, n_classes)
+
+    rows, preds = [], []
     for c in tqdm(feats, desc="tropt: target leakage", disable=not progress, leave=False):
         if task == "regression" and _is_num(tr[c]):
-            row = _regression_power(tr[c], y_tr, fold, folds, later, c, datas[0].name)
-            rows.append(row)
-            continue
-        codes, spec = _bins(tr[c], bins)
-        nb_ = int(codes.max()) + 2 if len(codes) else 2
-        nb_ = max(nb_, (len(spec[1]) + 2))
-        pred = np.empty((len(tr), t_tr.shape[1]))
-        for k in range(folds):
-            fit, app = fold != k, fold == k
-            pred[app] = _encode(codes[fit], t_tr[fit], codes[app], nb_, prior)
-        p = pred[:, 0] if task == "regression" else pred
-        row = {"feature": c, f"power_{datas[0].name}": _power(p, y_tr, task, n_classes)}
-        for d, smp, y in later:
-            if len(smp) < 2:
-                row[f"power_{d.name}"] = float("nan")
-                continue
-            pl = _encode(codes, t_tr, _apply_bins(smp[c], spec), nb_, prior)
-            row[f"power_{d.name}"] = _power(pl[:, 0] if task == "regression" else pl, y, task, n_classes)
+            pred, outs = _regression_preds(tr[c], y_tr, fold, folds, later, c)
+        else:
+            codes, spec = _bins(tr[c], nbins)
+            nb_ = int(codes.max()) + 2 if len(codes) else 2
+            nb_ = max(nb_, (len(spec[1]) + 2))
+            pred = np.empty((len(tr), t_tr.shape[1]))
+            later_codes = [_apply_bins(smp[c], spec) for _, smp, _ in later]
+            outs = [[] for _ in later]
+            for k in range(folds):
+                fit, app = fold != k, fold == k
+                pred[app] = _encode(codes[fit], t_tr[fit], codes[app], nb_, prior)
+                for j, lc in enumerate(later_codes):
+                    outs[j].append(_encode(codes[fit], t_tr[fit], lc, nb_, prior))
+            outs = [np.stack(o) for o in outs]
+        row = {"feature": c, f"power_{datas[0].name}": _fold_powers(pred, y_tr, fold, None, None, power)[0]}
+        for (d, smp, y), pl in zip(later, outs):
+            row[f"power_{d.name}"] = float(np.nanmean([power(p, y) for p in pl])) if len(smp) >= 2 else float("nan")
         rows.append(row)
+        preds.append((pred, outs))
     table = pd.DataFrame(rows)
     base = f"power_{datas[0].name}"
     gap_cols = []
@@ -189,20 +232,33 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
         col = f"gap_{d.name}"
         table[col] = table[base] - table[f"power_{d.name}"]
         gap_cols.append(col)
-    table = table.sort_values(base, ascending=False, na_position="last", kind="stable").reset_index(drop=True)
     metric = "auc" if task == "classification" else "r2"
-    top = table.iloc[0] if len(table) else None
-    leaky = table[table[base] >= max_power]
     gapped = pd.DataFrame()
     if gap_cols:
+        # A gap counts when it is large, one side is strong, and it is not sampling noise: its bootstrap z-score
+        # must clear the Bonferroni-corrected level (small test splits and weak features gave 0.15 gaps by chance).
+        from scipy.stats import norm
+
+        z_crit = float(norm.isf(gap_alpha / (2 * max(1, len(feats)))))
+        rng = np.random.default_rng(seed)
         big = np.zeros(len(table), dtype=bool)
-        for d in datas[1:]:
+        for j, (d, smp, y) in enumerate(later):
             pc = table[f"power_{d.name}"]
             strong = (table[base] >= min_power_for_gap) | (pc >= min_power_for_gap)
-            big |= ((table[f"gap_{d.name}"].abs() > max_gap) & strong).to_numpy()
+            cand = ((table[f"gap_{d.name}"].abs() > max_gap) & strong).to_numpy()
+            z = np.full(len(table), np.nan)
+            for i in np.flatnonzero(cand):
+                z[i] = _gap_z(preds[i][0], y_tr, fold, preds[i][1][j], y, power, rng, bootstrap)
+            table[f"gap_z_{d.name}"] = z
+            big |= cand & (np.abs(z) >= z_crit)
         gapped = table[big]
+    table = table.sort_values(base, ascending=False, na_position="last", kind="stable").reset_index(drop=True)
+    if len(gapped):
+        gapped = table[table["feature"].isin(gapped["feature"])]
+    top = table.iloc[0] if len(table) else None
+    leaky = table[table[base] >= max_power]
     metrics: dict[str, Any] = {"task": task, "metric": metric, "features_checked": len(feats), "rows_used": len(tr),
-                               "leaky_features": len(leaky), "gap_features": len(gapped),
+                               "leaky_features": len(leaky), "gap_features": len(gapped), "bins": nbins,
                                "max_power": float(top[base]) if top is not None and np.isfinite(top[base]) else float("nan"),
                                "top_feature": str(top["feature"]) if top is not None else ""}
     tables = {"features": table}
@@ -216,7 +272,8 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
         status = Status.FAIL
     elif len(gapped):
         names = ", ".join(repr(f) for f in gapped["feature"][:5])
-        summary = f"{len(gapped)} feature(s) predict {label!r} very differently across splits (gap > {max_gap} {metric}): {names}"
+        summary = (f"{len(gapped)} feature(s) predict {label!r} very differently across splits (gap > {max_gap} {metric}, "
+                   f"significant at {gap_alpha} after correcting for {len(feats)} features): {names}")
         advice.append(f"Inspect {names}: a feature that is predictive in one split only often leaks split membership or drifts; "
                       "drop it or fix how it is computed.")
         status = Status.WARN
