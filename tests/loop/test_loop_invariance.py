@@ -559,3 +559,57 @@ def test_standard_step_with_a_metric_scheduler_is_a_setup_error_not_a_broken_ste
             assert "ReduceLROnPlateau, which steps on a metric" in r.summary and "raised TypeError" not in r.summary, r.summary
             assert "calls ctx.scheduler.step(metric)" in r.advice[0]
     assert tropt.diagnose(plateau_setup(), checks="loop", progress=False).status is not Status.ERROR  # its own step works
+
+
+# ------------------------------------------------------------------ half precision: a bug under the tolerance
+def long_token_batches(n_batches=2, b=16, max_len=12, vocab=20):
+    """Sequences of 9-12 tokens: per-micro-batch token means are off by only ~2% on equal-sized micro-batches."""
+    g = torch.Generator().manual_seed(5)
+    out = []
+    for _ in range(n_batches):
+        lengths = torch.randint(9, max_len + 1, (b,), generator=g)
+        ids = torch.randint(1, vocab, (b, max_len), generator=g)
+        mask = torch.arange(max_len)[None, :] < lengths[:, None]
+        out.append({"input_ids": ids * mask, "attention_mask": mask})
+    return out
+
+
+def test_token_mean_bug_hidden_by_the_bf16_tolerance_still_fails_with_its_cause():
+    def buggy(ctx, micro_batches):
+        for mb in micro_batches:
+            with ctx.autocast():
+                total, count = token_losses(ctx.model, mb)
+            (total.float() / count / len(micro_batches)).backward()
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+
+    def fixed(ctx, micro_batches):
+        n_tokens = sum(int(mb["attention_mask"][:, 1:].sum()) for mb in micro_batches)
+        for mb in micro_batches:
+            with ctx.autocast():
+                total, _ = token_losses(ctx.model, mb)
+            (total.float() / n_tokens).backward()
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+
+    torch.manual_seed(0)
+    setup = tropt.Setup(TinyLM(), lm_loss, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), long_token_batches(),
+                        step=buggy, accumulation_steps=2, precision="bf16")
+    with untouched(setup):
+        r = check_accumulation(setup)
+    assert r.metrics["max_rel_error"] <= r.metrics["tolerance"]  # the equal split alone would hide it
+    assert r.status is Status.FAIL and "normalised by its own item count" in r.summary, r.summary
+    assert "hidden here under the bf16 tolerance" in r.summary and r.metrics["equal_split_error_of_cause_fp32"] > 1e-3
+    assert "total item count of the whole optimizer step" in r.advice[0]
+    assert check_accumulation(setup.replace(step=fixed)).status is Status.PASS
+    # Per-sample means averaged with equal weights (loss / K) stay a WARN: exact for equal sizes, in bf16 too.
+    def divide_by_k(ctx, micro_batches):
+        for mb in micro_batches:
+            with ctx.autocast():
+                loss = ctx.loss_fn(ctx.model, mb)
+            (loss.float() / len(micro_batches)).backward()
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+
+    plain = check_accumulation(mlp_setup(divide_by_k, k=2, scheduler=False).replace(precision="bf16"))
+    assert plain.status is Status.WARN and "unequal sizes" in plain.summary, plain.summary
