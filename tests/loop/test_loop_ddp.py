@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -99,3 +101,68 @@ def test_a_process_that_dies_is_an_immediate_error():
     report = tropt.diagnose(ddp_setup(step), checks=["loop.ddp"], progress=False)
     r = report["loop.ddp"]
     assert r.status is Status.ERROR and "exited with code 3 before reporting" in r.summary  # the closed pipe, not the time limit
+
+
+# ------------------------------------------------------------------ token-level losses: the normaliser must be global
+class TinyLM(nn.Module):
+    def __init__(self, vocab=20, dim=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.out = nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        return self.out(torch.tanh(self.emb(ids)))
+
+
+def token_sum(model, batch):
+    """Summed next-token loss over non-padding positions, and their count."""
+    logits = model(batch["input_ids"][:, :-1])
+    valid = batch["attention_mask"][:, 1:]
+    per_token = nn.functional.cross_entropy(logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none")
+    return (per_token * valid).sum(), valid.sum()
+
+
+def lm_setup(step, k=2):
+    g = torch.Generator().manual_seed(4)
+    lengths = torch.randint(2, 13, (32,), generator=g)
+    ids = torch.randint(1, 20, (32, 12), generator=g)
+    mask = torch.arange(12)[None, :] < lengths[:, None]
+    torch.manual_seed(0)
+    return tropt.Setup(TinyLM(), lambda m, b: (lambda t, c: t / c)(*token_sum(m, b)),
+                       lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [{"input_ids": ids * mask, "attention_mask": mask}],
+                       step=step, accumulation_steps=k)
+
+
+def step_process_token_mean(ctx, micro_batches):  # right on one process; under DDP each process uses its own count
+    n_tokens = sum(int(mb["attention_mask"][:, 1:].sum()) for mb in micro_batches)
+    for mb in micro_batches:
+        total, _ = token_sum(ctx.model, mb)
+        (total / n_tokens).backward()
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+
+
+def step_global_token_mean(ctx, micro_batches):  # the fix: all-reduce the token count
+    n_tokens = torch.tensor(float(sum(int(mb["attention_mask"][:, 1:].sum()) for mb in micro_batches)))
+    world = 1
+    if dist.is_initialized():
+        dist.all_reduce(n_tokens)
+        world = dist.get_world_size()
+    for i, mb in enumerate(micro_batches):
+        quiet = ctx.model.no_sync() if hasattr(ctx.model, "no_sync") and i < len(micro_batches) - 1 else contextlib.nullcontext()
+        with quiet:
+            total, _ = token_sum(ctx.model, mb)
+            (total * world / n_tokens).backward()
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+
+
+def test_per_process_token_normalisation_is_named_with_the_all_reduce_fix():
+    for k in (1, 2):
+        r = check_ddp(lm_setup(step_process_token_mean, k=k))
+        assert r.status is Status.FAIL and "average of per-process mean losses" in r.summary, r.summary
+        assert r.metrics["cause"] == "per-process mean" and "averaging is applied twice" not in r.summary
+        assert "all-reduce this process's item count" in r.advice[0] and "world_size / global_count" in r.advice[0]
+    good = lm_setup(step_global_token_mean)
+    with untouched(good):
+        assert check_ddp(good).status is Status.PASS

@@ -36,6 +36,7 @@ from .harness import (
     batch_dependent_layers,
     compare_tensors,
     freeze_batch_stats,
+    global_rel_error,
     quiet_randomness,
     require_steps,
     run_steps,
@@ -174,6 +175,31 @@ def _rank0_grads(ranks: list[tuple]) -> dict:
     return {name: (None if g is None else torch.from_numpy(g)) for name, g in ranks[0][2].items()}
 
 
+def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: dict, tol: float, freeze: bool) -> str | None:
+    """Does the DDP gradient equal the average of per-process (or per-micro-batch) mean losses?
+
+    With a loss that is a mean over items other than samples (tokens, non-padding positions), each process
+    normalising by its own item count gives a mean of per-process means: not the mean over the whole batch. Returns
+    "process" or "micro-batch" for the hypothesis that matches, else None.
+    """
+    from .invariance import _loss_grads  # the same single-process hypothesis builder as loop.accumulation
+
+    world, k = len(shares), len(shares[0])
+    close = max(10 * tol, 1e-4)
+
+    def clipped(g: dict) -> dict:  # the captured gradients are after the step's clipping: clip the hypothesis alike
+        norm = float(torch.sqrt(sum((v.double() ** 2).sum() for v in g.values() if v is not None)))
+        coef = min(1.0, setup.grad_clip / (norm + 1e-6)) if setup.grad_clip is not None else 1.0
+        return {n: (None if v is None else v * coef) for n, v in g.items()}
+
+    if global_rel_error(ddp_grads, clipped(_loss_grads(setup, whole, [1 / world] * world, freeze))) <= close:
+        return "process"
+    micro = [mb for share in shares for mb in share]
+    if k > 1 and global_rel_error(ddp_grads, clipped(_loss_grads(setup, micro, [1 / len(micro)] * len(micro), freeze))) <= close:
+        return "micro-batch"
+    return None
+
+
 @register(
     "loop.ddp",
     title="DistributedDataParallel equivalence",
@@ -208,17 +234,21 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
                              f"use batches of at least {world_size * k} samples")
         used = per_rank * world_size
         full = split_batch(batch, sizes=[used, n - used])[0] if used < n else batch
-        shares = [split_batch(share, k) for share in split_batch(full, world_size)]
+        whole = split_batch(full, world_size)
+        shares = [split_batch(share, k) for share in whole]
         single, ranks = _both_runs(setup, full, shares, world_size, freeze=False)
         table = compare_tensors(single, _rank0_grads(ranks), labels=("1_process", f"ddp_{world_size}"))
         err = float(table["rel_error"].max())
         bn_layers = batch_dependent_layers(setup.model)
-        ftable = None
+        ftable, per_mean = None, None
         if err > tol and bn_layers:
             # Each process normalises its share with that share's BatchNorm statistics, by design: rerun both with the
             # statistics frozen to see whether the step itself is right.
             fsingle, franks = _both_runs(setup, full, shares, world_size, freeze=True)
             ftable = compare_tensors(fsingle, _rank0_grads(franks), labels=("1_process", f"ddp_{world_size}"))
+        frozen_run = ftable is not None
+        if float((ftable if frozen_run else table)["rel_error"].max()) > tol:
+            per_mean = _per_process_mean(setup, whole, shares, _rank0_grads(franks if frozen_run else ranks), tol, frozen_run)
     syncs_per_step = ranks[0][3][1]
     metrics = {"world_size": world_size, "samples_per_process": per_rank, "micro_batches": k, "max_rel_error": err,
                "tolerance": tol, "allreduce_buckets": ranks[0][3][0], "synchronised_backward_passes": syncs_per_step,
@@ -237,11 +267,19 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
         why = (f" (DDP gradients are {ratio:.3g}× the single-process ones: the averaging is applied twice)" if abs(ratio * world_size - 1) < 0.05
                else f" (DDP gradients are {ratio:.3g}× the single-process ones: they are summed, not averaged)" if abs(ratio - world_size) < 0.05
                else "")
+        advice = ["DDP already averages gradients over processes: do not divide the loss by the world size or "
+                  "all-reduce gradients yourself.", "Give every process an equal share of each batch.", advice_std]
+        if not why and per_mean is not None:
+            metrics["cause"] = f"per-{per_mean} mean"
+            why = (f" (they equal the average of per-{per_mean} mean losses: each {per_mean} "
+                   "normalises its loss by its own item count, so items (tokens, non-padding positions) are weighted unequally)")
+            advice = ["Normalise by the item count of the whole step over all processes: sum each micro-batch's per-item losses "
+                      "(reduction='sum'), all-reduce this process's item count (torch.distributed.all_reduce on a tensor holding "
+                      "it) and scale the loss by world_size / global_count (DDP averages the gradients over processes, so the "
+                      "world size cancels).", advice_std]
         frozen = " even with BatchNorm statistics frozen" if ftable is not None else ""
         return CheckResult("loop.ddp", Status.FAIL,
-                           f"under DDP with {world_size} processes the gradients differ by {derr:.1%}{frozen}{why}", metrics, tables,
-                           ["DDP already averages gradients over processes: do not divide the loss by the world size or "
-                            "all-reduce gradients yourself.", "Give every process an equal share of each batch.", advice_std])
+                           f"under DDP with {world_size} processes the gradients differ by {derr:.1%}{frozen}{why}", metrics, tables, advice)
     if ftable is not None:
         wasted = (f"; they are also all-reduced {syncs_per_step}× per optimizer step ({k} micro-batches)"
                   if syncs_per_step > 1 else "")
