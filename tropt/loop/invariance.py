@@ -335,6 +335,20 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
 
 
 # --------------------------------------------------------------------------------------------- loss scaling
+def _value_clip_signature(grads: dict, scale: float) -> tuple[float, float]:
+    """(|g|max × scale, share of entries within 0.1% of it): clip_grad_value_ on scaled gradients piles entries there.
+
+    Gradients clipped by value while multiplied by ``scale`` and unscaled afterwards sit at ±c/scale; true gradients
+    rarely share one magnitude.
+    """
+    flat = [g.abs().flatten() for g in grads.values() if g is not None and g.numel()]
+    if not flat:
+        return float("nan"), 0.0
+    mags = torch.cat(flat).double() * scale
+    top = float(mags.max())
+    return top, (float((mags >= top * (1 - 1e-3)).double().mean()) if top > 0 else 0.0)
+
+
 @register(
     "loop.loss_scaling",
     title="AMP loss scaling and clipping order",
@@ -343,7 +357,9 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
 def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | None = None, progress: bool = True) -> CheckResult:
     """FAIL when the gradients reaching ``optimizer.step()`` depend on the GradScaler's scale.
 
-    The classic cause is clipping still-scaled gradients (``clip_grad_norm_`` before ``scaler.unscale_``). If the
+    The classic cause is clipping still-scaled gradients (``clip_grad_norm_`` before ``scaler.unscale_``); the summary
+    names the cause the evidence shows (norm ratio = scale: not unscaled; 1/scale: unscaled twice; norm = grad_clip /
+    scale: clipped by norm; entries piled at one magnitude: clipped by value). If the
     large scale overflows on the first step, smaller scales (2^12, 2^8) are tried and reported. SKIP without a scaler.
     """
     if not setup.use_scaler:
@@ -378,16 +394,36 @@ def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | Non
         return CheckResult("loop.loss_scaling", Status.PASS,
                            f"unscaled gradients and clipped norm do not depend on the loss scale (max relative error {err:.1e})",
                            metrics, tables)
-    if norm_a > 0 and abs(norm_b / norm_a / used - 1) < 0.05:
-        summary = f"optimizer.step() receives gradients still multiplied by the loss scale ({norm_b / norm_a:.3g}×)"
+    # Name the cause from the evidence: how the large-scale gradients relate to the scale-1 ones.
+    ratio = norm_b / norm_a if norm_a > 0 else float("nan")
+    clip_at, clip_share = _value_clip_signature(b, used)
+    metrics.update(grad_norm_ratio=ratio, value_clip_share=clip_share)
+    unscale_first = "Call scaler.unscale_(optimizer) once, before anything that reads or changes the gradients"
+    if norm_a > 0 and abs(ratio / used - 1) < 0.05:
+        summary = f"optimizer.step() receives gradients still multiplied by the loss scale ({ratio:.3g}×)"
         advice = ["Step through the scaler: scaler.step(optimizer) (it unscales), or call scaler.unscale_(optimizer) first."]
-    elif setup.grad_clip is not None:
-        summary = (f"the gradients depend on the loss scale ({err:.1%}; clipped norm {norm_a:.3g} vs {norm_b:.3g}): "
-                   "clip_grad_norm_ ran on still-scaled gradients")
+    elif setup.grad_clip is not None and abs(norm_b * used / setup.grad_clip - 1) < 0.05:
+        # Clipped to grad_clip while multiplied by the scale, then unscaled: norm grad_clip / scale. When the true norm
+        # is itself clipped to grad_clip, unscaling twice gives the same number: say both.
+        twice = abs(ratio * used - 1) < 0.05
+        summary = (f"the gradients depend on the loss scale ({err:.1%}; clipped norm {norm_a:.3g} vs {norm_b:.3g} = "
+                   f"grad_clip {setup.grad_clip:g} / scale {used:g}): clip_grad_norm_ ran on still-scaled gradients"
+                   + (" (or they are unscaled twice: here both give this norm)" if twice else ""))
         advice = ["Call scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer) and scaler.update()."]
+    elif norm_a > 0 and abs(ratio * used - 1) < 0.05:
+        summary = (f"the gradients reaching optimizer.step() are 1/{used:g} of the true ones ({ratio:.3g}×): they are unscaled "
+                   "twice (e.g. divided by scaler.get_scale() by hand and again by scaler.unscale_/scaler.step)")
+        advice = ["Unscale once: let scaler.unscale_(optimizer) or scaler.step(optimizer) do it; do not also divide the "
+                  "gradients by the scale yourself."]
+    elif clip_share >= 0.5:
+        summary = (f"the gradients depend on the loss scale ({err:.1%}): {clip_share:.0%} of the entries sit exactly at "
+                   f"±{clip_at:.3g} in scaled units, so clip_grad_value_ (or a clamp) ran on still-scaled gradients")
+        advice = [f"{unscale_first}: then clip_grad_value_, scaler.step(optimizer) and scaler.update()."]
     else:
-        summary = f"the gradients that reach optimizer.step() depend on the loss scale ({err:.1%} relative error)"
-        advice = ["Scale only the loss (scaler.scale(loss).backward()), unscale once, and step through scaler.step(optimizer)."]
+        summary = (f"the gradients that reach optimizer.step() depend on the loss scale ({err:.1%} relative error; norm ratio "
+                   f"{ratio:.3g} at scale {used:g}): something reads or changes them while still scaled")
+        advice = [f"{unscale_first} (clipping, manual scaling, logging-based decisions); scale only the loss "
+                  "(scaler.scale(loss).backward()) and step through scaler.step(optimizer)."]
     return CheckResult("loop.loss_scaling", Status.FAIL, summary, metrics, tables, advice + [_STANDARD_STEP_ADVICE])
 
 
