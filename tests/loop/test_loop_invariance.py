@@ -482,7 +482,7 @@ def test_scheduler_stepped_twice_per_optimizer_step_fails(k):
     assert longer.status is Status.FAIL and list(longer.tables["schedule"]["position_k1"]) == [2, 4, 6]
 
 
-@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()` before")
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler")
 @pytest.mark.parametrize("scheduler", ["lambda", "steplr", "positionless"])
 def test_scheduler_stepped_before_the_optimizer_warns(scheduler):
     setup = mlp_setup(step_scheduler_before_optimizer, k=2)
