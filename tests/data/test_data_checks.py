@@ -413,6 +413,25 @@ def test_target_leakage_strong_but_legitimate_feature_warns_and_a_copy_fails():
     assert r.status is Status.FAIL and r.metrics["top_feature"] == "leak" and r.metrics["leaky_features"] == 1, r.summary
 
 
+def test_messages_say_what_is_true_of_the_labels_and_columns():
+    """Integer regression targets were 'many distinct non-integer values'; an integer column label came back as
+    '2.0' (a table row upcasts it). Both now say what the data holds."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 4))
+    df = pd.DataFrame(x).assign(**{"4": np.round(50 * x[:, 2] + 30 * rng.normal(size=600) + 150).astype(int)})
+    df.columns = [0, 1, 2, 3, 4]  # integer column labels throughout, the label too
+    splits = {"train": df.iloc[:400], "test": df.iloc[400:]}
+    r = check_class_coverage(splits, label=4, progress=False)
+    assert r.status is Status.SKIP and "non-integer" not in r.summary and "distinct integer values" in r.summary, r.summary
+    r = check_target_leakage(splits, label=4, progress=False)
+    assert r.metrics["top_feature"] == 2 and isinstance(r.metrics["top_feature"], int), r.metrics["top_feature"]
+    assert r.status is Status.PASS and "best: 2," in r.summary, r.summary
+    halves = df.copy()
+    halves[4] = halves[4] + 0.5
+    r = check_class_coverage({"train": halves.iloc[:400], "test": df.iloc[400:]}, label=4, progress=False)
+    assert "non-integer" in r.summary, r.summary
+
+
 # ---------------------------------------------------------------------------------------------------- label shift
 def shifted(p_train: float, p_test: float, n: int = 2000):
     a = pd.DataFrame({"x": np.arange(n), "y": (np.arange(n) < p_train * n).astype(int)})

@@ -83,6 +83,19 @@ def infer_task(labels: list[pd.Series], task: str | None = None, num_classes: in
     return "classification" if integral >= 0.99 and nunique <= max_classes else "regression"
 
 
+def regression_reason(labels: list[pd.Series], task: str | None = None, max_classes: int = 50) -> str:
+    """Why :func:`infer_task` took these labels for a regression target, in words that are true of them."""
+    if task == "regression":
+        return "task='regression' was given"
+    v = np.concatenate([_numeric_values(s) for s in labels])
+    v = v[np.isfinite(v)]
+    nunique = len(np.unique(v[: 1_000_000]))
+    nonint = float(np.mean(v != np.round(v))) if v.size else 0.0
+    if nonint <= 0.01:
+        return f"{nunique} distinct integer values, more than {max_classes} for classes"
+    return f"{nunique} distinct values, {100 * nonint:.0f}% of the labels non-integer"
+
+
 def _class_keys(s: pd.Series) -> pd.Series:
     """Class values comparable across splits: numbers as floats → ints where integral, else as they are."""
     if _is_num(s):

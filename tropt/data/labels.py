@@ -9,7 +9,8 @@ import pandas as pd
 
 from ..registry import register
 from ..result import CheckResult, Status
-from ._common import MAX_EVIDENCE, _counts_table, _is_num, _labels, _load, _numeric_values, _pairs, _skip, infer_task
+from ._common import (MAX_EVIDENCE, _counts_table, _is_num, _labels, _load, _numeric_values, _pairs, _skip, infer_task,
+                      regression_reason)
 from .sources import SplitData
 
 
@@ -119,7 +120,8 @@ def check_class_coverage(splits: Mapping[str, Any], *, label=None, group=None, t
         return _skip(cid, "no label= given: pass the label column to check which classes each split covers")
     labels = _labels(datas, label)
     if infer_task(labels, task) != "classification":
-        return _skip(cid, f"{label!r} looks like a regression target (many distinct non-integer values): class coverage does not apply")
+        return _skip(cid, f"{label!r} looks like a regression target ({regression_reason(labels, task)}): class coverage "
+                          "does not apply (pass task='classification' if these are classes)")
     names = [d.name for d in datas]
     counts = _counts_table(labels, names)
     first = names[0]

@@ -73,6 +73,13 @@ def _encode(codes_fit: np.ndarray, target: np.ndarray, codes_apply: np.ndarray, 
     return enc[np.minimum(codes_apply, nb - 1)]
 
 
+def _label_of(col: Any) -> Any:
+    """A column label as the user named it (table rows upcast int labels to float: 43 became '43.0'), as a metric."""
+    if isinstance(col, (np.integer, np.floating, np.str_)):
+        col = col.item()
+    return col if isinstance(col, (str, int, float)) and not isinstance(col, bool) else str(col)
+
+
 def _smooth(x_fit: np.ndarray, t_fit: np.ndarray, x_new: np.ndarray, prior: np.ndarray, linear: bool, k: int = 10) -> np.ndarray:
     """Mean target (``t_fit``: (n, m) one-hot classes or (n, 1) values) of the ~k fitted rows nearest in feature value,
     for each new value: a one-feature nearest-neighbour smoother. ``linear`` fits a line in the window instead (a
@@ -302,7 +309,7 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
                                "leaky_features": len(leaky), "strong_features": len(strong), "gap_features": len(gapped),
                                "bins": nbins,
                                "max_power": float(top[base]) if top is not None and np.isfinite(top[base]) else float("nan"),
-                               "top_feature": str(top["feature"]) if top is not None else ""}
+                               "top_feature": _label_of(table["feature"].iloc[0]) if top is not None else ""}
     tables = {"features": table}
     series = {"power": table[base].to_numpy(dtype=float)}
     advice = []
