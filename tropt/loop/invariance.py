@@ -556,7 +556,7 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     if not (same_lr and same_pos):
         per_micro = pos1[-1] > 0 and abs(posk[-1] / pos1[-1] - k) < 0.5
         cause = (f"it advances {posk[-1] / pos1[-1]:.0f}× faster with K={k}: the scheduler is stepped per micro-batch" if per_micro
-                 else f"the learning rates differ between K=1 and K={k} (positions {pos1[-1]:.0f} vs {posk[-1]:.0f} after {len(batches)} steps)")
+                 else f"the learning rates differ between K=1 and K={k} (positions {pos1[-1]:.0f} vs {posk[-1]:.0f} after {len(batches)} step{'' if len(batches) == 1 else 's'})")
         return latent_when_unused(setup, result(
             Status.FAIL, f"the schedule depends on accumulation: {cause}",
             ["Call scheduler.step() once per optimizer step (after optimizer.step()), not once per micro-batch; "
