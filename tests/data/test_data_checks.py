@@ -343,6 +343,10 @@ def test_temporal_leakage_string_and_numeric_times(clean):
     a, b = train.assign(ts=np.arange(600)), test.assign(ts=np.arange(590, 890))
     r = check_temporal_leakage({"train": a, "test": b}, **OPTS)
     assert r.metrics["overlap_rows"] == 9  # 590..598 lie before train's last step 599
+    # dates in train, epoch seconds in test: nanoseconds against seconds would call every row a leak
+    seconds = test.assign(ts=test.ts.astype("int64") // 10**9)
+    with pytest.raises(DataError, match="dates in some splits and plain numbers in others"):
+        check_temporal_leakage({"train": train, "test": seconds}, **OPTS)
 
 
 # ---------------------------------------------------------------------------------------------------- target leakage

@@ -130,6 +130,13 @@ def check_temporal_leakage(splits: Mapping[str, Any], *, time=None, label=None, 
         return _skip(cid, "no time= column given: pass the timestamp column to check that later splits come later")
     datas = _load(splits, label, group, time, features, progress)
     parsed = [_times(d.time, d.name, time) for d in datas]
+    kinds = {d.name: ("dates" if p[1] else "numbers") for d, p in zip(datas, parsed)}
+    if len(set(kinds.values())) > 1:
+        # Nanoseconds since 1970 against e.g. epoch seconds or day numbers: any comparison would be meaningless.
+        raise DataError(f"time column {time!r} holds dates in some splits and plain numbers in others "
+                        f"({', '.join(f'{k}: {v}' for k, v in kinds.items())})",
+                        "give every split the same kind of time column: convert numbers with pd.to_datetime(..., unit='s') "
+                        "(or the unit they are in), or use numbers everywhere")
     is_dt = all(p[1] for p in parsed)
     ts = [p[0] for p in parsed]
     ranges = []
