@@ -232,3 +232,19 @@ def test_json_round_trip_and_plot():
             ax = res.plot()
             assert ax.get_title(loc="left").startswith("dynamics.loss_curve")
             plt.close(ax.figure)
+
+
+def test_logged_warm_restarts_are_explained_by_the_logged_learning_rate():
+    """An SGDR run's log: the loss jumps right after each restart. Without the learning rates that reads as
+    instability; with ``lrs=`` (the logged lr column) the jumps are listed against the restarts and not counted."""
+    rng = np.random.default_rng(0)
+    t = np.arange(600)
+    phase = t % 150
+    lr = 0.5 * (1 + np.cos(np.pi * phase / 150)) * 0.1
+    # lr[i] is used by the step after loss[i]: the jump shows from the first loss after a restart on
+    jump = np.where((t >= 150) & (phase >= 1), np.exp(-(phase - 1) / 3.0), 0.0)
+    loss = (0.3 + 1.5 * np.exp(-t / 200)) * (1 + 0.8 * jump) * np.exp(rng.normal(0, 0.03, t.size))
+    plain = diagnose_curves(loss)
+    assert "unstable" in plain.metrics["classes"], plain.summary
+    logged = diagnose_curves(pd.DataFrame({"step": t, "loss": loss}), lrs=lr)
+    assert "unstable" not in logged.metrics["classes"] and logged.metrics["spikes_after_lr_increase"] == 3, logged.summary

@@ -153,6 +153,7 @@ def diagnose_curves(
     *,
     val_steps: Any = None,
     grad_norms: Any = None,
+    lrs: Any = None,
     thresholds: CurveThresholds | None = None,
 ) -> CheckResult:
     """Classify loss curves you already have (no Setup needed); returns the ``dynamics.loss_curve`` result.
@@ -173,6 +174,9 @@ def diagnose_curves(
         Steps of the validation values, when ``val`` is a plain array (default: spread over the training steps).
     grad_norms
         Optional gradient norms per step; the clipping advice then names a threshold (their 90th percentile).
+    lrs
+        Optional learning rate at each training value (e.g. a logged ``lr`` column): a loss jump right after the
+        learning rate rose (warm restarts, a warm-up) is then listed but not counted as instability.
     thresholds
         :class:`tropt.dynamics.CurveThresholds` to change the classifier's sensitivity.
 
@@ -200,7 +204,9 @@ def diagnose_curves(
     if t_steps is not None and t_steps.size == t_values.size and np.any(np.diff(t_steps) < 0):
         order = np.argsort(t_steps, kind="stable")  # logs appended out of order (resumed runs)
         t_steps, t_values = t_steps[order], t_values[order]
-    diag = classify_curve(t_values, t_steps, v_values, v_steps, grad_norms, thresholds)
+        if lrs is not None and np.size(lrs) == order.size:
+            lrs = np.asarray(lrs, dtype=np.float64).reshape(-1)[order]
+    diag = classify_curve(t_values, t_steps, v_values, v_steps, grad_norms, thresholds, lrs=lrs)
     return curve_result(diag, extra_metrics={"source": "logs"})
 
 
