@@ -360,6 +360,11 @@ def test_target_leakage_finds_a_label_copy(clean):
     assert r.status is Status.FAIL and r.metrics["top_feature"] == "leak"
     assert r.metrics["leaky_features"] == 1 and r.metrics["max_power"] > 0.99
     assert check_target_leakage({"train": train, "test": test}, **OPTS).status is Status.PASS
+    # the same leak in 2-D numpy splits (label= a column index): their columns are features too
+    num = [c for c in tr.columns if c != "y" and pd.api.types.is_numeric_dtype(tr[c])]
+    arrays = {"train": tr[num + ["y"]].to_numpy(float), "test": te[num + ["y"]].to_numpy(float)}
+    r = check_target_leakage(arrays, label=len(num), progress=False)
+    assert r.status is Status.FAIL and r.metrics["top_feature"] == num.index("leak"), r.summary
 
 
 def test_target_leakage_gap_and_regression(clean):

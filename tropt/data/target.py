@@ -197,7 +197,7 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
     datas = _load(splits, label, group, time, features, progress, needs={"sample"})
     if _labels(datas) is None:
         return _skip(cid, "no label= given: pass the label column to measure each feature's predictive power")
-    if not datas[0].tabular or datas[0].sample is None:
+    if datas[0].sample is None:  # 2-D arrays are tables (their columns are features); samples/images are not
         return _skip(cid, "target leakage is measured per column of tables; these splits are tensors/samples")
     labels = [d.sample[_LABEL] for d in datas]
     task = infer_task([d.label for d in datas], task)
