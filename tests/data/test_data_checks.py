@@ -230,6 +230,22 @@ def test_near_duplicates_in_text_columns_by_normalised_text():
     assert ev.loc[ev["row"] == 10_000, "earlier_text"].item() == train.loc[100, "review"].lower().rstrip(".")
 
 
+@pytest.mark.parametrize("share", [0.6, 1.0])
+def test_near_duplicates_found_even_when_most_of_the_later_split_is_copies(share):
+    """The yardstick was the later split's own nearest distances: with most test rows near copies it became the copy
+    distance and the check passed exactly when the leak was worst. Now it is the earlier split's own spacing."""
+    rng = np.random.default_rng(0)
+    train = pd.DataFrame(rng.normal(size=(500, 10)))
+    n = int(500 * share)
+    copies = train.iloc[:n] + rng.normal(0, 1e-3, (n, 10))
+    test = pd.concat([copies, pd.DataFrame(rng.normal(size=(500 - n, 10)))], ignore_index=True)
+    r = check_near_duplicates({"train": train, "test": test}, progress=False)
+    assert r.status is Status.FAIL and r.metrics["leaked_rows"] == n
+    assert sorted(r.tables["near_duplicates"]["row"]) == list(range(n))
+    fresh = check_near_duplicates({"train": train, "test": pd.DataFrame(rng.normal(size=(500, 10)))}, progress=False)
+    assert fresh.status is Status.PASS
+
+
 def test_text_vectors_are_the_same_in_every_process():
     """The trigram hash is fixed arithmetic, not Python's salted str hash: another process gets the same vectors."""
     import subprocess

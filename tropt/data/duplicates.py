@@ -187,7 +187,8 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     character trigrams of the row's text, lower-cased with punctuation and spacing collapsed (so copies that differ
     only in case, spacing or punctuation match exactly); with both blocks the similarity is their average, and a
     table needs 3 numeric columns or free text. A pair is a near duplicate when its similarity is at least ``threshold``, by default
-    ``max(min_similarity, cos(calibration * median nearest-neighbour angle))``: far closer than rows typically are.
+    ``max(min_similarity, cos(calibration * median nearest-neighbour angle))``, the angle measured among the earlier
+    split's own rows (a later split made mostly of copies cannot move it): far closer than rows typically are.
     Images additionally get a 16x16 average hash; a Hamming distance ``<= phash_max_distance`` also counts.
     ``enabled="auto"`` runs for tensors/images and numeric tables up to ``max_auto_rows`` rows and an estimated
     ``max_auto_cost`` multiply-adds (x50 on a GPU); ``True`` forces it, ``False`` skips.
@@ -253,14 +254,23 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
         metrics["text_columns"] = ", ".join(map(str, datas[0].text_columns))
     pair_rows, evidence, hist_rows = [], [], []
     thresholds = []
+    typical_of: dict[str, float | None] = {}
     compared = 0
     edges = np.linspace(-9, 0.5, 96)
     for later, earlier in _pairs(datas):
         best, arg = nb.nearest(prepared[later.name], prepared[earlier.name], dev, progress, f"tropt: {later.name} vs {earlier.name}")
         best = nb.pair_similarity(prepared[later.name], prepared[earlier.name][arg])  # the same pairs, exactly near 1
+        # The yardstick is how close the earlier split's own rows are to each other: when most of the later split is
+        # near copies, its own nearest-neighbour distances are the copies' and would hide them.
+        if earlier.name not in typical_of:
+            own = np.arccos(nb.self_nearest(prepared[earlier.name], device=dev))
+            own = own[own > 1e-3]
+            typical_of[earlier.name] = float(np.median(own)) if own.size else None
         angle = np.arccos(best.astype(np.float64))
         nonexact = angle[angle > 1e-3]
-        typical = float(np.median(nonexact)) if nonexact.size else float(np.pi / 2)
+        typical = typical_of[earlier.name]
+        if typical is None:  # an earlier split of one row, or only exact copies of each other
+            typical = float(np.median(nonexact)) if nonexact.size else float(np.pi / 2)
         # Far closer than rows typically are: the expected share of unrelated rows that close falls like
         # ratio**(dim-1), so low-dimensional data gets a smaller ratio (false positives below ~1e-5 per row).
         ratio = min(calibration, 1e-5 ** (1.0 / max(vec_dim - 1, 1)))

@@ -100,6 +100,30 @@ def pair_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.clip(out, -1.0, 1.0)
 
 
+def self_nearest(ref: np.ndarray, max_queries: int = 2048, device: str = "cpu") -> np.ndarray:
+    """Similarity of up to ``max_queries`` evenly spaced rows of ``ref`` to their nearest *other* row of ``ref``.
+
+    How close unrelated rows of one split typically are, measured without the later split: a later split made
+    mostly of near copies would otherwise set its own yardstick and hide itself.
+    """
+    import torch
+
+    n = len(ref)
+    if n < 2:
+        return np.empty(0, dtype=np.float64)
+    idx = np.unique(np.linspace(0, n - 1, min(n, max_queries)).round().astype(np.int64))
+    r = torch.from_numpy(np.ascontiguousarray(ref)).to(device)
+    step = max(1, CHUNK_BYTES // (4 * n))
+    best = np.empty(len(idx), dtype=np.int64)
+    with torch.no_grad():
+        for a in range(0, len(idx), step):
+            rows = torch.from_numpy(idx[a:a + step]).to(device)
+            sims = r[rows] @ r.T
+            sims[torch.arange(len(rows), device=device), rows] = -float("inf")  # not itself
+            best[a:a + step] = sims.argmax(dim=1).cpu().numpy()
+    return pair_similarity(ref[idx], ref[best])
+
+
 def average_hash(x: np.ndarray, shape: tuple, side: int = 16) -> np.ndarray:
     """±1 average-hash bits (side*side) of flattened images with per-sample ``shape`` ((H,W), (C,H,W) or (H,W,C))."""
     import torch
