@@ -94,6 +94,23 @@ def test_dataframe_csv_and_lightning_csvlogger(tmp_path):
     assert diagnose_curves(pd.Series(cf.healthy(500), index=np.arange(500) * 2)).metrics["last_step"] == 998
 
 
+def test_hugging_face_log_history_with_its_final_summary_row():
+    # pd.DataFrame(trainer.state.log_history): logging rows (loss, learning_rate, epoch, step), eval rows (eval_loss)
+    # and one final summary row whose train_loss is a single number, not the curve.
+    train, vt, val = cf.overfitting(200, 0, evals=10)
+    rows = []
+    evals = dict(zip((int(s) for s in vt), val))
+    for s, v in enumerate(train):
+        rows.append({"loss": v, "grad_norm": 1.0, "learning_rate": 5e-5, "epoch": s / 100, "step": s})
+        if s in evals:
+            rows.append({"eval_loss": evals[s], "eval_runtime": 3.2, "epoch": s / 100, "step": s})
+    rows.append({"train_runtime": 512.3, "train_samples_per_second": 62.4, "total_flos": 1.2e15,
+                 "train_loss": 0.61, "epoch": 2.0, "step": 200})
+    r = diagnose_curves(pd.DataFrame(rows))
+    assert r.metrics["points"] == 200 and r.metrics["val_points"] == len(evals)
+    assert r.metrics["class"] == "overfitting"
+
+
 def test_nan_losses_in_tables_and_series_fail_like_in_an_array(tmp_path):
     """A logger writes NaN once training blows up: every input form must find it (a dropna hid it, leaving a
     curve that "was still improving"); only rows that log another metric (Lightning's sparse rows) are dropped."""

@@ -135,21 +135,32 @@ def read_tensorboard(path: str | os.PathLike) -> dict[str, Curve]:
     return curves
 
 
-def _pick(names: list[str], preferred: tuple[str, ...], want_val: bool) -> str | None:
+def _pick(names: list[str], preferred: tuple[str, ...], want_val: bool,
+          counts: dict[str, int] | None = None) -> str | None:
+    """The loss column/tag among ``names``: a preferred name, else any name with 'loss' in it.
+
+    Among several loss-named candidates the one with the most non-empty values wins (ties: ``preferred`` order), so a
+    one-value summary column (Hugging Face's final ``train_loss`` row next to the logged ``loss``) is not a curve.
+    """
     lower = {n.lower(): n for n in names}
-    for p in preferred:
-        if p.lower() in lower:
-            return lower[p.lower()]
-    for n in names:
-        low = n.lower()
-        is_val = any(t in low for t in ("val", "valid", "eval", "test"))
-        if "loss" in low and is_val == want_val:
-            return n
-    return None
+    found = [lower[p.lower()] for p in preferred if p.lower() in lower]
+    if not found:
+        for n in names:
+            low = n.lower()
+            is_val = any(t in low for t in ("val", "valid", "eval", "test"))
+            if "loss" in low and is_val == want_val:
+                found.append(n)
+    if not found:
+        return None
+    if counts is None:
+        return found[0]
+    best = max(counts.get(n, 0) for n in found)
+    return next(n for n in found if counts.get(n, 0) == best)
 
 
 def _from_tags(curves: dict[str, Curve], role: str, source: str) -> Curve | None:
-    tag = _pick(list(curves), TRAIN_NAMES if role == "train" else VAL_NAMES, want_val=role == "val")
+    tag = _pick(list(curves), TRAIN_NAMES if role == "train" else VAL_NAMES, want_val=role == "val",
+                counts={t: len(v[1]) for t, v in curves.items()})
     if tag is None:
         if role == "val":
             return None
@@ -170,7 +181,8 @@ def _from_frame(df: pd.DataFrame, role: str, source: str) -> Curve | None:
     step_col = next((c for c in STEP_NAMES if c in cols), None)
     numeric = [c for c in cols if c != step_col and pd.api.types.is_numeric_dtype(df[c]) and c not in STEP_NAMES
                and c.lower() not in ("wall time", "wall_time", "time", "timestamp", "lr")]
-    col = _pick(numeric, TRAIN_NAMES if role == "train" else VAL_NAMES, want_val=role == "val")
+    col = _pick(numeric, TRAIN_NAMES if role == "train" else VAL_NAMES, want_val=role == "val",
+                counts={c: int(df[c].notna().sum()) for c in numeric})
     # A lone numeric column is the loss only when its name says so: an 'acc' column read as a loss is "diverging".
     if (col is None and role == "train" and len(numeric) == 1
             and (unnamed or any(w in numeric[0].lower() for w in LOSS_WORDS))):
