@@ -90,6 +90,19 @@ def test_loss_jumps_right_after_a_warm_restart_are_not_instability():
     assert r.metrics["class"] == "unstable" and r.metrics["spikes"] == 4, r.summary
 
 
+def test_a_one_cycle_schedule_shorter_than_the_probe_is_a_clear_skip():
+    sched = lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=50)  # noqa: E731
+    s = linreg_setup(KNOWN_GOOD_LR, scheduler=sched)
+    with untouched(s):
+        r = check_loss_curve(s, steps=300, progress=False)
+    assert r.status == Status.SKIP, r.summary
+    assert "total_steps (50)" in r.summary and "300-step probe" in r.summary
+    assert "steps=50" in r.advice[0] and "longer schedule" in r.advice[0]
+    assert r.metrics["scheduler_total_steps"] == 50
+    r = check_loss_curve(s, steps=50, progress=False)  # the advised probe runs
+    assert r.status in (Status.PASS, Status.WARN) and r.metrics["steps_run"] == 50, r.summary
+
+
 def test_step_returning_none_reads_the_loss_from_loss_fn_calls():
     def my_step(ctx, micro):
         for mb in micro:

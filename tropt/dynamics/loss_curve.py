@@ -260,6 +260,17 @@ def check_loss_curve(
     every = eval_every or max(1, steps // 15)
     with preserved(setup.model):
         ctx = setup.build()
+        horizon = getattr(ctx.scheduler, "total_steps", None)  # OneCycleLR raises once stepped past total_steps
+        if isinstance(horizon, int) and not isinstance(horizon, bool) and horizon < steps:
+            fix = (f"run a shorter probe, tropt.dynamics.check_loss_curve(setup, steps={horizon}), "
+                   if horizon >= 10 else "")
+            return CheckResult(
+                CHECK_ID, Status.SKIP,
+                f"the scheduler's total_steps ({horizon}) is shorter than the {steps}-step probe: "
+                f"{type(ctx.scheduler).__name__} cannot be stepped past its total_steps, so the probe cannot run",
+                {"scheduler": type(ctx.scheduler).__name__, "scheduler_total_steps": horizon, "probe_steps": steps},
+                advice=[f"To probe this Setup, {fix or ''}{'or ' if fix else ''}give the Setup a longer schedule "
+                        f"(total_steps >= {steps}, e.g. the length of your real run)."])
         runner = StepRunner(setup, ctx)
         losses: list[Any] = []
         loss_steps: list[int] = []
