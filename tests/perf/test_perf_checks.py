@@ -153,6 +153,32 @@ def test_precision_guardrail_rejects_an_unstable_precision(tiny_setup):
     assert "unstable" in r.summary
 
 
+@pytest.mark.parametrize("bf16_ms, expected", [(1.25, "fp32"), (0.5, "bf16")])
+def test_precision_keeps_the_setups_precision_unless_another_beats_the_speedup_threshold(tiny_setup, monkeypatch,
+                                                                                         bf16_ms, expected):
+    import numpy as np
+
+    from tropt.perf import precision as prec
+
+    real = prec._run
+
+    def timed(setup, p, steps, warmup, seed, *a, **k):  # the real run, with known step times
+        out = real(setup, p, steps, warmup, seed, *a, **k)
+        out["times"] = np.full(len(out["times"]), (1.26 if p == "fp32" else bf16_ms) / 1e3)
+        return out
+
+    monkeypatch.setattr(prec, "_run", timed)
+    r = check_precision(tiny_setup, precisions=("fp32", "bf16"), steps=4, warmup=0, progress=False)
+    assert r.metrics["fastest_stable"] == "bf16"
+    assert r.metrics["recommended"] == expected, r.summary
+    assert r.summary.startswith(f"recommend {expected}:")
+    if expected == "fp32":  # 1.26 vs 1.25 ms is noise, not a reason to switch
+        assert r.status == Status.PASS and not r.advice
+        assert "bf16 is only 1.01× faster" in r.summary and "1.2× speedup threshold" in r.summary
+    else:
+        assert r.status == Status.WARN and "2.52× faster" in r.advice[0]
+
+
 def test_precision_batch_size_search_keeps_the_curve(tiny_setup):
     with untouched(tiny_setup):
         r = check_precision(tiny_setup, precisions=("fp32",), steps=3, warmup=0, batch_size_search=True,

@@ -209,7 +209,8 @@ def check_precision(
     max_skip_share
         ... and the GradScaler may skip at most this share of the steps (fp16).
     speedup_threshold
-        WARN when a stable precision is at least this many times faster than the Setup's own.
+        WARN when a stable precision is at least this many times faster than the Setup's own; below it the
+        Setup's own (stable) precision stays the recommendation (a smaller difference is within timing noise).
     batch_size_search, max_doublings, memory_budget_mb
         Also double the batch in the recommended precision until out of memory, ``memory_budget_mb`` (on CPU the
         activation memory saved for backward) or ``max_doublings``; the curve is in ``tables['batch_size']``.
@@ -277,15 +278,24 @@ def check_precision(
         measured = table[table["status"] == "measured"]
         stable_rows = measured[measured["stable"].astype(bool)]
         best = stable_rows.sort_values("step_ms").iloc[0] if not stable_rows.empty else measured.iloc[0]
+        fastest = str(best["precision"])
+        current = setup.precision
+        cur = measured[measured["precision"] == current]
+        kept = ""  # why the Setup's own precision is kept over a marginally faster one
+        if (fastest != current and not cur.empty and bool(cur.iloc[0]["stable"])
+                and float(cur.iloc[0]["step_ms"]) / float(best["step_ms"]) < speedup_threshold):
+            ratio = float(cur.iloc[0]["step_ms"]) / float(best["step_ms"])
+            kept = (f"{fastest} is only {ratio:.2f}× faster than the Setup's {current}, under the "
+                    f"{speedup_threshold:g}× speedup threshold (within timing noise), so {current} is kept")
+            best = cur.iloc[0]
         recommended = str(best["precision"])
         tables = {"precisions": table}
         if batch_size_search:
             tables["batch_size"] = _batch_search(setup, recommended, setup.seed, max_doublings, memory_budget_mb)
 
-    current = setup.precision
-    cur = measured[measured["precision"] == current]
     metrics: dict[str, Any] = {"recommended": recommended, "setup_precision": current, "device": str(device),
-                               "steps": steps, "max_deviation": max_deviation}
+                               "steps": steps, "max_deviation": max_deviation, "fastest_stable": fastest,
+                               "speedup_threshold": speedup_threshold}
     for _, row in table.iterrows():
         p = row["precision"]
         if row["status"] == "measured":
@@ -299,7 +309,8 @@ def check_precision(
     compared = ", ".join(f"{p} {float(measured.loc[measured['precision'] == p, 'step_ms'].iloc[0]):.3g} ms"
                          + ("" if bool(measured.loc[measured['precision'] == p, 'stable'].iloc[0]) else " (unstable)")
                          for p in measured["precision"])
-    summary = f"recommend {recommended}: {compared}" + (f"; skipped {skipped}" if skipped else "")
+    summary = (f"recommend {recommended}: {compared}" + (f"; {kept}" if kept else "")
+               + (f"; skipped {skipped}" if skipped else ""))
     advice: list[str] = []
     status = Status.PASS
     if cur.empty:
