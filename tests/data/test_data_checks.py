@@ -182,6 +182,39 @@ def test_near_duplicates_images_with_brightness_change_and_plot():
     assert ax is not None
 
 
+def _digit_images():
+    from sklearn.datasets import load_digits
+
+    from torch.nn import functional as F
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32)[:, None] / 16.0
+    x = F.interpolate(x, size=(24, 24), mode="bilinear", align_corners=False).repeat(1, 3, 1, 1)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    return x, torch.tensor(d.target), perm[:1400], perm[1400:]
+
+
+def test_near_duplicates_image_hash_finds_brightness_copies_and_spares_healthy_digits():
+    """The average-hash path never fired: Hamming distances came from cosines clipped to [-1, 1], so every distance
+    read 128 and 40 test digits that are train digits x1.1 brighter plus noise (hash distance 0-3) PASSed. With the
+    raw distance but the fixed cut-off 10, a healthy digit split got ~124 false hits (unrelated digits hash at a
+    median 13). The cut-off is now calibrated on train's own nearest hash distances: copies found by hash, none
+    in the healthy split."""
+    x, y, tr, te = _digit_images()
+    healthy = check_near_duplicates({"train": (x[tr], y[tr]), "test": (x[te], y[te])}, progress=False)
+    assert healthy.status is Status.PASS and healthy.metrics["leaked_rows"] == 0, healthy.summary
+    assert healthy.metrics["hash_threshold.test_in_train"] == 1
+    xt = x[te].clone()
+    g = torch.Generator().manual_seed(0)
+    xt[:40] = (x[tr[:40]] * 1.1 + 0.01 * torch.randn(40, 3, 24, 24, generator=g)).clamp(0, 1.2)
+    with untouched(xt):
+        r = check_near_duplicates({"train": (x[tr], y[tr]), "test": (xt, y[te])}, progress=False)
+    ev = r.tables["near_duplicates"]
+    assert r.status is Status.FAIL and set(ev["row"]) <= set(range(40)) and len(ev) >= 35, r.summary
+    assert (ev["earlier_row"] == ev["row"]).all()  # test digit i is a copy of train digit i
+    assert (ev["hash_distance"] <= 1).all() and (ev["similarity"] < r.metrics["threshold"]).sum() >= 35  # by hash
+
+
 def test_near_duplicates_skips_when_not_applicable(clean):
     train, test = clean
     r = check_near_duplicates({"train": train[["f_float", "y"]], "test": test[["f_float", "y"]]}, label="y", progress=False)

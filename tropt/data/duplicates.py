@@ -175,7 +175,8 @@ def _fmt_sim(x: float) -> str:
           description="rows/samples of a later split nearly identical (cosine) to one in an earlier split", needs="splits")
 def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
                           enabled: bool | str = "auto", threshold: float | None = None, calibration: float = 0.05,
-                          min_similarity: float = 0.95, phash_max_distance: int = 10, max_fraction: float = 0.01,
+                          min_similarity: float = 0.95, phash_max_distance: int = 10,
+                          hash_calibration: float = 0.1, max_fraction: float = 0.01,
                           max_auto_rows: int = 200_000, max_auto_cost: float = 2e11, device: str | None = None,
                           max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
     """Exact cosine nearest neighbour of every later-split row among each earlier split's rows.
@@ -189,7 +190,10 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     table needs 3 numeric columns or free text. A pair is a near duplicate when its similarity is at least ``threshold``, by default
     ``max(min_similarity, cos(calibration * median nearest-neighbour angle))``, the angle measured among the earlier
     split's own rows (a later split made mostly of copies cannot move it): far closer than rows typically are.
-    Images additionally get a 16x16 average hash; a Hamming distance ``<= phash_max_distance`` also counts.
+    Images additionally get a 16x16 average hash; a Hamming distance up to the hash threshold also counts:
+    ``min(phash_max_distance, floor(hash_calibration * median))``, the median being the earlier split's own hashes'
+    distance to their nearest other hash (exact copies aside). Small or simple images (upscaled 8x8 digits) hash
+    alike even when unrelated (median 13 of 256 bits), so a fixed 10 would flag a third of a healthy split.
     ``enabled="auto"`` runs for tensors/images and numeric tables up to ``max_auto_rows`` rows and an estimated
     ``max_auto_cost`` multiply-adds (x50 on a GPU); ``True`` forces it, ``False`` skips.
     """
@@ -255,6 +259,7 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     pair_rows, evidence, hist_rows = [], [], []
     thresholds = []
     typical_of: dict[str, float | None] = {}
+    hash_typical_of: dict[str, float | None] = {}
     compared = 0
     edges = np.linspace(-9, 0.5, 96)
     for later, earlier in _pairs(datas):
@@ -281,9 +286,21 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
         ham = None
         if hashes is not None:
             ham, harg = nb.hamming_nearest(hashes[later.name], hashes[earlier.name], dev)
-            by_hash = (ham <= phash_max_distance) & ~flagged
+            if earlier.name not in hash_typical_of:  # the earlier split's own spacing, as for the cosine yardstick
+                own_h = nb.hamming_self_nearest(hashes[earlier.name], device=dev)
+                own_h = own_h[own_h > 0]
+                hash_typical_of[earlier.name] = float(np.median(own_h)) if own_h.size else None
+            typical_h = hash_typical_of[earlier.name]
+            if typical_h is None and (ham > 0).any():
+                typical_h = float(np.median(ham[ham > 0]))
+            hthr = phash_max_distance if typical_h is None else min(phash_max_distance, int(np.floor(hash_calibration * typical_h)))
+            metrics[f"hash_threshold.{_pkey(later, earlier)}"] = hthr
+            by_hash = (ham <= hthr) & ~flagged
             match[by_hash] = harg[by_hash]
             flagged = flagged | by_hash
+            pair_extra = {"hash_threshold": hthr}
+        else:
+            pair_extra = {}
         hit = np.flatnonzero(flagged)
         frac = len(hit) / later.n
         compared += later.n
@@ -296,7 +313,7 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
         metrics[f"median_nn_similarity.{key}"] = float(np.median(best))
         metrics["max_pair_fraction"] = max(metrics["max_pair_fraction"], frac)
         pair_rows.append({"split": later.name, "earlier_split": earlier.name, "rows": later.n, "near_duplicates": len(hit),
-                          "of_which_exact": exact, "fraction": frac, "threshold": thr, "median_nn_similarity": float(np.median(best))})
+                          "of_which_exact": exact, "fraction": frac, "threshold": thr, "median_nn_similarity": float(np.median(best)), **pair_extra})
         counts, _ = np.histogram(np.log10(np.maximum(1.0 - best.astype(np.float64), 1e-9)), bins=edges)
         hist_rows.append(counts)
         room = max_evidence - sum(len(e) for e in evidence)

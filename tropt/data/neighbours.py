@@ -67,8 +67,11 @@ def prepare(x: np.ndarray, mean: np.ndarray, scale: np.ndarray | None, offset: f
     return z
 
 
-def nearest(query: np.ndarray, ref: np.ndarray, device: str = "cpu", progress: bool = False, desc: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """For each query row, the largest dot product with a reference row and that row's position (exact search)."""
+def nearest(query: np.ndarray, ref: np.ndarray, device: str = "cpu", progress: bool = False, desc: str = "",
+            clip: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """For each query row, the largest dot product with a reference row and that row's position (exact search).
+
+    ``clip`` limits the products to [-1, 1] (cosines of unit vectors); raw dot products (±1 hashes) need ``False``."""
     import torch
     from tqdm.auto import tqdm
 
@@ -84,7 +87,7 @@ def nearest(query: np.ndarray, ref: np.ndarray, device: str = "cpu", progress: b
             v, i = sims.max(dim=1)
             best[a:a + step] = v.cpu().numpy()
             arg[a:a + step] = i.cpu().numpy()
-    return np.clip(best, -1.0, 1.0), arg
+    return (np.clip(best, -1.0, 1.0) if clip else best), arg
 
 
 def pair_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -106,11 +109,17 @@ def self_nearest(ref: np.ndarray, max_queries: int = 2048, device: str = "cpu") 
     How close unrelated rows of one split typically are, measured without the later split: a later split made
     mostly of near copies would otherwise set its own yardstick and hide itself.
     """
+    idx, best = _self_nearest_rows(ref, max_queries, device)
+    return pair_similarity(ref[idx], ref[best]) if len(idx) else np.empty(0, dtype=np.float64)
+
+
+def _self_nearest_rows(ref: np.ndarray, max_queries: int, device: str) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of up to ``max_queries`` evenly spaced rows of ``ref`` and of each one's largest-dot-product other row."""
     import torch
 
     n = len(ref)
     if n < 2:
-        return np.empty(0, dtype=np.float64)
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     idx = np.unique(np.linspace(0, n - 1, min(n, max_queries)).round().astype(np.int64))
     r = torch.from_numpy(np.ascontiguousarray(ref)).to(device)
     step = max(1, CHUNK_BYTES // (4 * n))
@@ -121,7 +130,7 @@ def self_nearest(ref: np.ndarray, max_queries: int = 2048, device: str = "cpu") 
             sims = r[rows] @ r.T
             sims[torch.arange(len(rows), device=device), rows] = -float("inf")  # not itself
             best[a:a + step] = sims.argmax(dim=1).cpu().numpy()
-    return pair_similarity(ref[idx], ref[best])
+    return idx, best
 
 
 def average_hash(x: np.ndarray, shape: tuple, side: int = 16) -> np.ndarray:
@@ -144,9 +153,18 @@ def average_hash(x: np.ndarray, shape: tuple, side: int = 16) -> np.ndarray:
 
 def hamming_nearest(query_bits: np.ndarray, ref_bits: np.ndarray, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
     """Smallest Hamming distance of each ±1 query hash to a reference hash (via a matrix product), and its position."""
-    dot, arg = nearest(query_bits, ref_bits, device)
+    # Raw dot products (not clipped to [-1, 1] like cosines): distance = (bits - dot) / 2, exact in float32 for
+    # the 256 bits used here.
+    dot, arg = nearest(query_bits, ref_bits, device, clip=False)
     nbits = query_bits.shape[1]
-    return np.rint((nbits - dot * 1.0) / 2).astype(np.int64), arg
+    return np.rint((nbits - dot.astype(np.float64)) / 2).astype(np.int64), arg
+
+
+def hamming_self_nearest(bits: np.ndarray, max_queries: int = 2048, device: str = "cpu") -> np.ndarray:
+    """Hamming distance of up to ``max_queries`` evenly spaced ±1 hashes of ``bits`` to their nearest *other* hash
+    of ``bits``: how close unrelated samples of one split typically hash, measured without the later split."""
+    idx, best = _self_nearest_rows(bits, max_queries, device)
+    return np.count_nonzero(bits[idx] != bits[best], axis=1).astype(np.int64)
 
 
 def thumbnail(x: np.ndarray, shape: tuple, side: int = 48) -> np.ndarray:
