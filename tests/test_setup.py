@@ -112,6 +112,18 @@ def test_optimizer_factory_closing_over_original_model_is_caught():
         setup.validate()
 
 
+@pytest.mark.parametrize("wrap", [tuple, list])
+def test_two_optimizers_say_one_per_setup_and_how_to_merge_them_into_param_groups(wrap):
+    model, loss, _, data = _parts()
+    two = lambda m: wrap([torch.optim.SGD(m[0].parameters(), lr=0.1), torch.optim.Adam(m[2].parameters())])  # noqa: E731
+    setup = tropt.Setup(model, loss, two, data)
+    with untouched(setup), pytest.raises(SetupError) as info:
+        setup.validate()
+    err = info.value
+    assert "2 optimizers (SGD, Adam)" in err.message and "one optimizer per Setup" in err.message
+    assert "one optimizer with one param group per part" in err.fix and "'params'" in err.fix
+
+
 def test_validate_leaves_everything_untouched(tiny_setup):
     with untouched(tiny_setup):
         tiny_setup.validate()

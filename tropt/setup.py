@@ -351,6 +351,16 @@ class Setup:
             opt = self.optimizer(copy_)
         except Exception as exc:
             raise StepError(f"the optimizer factory raised {type(exc).__name__}: {exc}", "it is called as optimizer(model) with a copy of the model") from exc
+        if isinstance(opt, (tuple, list)) and opt and all(isinstance(o, torch.optim.Optimizer) for o in opt):
+            kinds = ", ".join(type(o).__name__ for o in opt)
+            raise SetupError(
+                f"Setup: the optimizer factory returned a {type(opt).__name__} of {len(opt)} optimizers ({kinds}); "
+                "tropt checks one optimizer per Setup",
+                "merge them into one optimizer with one param group per part, e.g. lambda m: torch.optim.AdamW("
+                "[{'params': m.encoder.parameters(), 'lr': 1e-4}, {'params': m.head.parameters(), 'lr': 1e-3}]) "
+                "(each group keeps its own lr/weight_decay); if they must stay different optimizer classes, "
+                "check one part per Setup",
+            )
         if not isinstance(opt, torch.optim.Optimizer):
             raise SetupError(
                 f"Setup: the optimizer factory returned a {type(opt).__name__}, expected a torch.optim.Optimizer",
