@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -59,6 +60,39 @@ def test_loss_divided_by_world_size_fails():
     r = check_ddp(ddp_setup(step_dividing_by_world_size))
     assert r.status is Status.FAIL and "averaging is applied twice" in r.summary
     assert r.tables["parameters"]["rel_error"].min() > 0.4
+
+
+class ClassifierWithDecoder(nn.Module):
+    """Returns (logits, reconstruction); a loss on the logits alone leaves the decoder without a gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(10, 16), nn.ReLU())
+        self.cls = nn.Linear(16, 4)
+        self.dec = nn.Linear(16, 10)
+
+    def forward(self, x):
+        h = self.enc(x)
+        return self.cls(h), self.dec(h)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_an_unused_parameter_is_named_with_find_unused_parameters_advice_not_averaging(k):
+    x, y = make_classification(n=64, d=10, classes=4, seed=2)
+    torch.manual_seed(0)
+    setup = tropt.Setup(ClassifierWithDecoder(), lambda m, b: ce_loss(lambda t: m(t)[0], b),
+                        lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(x[:32], y[:32]), (x[32:], y[32:])],
+                        accumulation_steps=k)
+    with untouched(setup):
+        r = check_ddp(setup)
+    assert r.status is Status.FAIL
+    assert r.metrics["cause"] == "unused parameters" and r.metrics["unused_parameters"] == 2
+    assert "dec.weight, dec.bias" in r.summary and "find_unused_parameters=True" in r.summary
+    assert r.metrics["find_unused_max_rel_error"] <= r.metrics["tolerance"]
+    assert list(r.tables["unused_parameters"]["parameter"]) == ["dec.weight", "dec.bias"]
+    text = " ".join(r.advice)
+    assert "find_unused_parameters=True" in text and "dec.weight" in text
+    assert "world size" not in text and "averag" not in r.summary
 
 
 def test_batchnorm_differs_by_design_and_warns_but_a_real_bug_still_fails():

@@ -46,7 +46,8 @@ from .harness import (
 _TIMEOUT_S = 60
 
 
-def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: str, out: Any, freeze: bool) -> None:
+def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: str, out: Any, freeze: bool,
+               find_unused: bool = False) -> None:
     """One DDP process: wrap a seeded copy, run one step on this rank's micro-batches, send back its gradients.
 
     It runs in a forked child, so it is careful: everything it imports was imported by the parent before the fork
@@ -75,7 +76,7 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
         quiet_randomness(ctx.model)
         if freeze:
             freeze_batch_stats(ctx.model)
-        ddp = DistributedDataParallel(ctx.model)
+        ddp = DistributedDataParallel(ctx.model, find_unused_parameters=find_unused)
         syncs = [0, 0]  # bucket all-reduces, synchronised backward passes
 
         def counting_allreduce(state, bucket):  # unannotated: DDP rejects annotations other than dist.GradBucket
@@ -109,7 +110,7 @@ def _stuck_at(path: str) -> str:
     return frames[0] if frames else ""
 
 
-def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False) -> list[tuple]:
+def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False, find_unused: bool = False) -> list[tuple]:
     import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # noqa: F401 - see _rank_main
     import torch.nn.parallel  # noqa: F401
 
@@ -119,7 +120,7 @@ def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False)
         procs, readers = [], {}
         for r in range(world):
             recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_rank_main, args=(r, world, setup, shares, store, send, freeze), daemon=True)
+            p = ctx.Process(target=_rank_main, args=(r, world, setup, shares, store, send, freeze, find_unused), daemon=True)
             p.start()
             send.close()  # the child holds the only writer: its exit closes the pipe
             procs.append(p)
@@ -152,7 +153,8 @@ def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False)
     return [results[r] for r in range(world)]
 
 
-def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freeze: bool) -> tuple[dict, list[tuple]]:
+def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freeze: bool,
+               find_unused: bool = False) -> tuple[dict, list[tuple]]:
     """The single-process gradients on the full batch and every DDP rank's result on its share."""
     k = setup.accumulation_steps
     ctx = setup.build()
@@ -161,7 +163,7 @@ def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freez
         freeze_batch_stats(ctx.model)
     records, calls = run_steps(setup, ctx, [split_batch(full, k)])
     require_steps(setup, calls, "the single-process run")
-    ranks = _run_ddp(setup, shares, world, freeze=freeze)
+    ranks = _run_ddp(setup, shares, world, freeze=freeze, find_unused=find_unused)
     errors = [r for r in ranks if r[1] != "ok"]
     if errors:
         raise StepError(f"under DDP, rank {errors[0][0]} failed: {errors[0][2]}",
@@ -239,6 +241,14 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
         single, ranks = _both_runs(setup, full, shares, world_size, freeze=False)
         table = compare_tensors(single, _rank0_grads(ranks), labels=("1_process", f"ddp_{world_size}"))
         err = float(table["rel_error"].max())
+        # Parameters the single-process step gives no gradient: DDP without find_unused_parameters=True waits for
+        # them, so their bucket is never all-reduced (each process keeps its own gradients, or the next step raises).
+        trainable = {name for name, p in setup.model.named_parameters() if p.requires_grad}
+        unused = [name for name, g in single.items() if g is None and name in trainable]
+        utable = None
+        if err > tol and unused:
+            _, uranks = _both_runs(setup, full, shares, world_size, freeze=False, find_unused=True)
+            utable = compare_tensors(single, _rank0_grads(uranks), labels=("1_process", f"ddp_{world_size}"))
         bn_layers = batch_dependent_layers(setup.model)
         ftable, per_mean = None, None
         if err > tol and bn_layers:
@@ -256,6 +266,27 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
     tables = {"parameters": table,
               "ranks": pd.DataFrame([{"rank": r, "bucket_allreduces": s[0], "synchronised_backward_passes": s[1],
                                       "optimizer_steps": int(np.sum(c))} for r, _, _, s, c in ranks])}
+    if unused:
+        metrics["unused_parameters"] = len(unused)
+        tables["unused_parameters"] = pd.DataFrame({"parameter": unused})
+    if utable is not None:
+        metrics["find_unused_max_rel_error"] = float(utable["rel_error"].max())
+        tables["parameters_find_unused"] = utable
+        if metrics["find_unused_max_rel_error"] <= tol:
+            named = ", ".join(unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+            metrics["cause"] = "unused parameters"
+            return CheckResult(
+                "loop.ddp", Status.FAIL,
+                f"{len(unused)} parameter(s) get no gradient from the loss ({named}): DDP without "
+                f"find_unused_parameters=True waits for their gradients, so their bucket is never all-reduced and the "
+                f"gradients under DDP with {world_size} processes differ by {err:.1%} (real DDP training also raises "
+                f"\"Expected to have finished reduction in the prior iteration\" at the next step); with "
+                f"find_unused_parameters=True they match (error {metrics['find_unused_max_rel_error']:.1e})",
+                metrics, tables,
+                [f"Remove the unused branch from the forward pass (or detach / not compute it) when the loss does not use "
+                 f"it: {named}.",
+                 "Or wrap with DistributedDataParallel(model, find_unused_parameters=True) (an extra graph traversal "
+                 "per step)."])
     if ftable is not None:
         metrics["frozen_max_rel_error"] = float(ftable["rel_error"].max())
         tables = {"parameters_frozen_batch_stats": ftable, **tables, "batch_dependent_layers": pd.DataFrame({"layer": bn_layers})}
