@@ -136,6 +136,48 @@ def test_exact_duplicates_in_a_tiny_feature_space_are_not_leakage():
     assert r.status is Status.FAIL and not r.metrics["small_feature_space"] and r.metrics["leaked_rows"] > 500
 
 
+def _survey(seed=6, n=2000):
+    rng = np.random.default_rng(seed)
+    raw = pd.DataFrame({f"q{i}": rng.choice(list("abcd"[:k]), n) for i, k in enumerate([3, 4, 3, 3, 4, 3])})
+    y = ((raw.q0 == "a") ^ (raw.q3 == "b") | (rng.random(n) < 0.2)).astype(int)
+    return raw, y
+
+
+@pytest.mark.parametrize("dtype", [bool, "float32"])
+def test_one_hot_answers_are_a_small_feature_space_too(dtype):
+    """Six survey answers (1,296 combinations) were WARN 'too small to judge' as strings but FAIL (67%) as
+    pd.get_dummies columns: the bound multiplied the 20 binary columns' cardinalities (2^20). Discrete columns are
+    now also bounded by the vectors train's repeating rows imply. near_duplicates, which FAILed on the same chance
+    copies, applies the same rule. A one-hot-like table whose rows do not repeat still FAILs on planted copies."""
+    raw, y = _survey()
+    onehot = pd.get_dummies(raw).astype(dtype).assign(y=y.to_numpy())
+    tr, te = onehot.iloc[:1600], onehot.iloc[1600:]
+    r = check_exact_duplicates({"train": tr, "test": te}, label="y", progress=False)
+    assert r.status is Status.WARN and "too small to judge" in r.summary and r.metrics["small_feature_space"], r.summary
+    assert 3.0 < r.metrics["feature_combinations_log10"] < 3.3  # ~1,296, not 2^20
+    n = check_near_duplicates({"train": tr, "test": te}, label="y", progress=False)
+    assert n.status is Status.WARN and "expected by chance" in n.summary and n.metrics["leaked_rows"] > 200, n.summary
+    rng = np.random.default_rng(1)
+    wide = pd.DataFrame(rng.integers(0, 2, (3000, 30)).astype(dtype), columns=[f"b{i}" for i in range(30)]).assign(y=rng.integers(0, 2, 3000))
+    test = wide.iloc[2400:].copy()
+    test.iloc[:30] = wide.iloc[:30].to_numpy()
+    r = check_exact_duplicates({"train": wide.iloc[:2400], "test": test}, label="y", progress=False)
+    assert r.status is Status.FAIL and not r.metrics["small_feature_space"] and r.metrics["leaked_rows"] == 30, r.summary
+
+
+def test_near_duplicates_likert_copies_are_chance_like_exact_duplicates_says():
+    """4 five-point answers: near_duplicates FAILed (92%) on the same exact copies exact_duplicates calls chance."""
+    rng = np.random.default_rng(7)
+    df = pd.DataFrame({f"q{i}": rng.integers(1, 6, 2000) for i in range(4)})
+    df["y"] = (df.sum(axis=1) + rng.normal(0, 2, 2000) > 12).astype(int)
+    splits = {"train": df.iloc[:1600], "test": df.iloc[1600:]}
+    e = check_exact_duplicates(splits, label="y", progress=False)
+    n = check_near_duplicates(splits, label="y", progress=False)
+    assert e.status is Status.WARN and n.status is Status.WARN, n.summary
+    assert n.metrics["leaked_rows"] == e.metrics["leaked_rows"] == n.metrics["exact_copies.test_in_train"]
+    assert n.metrics["small_feature_space"] and n.metrics["max_pair_fraction_not_exact"] == 0.0
+
+
 # ---------------------------------------------------------------------------------------------------- near duplicates
 def planted_vectors(n_train=3000, n_test=800, d=32, k=12, noise=1e-3, seed=0):
     g = torch.Generator().manual_seed(seed)

@@ -27,6 +27,8 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
     except in a feature space too small to judge: when a table's feature columns can take at most ``small_space``
     times as many value combinations as there are rows (4 five-point answers: 625), rows coincide by chance
     across and within splits, and the copies are a WARN with the distinct counts and within-split repeat rates.
+    The bound is the product of the columns' distinct counts or, for discrete columns, the number of vectors the
+    earliest split's repeating rows imply (one-hot columns are dependent: 20 of them may hold 1,296 answers).
     """
     cid = "data.exact_duplicates"
     datas = _load(splits, label, group, time, features, progress)
@@ -109,23 +111,21 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
         tables["conflicting_labels"] = conflict_table
     leaked, worst = metrics["leaked_rows"], metrics["max_pair_fraction"]
     advice = []
-    space = None
+    space, chance = None, False
     if worst > max_fraction and datas[0].tabular:
-        space = _feature_space(splits, label, group, time, features, progress)
+        chance, space = _small_space(splits, label, group, time, features, progress, datas, small_space)
         if np.isfinite(space[0]):
             metrics["feature_combinations_log10"] = round(space[0], 3)
         for d, c in zip(datas, split_codes):
             metrics[f"distinct_vectors.{d.name}"] = int(np.unique(c).size)
             metrics[f"within_repeat_rate.{d.name}"] = float(np.mean(np.bincount(c)[c] > 1))  # rows sharing their vector
-    chance = space is not None and space[0] <= np.log10(small_space * sum(d.n for d in datas))
     metrics["small_feature_space"] = bool(chance)
     if leaked and chance:
         # Few possible feature vectors for the rows: copies across splits are what chance gives (rows repeat within
         # each split too), so they say nothing about leakage. Not FAIL; the numbers and the evidence stay.
         worst_pair = max(pair_rows, key=lambda r: r["leaked_fraction"])
         wl = worst_pair["split"]
-        summary = (f"feature space too small to judge exact copies: {space[1]} feature column(s) take at most "
-                   f"{10 ** space[0]:,.0f} value combinations ({len(uniq)} distinct vectors) for "
+        summary = (f"feature space too small to judge exact copies: {_space_words(space)} ({len(uniq)} distinct vectors) for "
                    f"{sum(d.n for d in datas)} rows, so {worst_pair['leaked_rows']} of {worst_pair['rows']} {wl} rows "
                    f"matching {worst_pair['earlier_split']} ({_pct(worst_pair['leaked_fraction'])}) is expected by chance; "
                    f"{_pct(metrics[f'within_repeat_rate.{wl}'])} of {wl} rows repeat within {wl} too")
@@ -151,17 +151,56 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
     return CheckResult(cid, status, summary, metrics, tables, advice)
 
 
-def _feature_space(splits, label, group, time, features, progress) -> tuple[float, int]:
-    """log10 of how many value combinations the feature columns can take (product of each column's distinct values,
-    missing counting as one, in the splits' row samples), and the number of feature columns."""
+def _feature_space(splits, label, group, time, features, progress) -> tuple[float, int, str]:
+    """log10 of how many value combinations the feature columns can take, the number of feature columns, and how
+    that bound was found.
+
+    The product of each column's distinct values (missing counting as one, in the splits' row samples) is one bound;
+    it ignores dependence between columns (20 one-hot columns of 6 answers: 2^20, yet only 1,296 combinations
+    exist). When every column is discrete (at most sqrt(rows) distinct values, so values repeat by chance within
+    the column), the rows themselves give a second bound: the earliest split's sample of N rows shows D distinct
+    vectors, and a space of S equally likely vectors gives D = S (1 - exp(-N / S)) on average, solved for S
+    (infinite when no row repeats). A continuous table whose rows were copied (each value three times) is not
+    discrete and keeps the product bound."""
     datas = _load(splits, label, group, time, features, progress, needs={"sample"})
     cols = datas[0].feature_columns
     frames = [d.sample for d in datas if d.sample is not None]
     both = pd.concat([f[cols] for f in frames], ignore_index=True) if len(frames) > 1 else frames[0][cols]
     distinct = [both[c].nunique(dropna=False) for c in cols]
     if any(k >= 0.5 * len(both) for k in distinct):  # a mostly-distinct column: the sample cannot bound it
-        return float("inf"), len(cols)
-    return float(sum(np.log10(max(1, k)) for k in distinct)), len(cols)
+        return float("inf"), len(cols), "product"
+    product = float(sum(np.log10(max(1, k)) for k in distinct))
+    first = datas[0].sample
+    if first is None or len(first) < 2 or max(distinct, default=1) > np.sqrt(len(both)):
+        return product, len(cols), "product"
+    n = len(first)
+    d = int(first[cols].drop_duplicates().shape[0])
+    if d >= n:
+        return product, len(cols), "product"
+    lo, hi = float(d), float(d)
+    while hi * (1 - np.exp(-n / hi)) < d:  # occupancy D(S) grows with S towards n
+        hi *= 2
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if mid * (1 - np.exp(-n / mid)) < d else (lo, mid)
+    observed = float(np.log10(hi))
+    if observed < product - np.log10(2):  # clearly fewer than the product (otherwise its "at most" is plainer)
+        return observed, len(cols), f"rows: {d} distinct of {n} {datas[0].name} rows"
+    return product, len(cols), "product"
+
+
+def _small_space(splits, label, group, time, features, progress, datas, small_space: float) -> tuple[bool, tuple | None]:
+    """Whether a table's feature space is too small to judge exact copies (at most ``small_space`` x rows)."""
+    if not datas[0].tabular:
+        return False, None
+    space = _feature_space(splits, label, group, time, features, progress)
+    return bool(space[0] <= np.log10(small_space * sum(d.n for d in datas))), space
+
+
+def _space_words(space: tuple) -> str:
+    if space[2] == "product":
+        return f"{space[1]} feature column(s) take at most {10 ** space[0]:,.0f} value combinations"
+    return f"{space[1]} discrete feature column(s) show about {10 ** space[0]:,.0f} possible combinations ({space[2]})"
 
 
 # ---------------------------------------------------------------------------------------------------- near duplicates
@@ -176,7 +215,7 @@ def _fmt_sim(x: float) -> str:
 def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
                           enabled: bool | str = "auto", threshold: float | None = None, calibration: float = 0.05,
                           min_similarity: float = 0.95, phash_max_distance: int = 10,
-                          hash_calibration: float = 0.1, max_fraction: float = 0.01,
+                          hash_calibration: float = 0.1, max_fraction: float = 0.01, small_space: float = 10.0,
                           max_auto_rows: int = 200_000, max_auto_cost: float = 2e11, device: str | None = None,
                           max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
     """Exact cosine nearest neighbour of every later-split row among each earlier split's rows.
@@ -194,6 +233,8 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     ``min(phash_max_distance, floor(hash_calibration * median))``, the median being the earlier split's own hashes'
     distance to their nearest other hash (exact copies aside). Small or simple images (upscaled 8x8 digits) hash
     alike even when unrelated (median 13 of 256 bits), so a fixed 10 would flag a third of a healthy split.
+    Exact copies in a table whose feature space is too small to judge (see data.exact_duplicates, ``small_space``)
+    happen by chance: they are counted and listed, but only the other near duplicates can make a FAIL.
     ``enabled="auto"`` runs for tensors/images and numeric tables up to ``max_auto_rows`` rows and an estimated
     ``max_auto_cost`` multiply-adds (x50 on a GPU); ``True`` forces it, ``False`` skips.
     """
@@ -356,5 +397,18 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
         text = f"; text columns {metrics['text_columns']} compared as normalised text" if use_text else ""
         summary = f"no near duplicates across splits (similarity threshold {_fmt_sim(metrics['threshold'])}, {dim} dimensions{text})"
         advice = []
-    status = Status.FAIL if worst > max_fraction else Status.WARN if leaked else Status.PASS
+    judged = worst
+    if worst > max_fraction and tabular and any(r["of_which_exact"] for r in pair_rows):
+        chance, space = _small_space(splits, label, group, time, features, progress, datas, small_space)
+        metrics["small_feature_space"] = chance
+        if chance:
+            # The same rule as data.exact_duplicates: exact copies among few possible vectors are chance.
+            judged = max((r["near_duplicates"] - r["of_which_exact"]) / r["rows"] for r in pair_rows)
+            metrics["max_pair_fraction_not_exact"] = judged
+            summary = (f"feature space too small to judge exact copies ({_space_words(space)} for "
+                       f"{sum(d.n for d in datas)} rows): the {sum(r['of_which_exact'] for r in pair_rows)} exact copies "
+                       f"among the near duplicates are expected by chance; " + summary)
+            advice = ["Exact copies cannot show leakage here: check it by the entity instead (pass group= with the "
+                      "user/patient/session id)."] + (advice if judged > 0 else [])
+    status = Status.FAIL if judged > max_fraction else Status.WARN if leaked else Status.PASS
     return CheckResult(cid, status, summary, metrics, tables, advice, series)
