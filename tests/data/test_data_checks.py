@@ -305,6 +305,29 @@ def test_near_duplicates_in_text_columns_by_normalised_text():
     assert ev.loc[ev["row"] == 10_000, "earlier_text"].item() == train.loc[100, "review"].lower().rstrip(".")
 
 
+def test_near_duplicates_text_beside_few_numeric_columns_compares_the_numbers():
+    """Text beside 2 numeric columns: the numbers were dropped (the 3-column rule of numeric-only tables), so 20 test
+    rows with a train row's text but other fares and miles scored 1.0 and FAILed. Now both blocks count: those rows
+    are not near copies, while 20 rows copying text and numbers are."""
+    train, test = _reviews()
+    rng = np.random.default_rng(5)
+    train = train.assign(fare=rng.uniform(50, 900, len(train)), miles=rng.integers(100, 5000, len(train)))
+    test = test.assign(fare=rng.uniform(50, 900, len(test)), miles=rng.integers(100, 5000, len(test)))
+    cols = ["review", "fare", "miles"]
+    same_text = test.copy()
+    same_text.iloc[:20, 0] = train["review"].iloc[:20].to_numpy()
+    same_text.iloc[:20, 1] = train["stars"].iloc[:20].to_numpy()
+    same_text.iloc[:20, 3] = train["fare"].iloc[20:40].to_numpy() * 3 + 500  # other numbers
+    r = check_near_duplicates({"train": train[cols + ["y"]], "test": same_text[cols + ["y"]]}, label="y", progress=False)
+    assert r.status is Status.PASS and r.metrics["leaked_rows"] == 0, r.summary
+    assert r.metrics["dimensions"] == 2 + 256
+    copied = test.copy()
+    copied.iloc[:20, [0, 3, 4]] = train.iloc[:20][cols].to_numpy()
+    copied = copied.astype(test.dtypes.to_dict())
+    r = check_near_duplicates({"train": train[cols + ["y"]], "test": copied[cols + ["y"]]}, label="y", progress=False)
+    assert r.status is Status.FAIL and sorted(r.tables["near_duplicates"]["earlier_row"]) == list(range(20)), r.summary
+
+
 @pytest.mark.parametrize("share", [0.6, 1.0])
 def test_near_duplicates_found_even_when_most_of_the_later_split_is_copies(share):
     """The yardstick was the later split's own nearest distances: with most test rows near copies it became the copy

@@ -226,7 +226,7 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     many different values; low-cardinality strings are categories and are not compared) add a block of hashed
     character trigrams of the row's text, lower-cased with punctuation and spacing collapsed (so copies that differ
     only in case, spacing or punctuation match exactly); with both blocks the similarity is their average, and a
-    table needs 3 numeric columns or free text. A pair is a near duplicate when its similarity is at least ``threshold``, by default
+    table needs 3 numeric columns or free text (beside free text, every numeric column is compared). A pair is a near duplicate when its similarity is at least ``threshold``, by default
     ``max(min_similarity, cos(calibration * median nearest-neighbour angle))``, the angle measured among the earlier
     split's own rows (a later split made mostly of copies cannot move it): far closer than rows typically are.
     Images additionally get a 16x16 average hash; a Hamming distance up to the hash threshold also counts:
@@ -254,7 +254,9 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     if len(dims) > 1:
         return _skip(cid, f"samples have different sizes across splits ({sorted(dims)} values)")
     num_dim = dims.pop() if dims else 0
-    use_numeric = bool(num_dim) and not (tabular and num_dim < 3)
+    # Numeric-only tables need 3 columns (fewer cannot tell rows apart); beside free text any numeric column counts,
+    # else rows with the same text and different numbers would score 1.0.
+    use_numeric = bool(num_dim) and (use_text or not (tabular and num_dim < 3))
     if not use_numeric and not use_text:
         return _skip(cid, f"only {num_dim} numeric feature column(s): cosine similarity cannot tell rows apart in so few dimensions")
     dim = (num_dim if use_numeric else 0) + (nb.TEXT_DIM if use_text else 0)
