@@ -11,6 +11,9 @@ import torch
 from torch import nn
 
 matplotlib.use("Agg")  # tests draw off-screen
+# The models under test are tiny: one intra-op thread is faster than two (no fork/join per op) and keeps timing
+# steady when other processes share the machine's cores.
+torch.set_num_threads(1)
 
 from support import CHROMIUM, CHROMIUM_ARGS, SAMPLES, ce_loss, make_classification  # noqa: E402
 

@@ -385,3 +385,50 @@ def test_init_loss_names_a_regression_offset_an_input_scale_and_a_class_count_mi
     wrong = run(check_init_loss, setup_for(mlp(), num_classes=C + 2))
     assert wrong.status is Status.WARN and wrong.metrics["output_classes"] == C
     assert wrong.summary.startswith(f"the model outputs {C} class scores but the Setup says num_classes={C + 2}")
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab=200):
+        super().__init__()
+        self.emb, self.rnn, self.head = nn.Embedding(vocab, 64), nn.GRU(64, 64, batch_first=True), nn.Linear(64, vocab)
+
+    def forward(self, ids):
+        return self.head(self.rnn(self.emb(ids))[0])
+
+
+def _lm_setup(shift_in_loss: bool, lr: float = 3e-3, bos: bool = False) -> tropt.Setup:
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randint(1, 200, (64, 33), generator=g)
+    if bos:
+        seq[:, 0] = 0  # every sequence starts with the same token: the token after it cannot be predicted
+    torch.manual_seed(0)
+    if shift_in_loss:  # the batch holds only the tokens; the loss shifts them into inputs and targets
+        loss = lambda m, b: F.cross_entropy(m(b[0][:, :-1]).reshape(-1, 200), b[0][:, 1:].reshape(-1))  # noqa: E731
+        batches = [(seq[i:i + 32],) for i in range(0, 64, 32)]
+    else:
+        loss = lambda m, b: F.cross_entropy(m(b[0]).reshape(-1, 200), b[1].reshape(-1))  # noqa: E731
+        batches = [(seq[i:i + 32, :-1], seq[i:i + 32, 1:]) for i in range(0, 64, 32)]
+    return tropt.Setup(TinyLM(), loss, lambda m: torch.optim.Adam(m.parameters(), lr), batches, num_classes=200)
+
+
+def test_overfit_baseline_zeroes_the_models_input_not_targets_derived_from_the_same_tensor():
+    """A language model whose loss shifts one token tensor into inputs and targets: zeroing the batch zeroed the
+    targets too (baseline loss ~0: 'ignores its input'). The baseline now zeroes what the model is called with."""
+    r = run(check_overfit_batch, _lm_setup(shift_in_loss=True, lr=3e-4))
+    assert r.metrics["inputs_zeroed_in_baseline"] == 1
+    assert r.metrics["baseline_final_loss"] > 3.0 and "ignores" not in r.summary, r.summary
+    assert r.status is Status.WARN and "still falling" in r.summary  # slow at this learning rate, and said so
+
+
+def test_overfit_token_batch_with_an_unpredictable_position_passes_and_shows_its_accuracy():
+    """Every sequence starts with BOS: the first target position is a coin toss over the vocabulary, so 100% token
+    accuracy is impossible while the loss falls by 90%. min_accuracy=0.95 lets it pass; the summary shows 96.x%."""
+    r = run(check_overfit_batch, _lm_setup(shift_in_loss=False, bos=True))
+    assert r.status is Status.PASS, r.summary
+    assert 0.95 <= r.metrics["final_accuracy"] < 1.0 and "train accuracy 9" in r.summary and "100%" not in r.summary
+
+
+def test_overfit_tiny_learning_rate_is_slow_learning_not_an_ignored_input():
+    """Both the model and its baseline creep down at lr 1e-5: neither plateaued, so no 'ignores its input'."""
+    r = run(check_overfit_batch, setup_for(mlp(), opt=lambda m: torch.optim.AdamW(m.parameters(), lr=1e-5)))
+    assert r.status is Status.WARN and "still falling" in r.summary, r.summary

@@ -263,30 +263,92 @@ def input_scale(batch: Any, inputs: set, low: float = 0.1, high: float = 10.0) -
     return pd.DataFrame(rows, columns=["input", "shape", "mean", "std", "rms"]), notes
 
 
+def _loss_output(setup: Any, model: nn.Module, batch: Any, ctx: Any = None, zero: frozenset = frozenset()) -> torch.Tensor | None:
+    """The model's output while ``loss_fn`` runs on ``batch`` (no grad, dropout off, seeded), with the root model's
+    arguments at ``zero`` positions zeroed."""
+    torch.manual_seed(0)  # any other randomness in the forward (noise layers) is the same in every probe
+    with torch.no_grad(), dropout_off(model), Capture(model) as cap, zeroed_arguments(model, zero):
+        if ctx is not None:
+            with ctx.autocast():
+                setup.loss(model, batch)
+        else:
+            setup.loss(model, batch)
+    return cap.output
+
+
+def _changes(out: torch.Tensor | None, ref: torch.Tensor | None) -> bool:
+    return ref is None or out is None or out.shape != ref.shape or not torch.equal(out, ref)
+
+
 def input_paths(setup: Any, model: nn.Module, batch: Any, ctx: Any = None) -> set:
     """Paths of the batch tensors the model reads: those whose zeroing changes its output (a target only reaches the
-    loss). Runs the loss once per tensor under no_grad with dropout off; a tensor whose zeroing breaks the forward
-    counts as an input."""
-    def output_of(b: Any) -> torch.Tensor | None:
-        with torch.no_grad(), dropout_off(model), Capture(model) as cap:
-            if ctx is not None:
-                with ctx.autocast():
-                    setup.loss(model, b)
-            else:
-                setup.loss(model, b)
-        return cap.output
-
-    ref = output_of(batch)
+    loss). Runs the loss once per tensor; a tensor whose zeroing breaks the forward counts as an input."""
+    ref = _loss_output(setup, model, batch, ctx)
     found = set()
     for path, _ in leaves(batch):
         try:
-            out = output_of(map_leaves(batch, lambda p, t: torch.zeros_like(t) if p == path else t))
+            out = _loss_output(setup, model, map_leaves(batch, lambda p, t: torch.zeros_like(t) if p == path else t), ctx)
         except Exception:  # noqa: BLE001 - zeroing it broke the forward: the model reads it
             found.add(path)
             continue
-        if ref is None or out is None or out.shape != ref.shape or not torch.equal(out, ref):
+        if _changes(out, ref):
             found.add(path)
     return found
+
+
+def argument_positions(setup: Any, model: nn.Module, batch: Any, ctx: Any = None) -> frozenset | None:
+    """The root model's tensor arguments (``("arg", i)`` / ``("kwarg", name)``) whose zeroing changes its output:
+    what the input-independent baseline zeroes. Zeroing the model's arguments, not the batch, keeps targets that
+    the loss derives from the inputs (a language model's shifted tokens) and labels passed into the model
+    (``labels=`` of a Hugging Face model) intact. None when ``loss_fn`` never calls the root model."""
+    seen: list = []
+
+    def record(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if not seen:
+            seen.extend([("arg", i) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+                        + [("kwarg", k) for k, v in kwargs.items() if isinstance(v, torch.Tensor)])
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        ref = _loss_output(setup, model, batch, ctx)
+    finally:
+        handle.remove()
+    if not seen and ref is None:
+        return None
+    found = set()
+    for pos in seen:
+        try:
+            out = _loss_output(setup, model, batch, ctx, frozenset([pos]))
+        except Exception:  # noqa: BLE001 - zeroing it broke the forward: the model reads it
+            found.add(pos)
+            continue
+        if _changes(out, ref):
+            found.add(pos)
+    return frozenset(found)
+
+
+def zeroed_arguments(model: nn.Module, positions: frozenset):
+    """Context manager: every call of ``model`` gets zeros in place of its tensor arguments at ``positions``."""
+    from contextlib import nullcontext
+
+    if not positions:
+        return nullcontext()
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+        args = tuple(torch.zeros_like(a) if ("arg", i) in positions and isinstance(a, torch.Tensor) else a
+                     for i, a in enumerate(args))
+        kwargs = {k: torch.zeros_like(v) if ("kwarg", k) in positions and isinstance(v, torch.Tensor) else v
+                  for k, v in kwargs.items()}
+        return args, kwargs
+
+    class _Zeroed:
+        def __enter__(self) -> None:
+            self.handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+
+        def __exit__(self, *exc: Any) -> None:
+            self.handle.remove()
+
+    return _Zeroed()
 
 
 def target_scale(batch: Any, objective: Any) -> tuple[pd.DataFrame, str] | None:
@@ -309,19 +371,25 @@ def target_scale(batch: Any, objective: Any) -> tuple[pd.DataFrame, str] | None:
 
 
 def dropout_off(model: nn.Module):
-    """Context manager: dropout modules in eval mode (other modules untouched), restored on exit."""
+    """Context manager: dropout modules in eval mode and attention dropout at 0 (other modules untouched), restored
+    on exit. ``nn.MultiheadAttention`` keeps its dropout as a float applied whenever it trains."""
     from contextlib import contextmanager
 
     @contextmanager
     def cm():
         drops = [m for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.training]
+        attn = [(m, m.dropout) for m in model.modules() if isinstance(m, nn.MultiheadAttention) and m.dropout]
         for m in drops:
             m.eval()
+        for m, _ in attn:
+            m.dropout = 0.0
         try:
             yield
         finally:
             for m in drops:
                 m.train()
+            for m, p in attn:
+                m.dropout = p
 
     return cm()
 
