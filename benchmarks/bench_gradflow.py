@@ -52,8 +52,8 @@ def naive_step(model, opt, x, y, log):
 
 VARIANTS = {
     "plain": ("plain steps", None),
-    "monitor": ("GradientMonitor(every=1)  [updates every 10th]", {}),
-    "monitor_updates_each": ("GradientMonitor(every=1, update_every=1)", {"update_every": 1}),
+    "monitor": ("GradientMonitor(every=1)  [full_every=10]", {}),
+    "monitor_updates_each": ("GradientMonitor(every=1, full_every=1)", {"full_every": 1}),
     "monitor_no_updates": ("GradientMonitor(every=1, track_updates=False)", {"track_updates": False}),
     "naive_item": ("naive per-parameter .norm().item()", None),
 }
@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--steps", type=int, default=20,
                     help="timed steps per variant per repeat, after one untimed step; a multiple of 10 holds the "
-                         "share of update-measuring steps a long run has")
+                         "share of fully measured steps (full_every=10) a long run has")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (default 1: steady on a shared machine; 0 keeps torch's default)")

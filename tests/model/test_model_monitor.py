@@ -26,7 +26,7 @@ def test_monitor_records_exact_norms_in_a_plain_loop_and_removes_its_hooks():
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     expected = []
     hooks_before = _global_hooks()
-    with tropt.GradientMonitor(model, update_every=1) as mon:
+    with tropt.GradientMonitor(model, full_every=1) as mon:
         assert _global_hooks() == (hooks_before[0] + 1, hooks_before[1] + 1)
         for x, y in data()[:5]:
             F.cross_entropy(model(x), y).backward()
@@ -53,12 +53,13 @@ def test_monitor_records_exact_norms_in_a_plain_loop_and_removes_its_hooks():
 
 
 def test_monitor_measures_updates_on_every_kth_recorded_step_exactly():
-    """Default cadence: update norms on recorded rows 0, 10, 20 (NaN elsewhere); the other statistics every row."""
+    """Default cadence: update norms and zero counts on recorded rows 0, 10, 20 (NaN elsewhere); gradient norm,
+    parameter norm and non-finite count every row."""
     model = mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     expected = {}
     with tropt.GradientMonitor(model) as mon:
-        assert mon.update_every == 10
+        assert mon.full_every == 10
         for step, (x, y) in enumerate((data() * 4)[:23]):
             F.cross_entropy(model(x), y).backward()
             before = [p.detach().clone() for p in model.parameters()]
@@ -70,7 +71,9 @@ def test_monitor_measures_updates_on_every_kth_recorded_step_exactly():
     assert measured == [0, 10, 20]
     for step in measured:
         np.testing.assert_allclose(df.loc[df["step"] == step, "update_norm"], expected[step], rtol=1e-4)
-    assert df["grad_norm"].notna().all() and df["param_norm"].notna().all() and len(df) == 23 * 6
+    assert sorted(df.loc[df["zero_fraction"].notna(), "step"].unique()) == [0, 10, 20]  # the other costly statistic
+    assert df["grad_norm"].notna().all() and df["param_norm"].notna().all() and df["nonfinite"].notna().all()
+    assert len(df) == 23 * 6
     assert mon.summary()["update_ratio_mean"].notna().all()
 
 
@@ -81,7 +84,7 @@ def test_monitor_two_optimizers_each_measure_their_own_update():
     rest = torch.optim.SGD([p for m in list(model)[1:] for p in m.parameters()], lr=0.05)
     names = [n for n, _ in model.named_parameters()]
     expected = []
-    with tropt.GradientMonitor(model, update_every=1) as mon:
+    with tropt.GradientMonitor(model, full_every=1) as mon:
         for x, y in data()[:3]:
             F.cross_entropy(model(x), y).backward()
             for opt in (first, rest):
@@ -145,8 +148,8 @@ def test_monitor_bad_input():
         tropt.GradientMonitor("model")
     with pytest.raises(TroptError, match="every=0"):
         tropt.GradientMonitor(mlp(), every=0)
-    with pytest.raises(TroptError, match="update_every=0"):
-        tropt.GradientMonitor(mlp(), update_every=0)
+    with pytest.raises(TroptError, match="full_every=0"):
+        tropt.GradientMonitor(mlp(), full_every=0)
     with pytest.raises(TroptError, match="no parameters"):
         tropt.GradientMonitor(nn.ReLU()).__enter__()
 
@@ -159,3 +162,22 @@ def test_import_tropt_stays_light():
             "print(any(m in sys.modules for m in ('matplotlib', 'seaborn', 'tropt.plots.model')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_monitor_update_norms_are_exact_with_parameters_of_two_dtypes():
+    """The parameter copy is one block per dtype: a float64 head beside a float32 body keeps exact update norms."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    model[1].double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    expected = []
+    with tropt.GradientMonitor(model, full_every=1) as mon:
+        for _ in range(3):
+            model[1](model[0](torch.randn(5, 4)).double()).pow(2).sum().backward()
+            before = [p.detach().clone() for p in model.parameters()]
+            opt.step()
+            expected.append([(p.detach() - b).norm().item() for p, b in zip(model.parameters(), before)])
+            opt.zero_grad()
+    df = mon.frame()
+    for step, upd in enumerate(expected):
+        np.testing.assert_allclose(df.loc[df["step"] == step, "update_norm"], upd, rtol=1e-5)

@@ -222,7 +222,7 @@ def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e
     with preserved(setup.model):
         ctx = setup.build(seed=setup.seed if seed is None else seed)
         k = setup.accumulation_steps
-        with GradientMonitor(ctx.model, optimizer=ctx.optimizer, update_every=1, detail=True, capacity=steps) as mon:
+        with GradientMonitor(ctx.model, optimizer=ctx.optimizer, full_every=1, detail=True, capacity=steps) as mon:
             for i, batch in enumerate(tqdm(setup.batches(steps), total=steps, desc="gradient flow", disable=not progress, leave=False)):
                 setup.run_step(ctx, split_batch(batch, k) if k > 1 else [batch])
                 if callback is not None:

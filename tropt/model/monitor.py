@@ -16,8 +16,9 @@ optimizer step hooks, removed on exit; pass ``optimizer=`` to watch only that on
 batched ``torch._foreach_norm`` calls into preallocated tensors on the parameters' device: on an accelerator nothing
 is copied to the host and nothing synchronises until you read the results. (On CPU, where reading a number costs no
 device sync, the monitor checks the norms for NaN/inf before counting non-finite entries, to skip that pass.)
-The exact update norm needs a copy of the parameters and a difference pass, so it is measured on every
-``update_every``-th recorded step (10 by default); everything else is measured at every recorded step.
+The two costly statistics, the exact update norm (a copy of the parameters and a difference pass) and the exact-zero
+count (a pass over the gradients), are measured on every ``full_every``-th recorded step (10 by default); gradient
+norm, parameter norm and the non-finite count are measured at every recorded step.
 """
 
 from __future__ import annotations
@@ -62,12 +63,14 @@ class GradientMonitor:
     track_updates
         Also measure the update the optimizer applies (``||p_after - p_before||``, exact); keeps one copy of the
         watched parameters on their device.
-    update_every
-        Measure the update on one recorded step in ``update_every`` (rows 0, k, 2k, ...; ``update_norm`` is NaN on
-        the others). The copy and the difference cost about four passes over the parameters, which on a CPU MLP
-        is more than all the other statistics together; the update/parameter ratio drifts slowly, so the default
-        of 10 keeps the monitor within 5% of a training step (``benchmarks/bench_gradflow.py``). Use 1 to
-        measure every recorded step (the ``model.gradient_flow`` check does).
+    full_every
+        Measure the update norm and the exact-zero count on one recorded step in ``full_every`` (rows 0, k, 2k, ...;
+        ``update_norm`` and ``zero_fraction`` are NaN on the others). The update needs a parameter copy and a
+        difference pass (about four passes over the parameters) and the zero count another pass over the gradients:
+        on a CPU MLP that is more than everything else together. Both drift slowly (dead units stay dead), so the
+        default of 10 keeps the monitor within 5% of a training step at one thread (``benchmarks/bench_gradflow.py``);
+        the cheap statistics, non-finite gradients included, are still measured at every step. Use 1 to measure
+        everything at every recorded step (the ``model.gradient_flow`` check does).
     detail
         Also record the mean and max absolute gradient entry per parameter (two more passes over the gradients;
         the gradient-flow check turns it on for its bar chart).
@@ -82,16 +85,16 @@ class GradientMonitor:
     """
 
     def __init__(self, model: nn.Module, every: int = 1, *, optimizer: torch.optim.Optimizer | None = None,
-                 track_updates: bool = True, update_every: int = 10, detail: bool = False, capacity: int = 64,
+                 track_updates: bool = True, full_every: int = 10, detail: bool = False, capacity: int = 64,
                  callback: Any = None) -> None:
         if not isinstance(model, nn.Module):
             raise TroptError(f"GradientMonitor: model is a {type(model).__name__}, expected a torch.nn.Module",
                              "pass the model you train: GradientMonitor(model)")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise TroptError(f"GradientMonitor: every={every!r}; it must be an integer >= 1", "use every=1 to record each step")
-        if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
-            raise TroptError(f"GradientMonitor: update_every={update_every!r}; it must be an integer >= 1",
-                             "use update_every=1 to measure the update at every recorded step, or track_updates=False")
+        if isinstance(full_every, bool) or not isinstance(full_every, int) or full_every < 1:
+            raise TroptError(f"GradientMonitor: full_every={full_every!r}; it must be an integer >= 1",
+                             "use full_every=1 to measure every statistic at every recorded step")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TroptError(f"GradientMonitor: optimizer is a {type(optimizer).__name__}, expected a torch.optim.Optimizer",
                              "pass the optimizer, or leave it out to watch any optimizer holding the model's parameters")
@@ -99,7 +102,7 @@ class GradientMonitor:
         self.every = every
         self.optimizer = optimizer
         self.track_updates = track_updates
-        self.update_every = update_every
+        self.full_every = full_every
         self.detail = detail
         self.callback = callback
         self._capacity = max(1, int(capacity))
@@ -245,28 +248,42 @@ class GradientMonitor:
 
             norms = self._stack(torch._foreach_norm(grads))
             put(0, norms)
+            full = self._rows % self.full_every == 0
             if self._device.type == "cpu":
                 # On CPU reading a number is not a device sync, so the costly non-finite count runs only when the
                 # norms say some entry is NaN/inf (a NaN/inf entry always makes its L2 norm non-finite).
-                put(3, torch.stack([_count_nonzero(g) for g in grads]).float())
+                if full:
+                    put(3, torch.stack([_count_nonzero(g) for g in grads]).float())
                 if math.isfinite(float(norms.sum())):
                     put(4, torch.zeros(len(have)))
                 else:
                     put(4, torch.stack([(~torch.isfinite(g)).sum() for g in grads]).float())
             else:
                 # On accelerators everything stays on the device, batched: no host sync per step.
-                put(3, self._stack(torch._foreach_norm(grads, 0)))
+                if full:
+                    put(3, self._stack(torch._foreach_norm(grads, 0)))
                 # NaN * 0 and inf * 0 are NaN, finite * 0 is 0: the non-zero count of g * 0 counts non-finite entries.
                 put(4, self._stack(torch._foreach_norm(torch._foreach_mul(grads, 0.0), 0)))
             if self.detail:
                 put(5, self._stack(torch._foreach_norm(grads, 1)))
                 put(6, self._stack([g.abs().amax() for g in grads]))
         self.recorded_steps.append(step)
-        measure = self.track_updates and self._rows % self.update_every == 0
+        measure = self.track_updates and self._rows % self.full_every == 0
         if measure and opt_idx:
-            for i in opt_idx:
-                if i not in self._prev or self._prev[i].shape != self._params[i].shape:
-                    self._prev[i] = torch.empty_like(self._params[i], memory_format=torch.preserve_format)
+            if any(i not in self._prev or self._prev[i].shape != self._params[i].shape for i in opt_idx):
+                # One flat buffer, viewed per parameter: separate per-parameter buffers kept between steps made the
+                # CPU allocator hand each step's new gradients fresh pages (page faults in every backward, ~3x the
+                # monitor's own cost in bench_gradflow); one block leaves the gradients' reuse alone.
+                groups: dict[tuple, list[int]] = {}
+                for i in opt_idx:  # one block per dtype and device (mixed-precision models have several)
+                    groups.setdefault((self._params[i].dtype, self._params[i].device), []).append(i)
+                for (dtype, device), members in groups.items():
+                    flat = torch.empty(sum(self._params[i].numel() for i in members), dtype=dtype, device=device)
+                    off = 0
+                    for i in members:
+                        k = self._params[i].numel()
+                        self._prev[i] = flat[off:off + k].view(self._params[i].shape)
+                        off += k
             with torch.no_grad():
                 torch._foreach_copy_([self._prev[i] for i in opt_idx], [self._params[i] for i in opt_idx])
         self._pending = (self._rows, opt_idx if measure else [], measure)
@@ -284,6 +301,7 @@ class GradientMonitor:
                 prev = [self._prev[i] for i in opt_idx]
                 torch._foreach_sub_(prev, [self._params[i] for i in opt_idx])
                 row[:, 2].index_copy_(0, self._index(tuple(opt_idx)), self._stack(torch._foreach_norm(prev)))
+
         # Parameters outside every optimizer that stepped are not updated by it: their update is exactly 0
         # unless another optimizer steps them (then its own row fills it).
         if measured and self._outside:
