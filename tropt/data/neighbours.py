@@ -61,6 +61,11 @@ def prepare(x: np.ndarray, mean: np.ndarray, scale: np.ndarray | None, offset: f
     np.nan_to_num(z, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
     if offset is not None:
         z[:, -1] = offset
+    return _unit_rows(z)
+
+
+def _unit_rows(z: np.ndarray) -> np.ndarray:
+    """``z`` with every non-zero row scaled to unit L2 norm, in place (zero rows stay zero)."""
     norm = np.linalg.norm(z, axis=1, keepdims=True)
     norm[norm == 0] = 1.0
     z /= norm
@@ -230,7 +235,4 @@ def text_vectors(texts: pd.Series | np.ndarray, dim: int = TEXT_DIM) -> np.ndarr
 
 def prepare_text(counts: np.ndarray) -> np.ndarray:
     """Sub-linear term weights (square root of counts), L2-normalised rows (new array)."""
-    z = np.sqrt(counts.astype(np.float32))
-    norm = np.linalg.norm(z, axis=1, keepdims=True)
-    norm[norm == 0] = 1.0
-    return z / norm
+    return _unit_rows(np.sqrt(counts.astype(np.float32)))
