@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import Cancelled, SetupError, TroptError
 from .registry import CheckSpec, select
-from .result import CheckResult, Report, Status
+from .result import CheckResult, Report, Status, link_findings
 from .setup import Setup
 
 
@@ -114,4 +114,4 @@ def diagnose(
             results.append(error_result(spec.id, setup_error))
         else:
             results.append(run_check(spec, setup if spec.needs == "setup" else splits, options))
-    return Report(results, run_identity(setup if setup_error is None else None, splits, checks=[s.id for s in specs]))
+    return Report(link_findings(results), run_identity(setup if setup_error is None else None, splits, checks=[s.id for s in specs]))

@@ -6,6 +6,8 @@ plain text formats of the same data, while drawing lives in :mod:`tropt.plots`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import html
 import json
 import math
@@ -196,6 +198,23 @@ class CheckResult:
 
     def __repr__(self) -> str:
         return f"<CheckResult {self.check} {self.status.value.upper()}: {self.summary}>"
+
+
+def link_findings(results: list[CheckResult]) -> list[CheckResult]:
+    """Resolve cross-references between results: a result that defers to another check (``metrics["see_also"]``)
+    says "<id> reports this defect" only when that check did report it (FAIL or WARN) in the same run.
+
+    A check cannot know what another one found, so it never claims it in its own summary; this is decided here,
+    once every result is in.
+    """
+    found = {r.check: r.status for r in results}
+    out = []
+    for r in results:
+        other = r.metrics.get("see_also")
+        if isinstance(other, str) and found.get(other) in (Status.FAIL, Status.WARN):
+            r = dataclasses.replace(r, summary=f"{r.summary}; {other} reports this defect")
+        out.append(r)
+    return out
 
 
 def _badge(status: Status) -> str:

@@ -110,6 +110,9 @@ class Setup:
         Seed for every copy and data order a check makes.
     batch_size
         Batch size used only when ``train_data``/``val_data`` is a Dataset rather than a DataLoader or list.
+    distributed
+        True when the loop is meant to run under DistributedDataParallel: ``loop.ddp`` then WARNs about wasted
+        all-reduces (communication only); otherwise that finding is a latent note.
     """
 
     model: nn.Module
@@ -130,6 +133,7 @@ class Setup:
     device: str | torch.device = "cpu"
     seed: int = 0
     batch_size: int = 32
+    distributed: bool = False
     _validated: dict = field(default_factory=dict, init=False, repr=False)
 
     # ------------------------------------------------------------------ construction-time validation
@@ -219,6 +223,8 @@ class Setup:
                 raise err(f"Setup: {name} cannot be called as {sig}", f"define it as {sig}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise err(f"Setup: seed={self.seed!r}; it must be an integer", "e.g. seed=0")
+        if not isinstance(self.distributed, bool):
+            raise err(f"Setup: distributed={self.distributed!r}; it must be True or False", "pass distributed=True for a loop meant for DDP")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise err(f"Setup: batch_size={self.batch_size!r}; it must be an integer >= 1", "e.g. batch_size=32")
 

@@ -37,6 +37,7 @@ from .harness import (
     compare_tensors,
     freeze_batch_stats,
     global_rel_error,
+    nonfinite_result,
     quiet_randomness,
     require_steps,
     run_steps,
@@ -262,10 +263,14 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
     syncs_per_step = ranks[0][3][1]
     metrics = {"world_size": world_size, "samples_per_process": per_rank, "micro_batches": k, "max_rel_error": err,
                "tolerance": tol, "allreduce_buckets": ranks[0][3][0], "synchronised_backward_passes": syncs_per_step,
-               "batch_dependent_layers": len(bn_layers)}
+               "batch_dependent_layers": len(bn_layers), "observed_at": "optimizer.step"}
     tables = {"parameters": table,
               "ranks": pd.DataFrame([{"rank": r, "bucket_allreduces": s[0], "synchronised_backward_passes": s[1],
                                       "optimizer_steps": int(np.sum(c))} for r, _, _, s, c in ranks])}
+    # A non-finite gradient in either run is the finding: no averaging or normalisation cause is guessed from it.
+    bad = nonfinite_result("loop.ddp", {"1_process": (1, single), f"ddp_{world_size}": (1, _rank0_grads(ranks))})
+    if bad is not None:
+        return CheckResult("loop.ddp", Status.FAIL, bad.summary, {**metrics, **bad.metrics}, {**tables, **bad.tables}, bad.advice)
     if unused:
         metrics["unused_parameters"] = len(unused)
         tables["unused_parameters"] = pd.DataFrame({"parameter": unused})
@@ -291,7 +296,10 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
         metrics["frozen_max_rel_error"] = float(ftable["rel_error"].max())
         tables = {"parameters_frozen_batch_stats": ftable, **tables, "batch_dependent_layers": pd.DataFrame({"layer": bn_layers})}
     advice_std = "Compare your step with tropt.standard_step, which skips the all-reduce of all but the last micro-batch."
-    no_sync = f"Wrap the backward passes of the first {k - 1} micro-batches in `with ctx.model.no_sync():`."
+    # Advice that runs both under DDP and on a plain module (which has no no_sync()).
+    no_sync = (f"Wrap the backward passes of the first {k - 1} micro-batches in `with (ctx.model.no_sync() if "
+               "isinstance(ctx.model, torch.nn.parallel.DistributedDataParallel) else contextlib.nullcontext()):` "
+               "(a plain module has no no_sync()).")
     decisive, derr = (ftable, metrics["frozen_max_rel_error"]) if ftable is not None else (table, err)
     if derr > tol:
         ratio = float(decisive["norm_ddp_%d" % world_size].sum() / max(decisive["norm_1_process"].sum(), 1e-30))
@@ -323,10 +331,14 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
                             "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (CUDA) or use GroupNorm/LayerNorm."]
                            + ([no_sync] if syncs_per_step > 1 else []))
     if syncs_per_step > 1:
-        return CheckResult("loop.ddp", Status.WARN,
-                           f"gradients match under DDP, but they are all-reduced {syncs_per_step}× per optimizer step "
-                           f"({k} micro-batches): {syncs_per_step - 1} of those are wasted communication", metrics, tables,
-                           [no_sync, advice_std])
+        wasted = (f"gradients match under DDP, but they are all-reduced {syncs_per_step}× per optimizer step "
+                  f"({k} micro-batches): {syncs_per_step - 1} of those are wasted communication")
+        if not setup.distributed:
+            # Only communication, and only under DDP: a note for a Setup not declared as meant for DDP.
+            return CheckResult("loop.ddp", Status.PASS, f"{world_size} DDP processes reach the single-process gradients "
+                               f"(max relative error {err:.1e}); latent (Setup(distributed=False)): {wasted}",
+                               {**metrics, "latent": True}, tables, [no_sync, advice_std])
+        return CheckResult("loop.ddp", Status.WARN, wasted, metrics, tables, [no_sync, advice_std])
     return CheckResult("loop.ddp", Status.PASS,
                        f"{world_size} DDP processes reach the single-process gradients (max relative error {err:.1e}) "
                        f"with one all-reduce per optimizer step", metrics, tables)

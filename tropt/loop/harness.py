@@ -35,12 +35,21 @@ def tolerance_for(setup: Setup, tol: float | None = None) -> float:
 
 @dataclass
 class StepRecord:
-    """What reached one ``optimizer.step()`` call."""
+    """What reached one ``optimizer.step()`` call.
+
+    ``grads`` are read at ``optimizer.step()``, after whatever the user's step did to them (unscale, clip).
+    ``pre_clip`` is each parameter's gradient summed over the backward passes since the previous optimizer step,
+    taken as autograd hands it over (before it is accumulated into ``.grad``) and divided by the GradScaler's scale
+    at that moment: what the losses asked for, whatever clipping or ``zero_grad`` did afterwards.
+    ``last_backward`` is the last backward pass's share of it.
+    """
 
     grads: dict[str, torch.Tensor | None]
     lrs: list[float]
     scale: float | None
     grad_norm: float  # global norm of the gradients the optimizer stepped with (NaN when not captured)
+    pre_clip: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    last_backward: dict[str, torch.Tensor | None] = field(default_factory=dict)
 
 
 CAPTURES = ("grads", "norm", "lr")
@@ -64,6 +73,22 @@ class StepRecorder:
             raise ValueError(f"capture must be one of {CAPTURES}, not {self.capture!r}")
         self._names = {id(p): n for n, p in self.ctx.model.named_parameters()}
         self._handle = None
+        self._grad_handles: list[Any] = []
+        self._pending: dict[str, torch.Tensor] = {}
+        self._last: dict[str, torch.Tensor] = {}
+
+    def _backward_hook(self, name: str) -> Any:
+        """A tensor hook on one parameter: add this backward pass's gradient (unscaled) to the pending sum."""
+        def hook(grad: torch.Tensor | None) -> None:
+            if grad is None:  # DDP's reducer may hand over no gradient for a parameter
+                return
+            g = grad.detach().float()
+            scaler = self.ctx.scaler
+            if scaler is not None and getattr(scaler, "is_enabled", lambda: True)():
+                g = g / float(scaler.get_scale())
+            self._last[name] = g.clone()
+            self._pending[name] = self._pending[name] + g if name in self._pending else g.clone()
+        return hook
 
     def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         scale = float(self.ctx.scaler.get_scale()) if self.ctx.scaler is not None else None
@@ -80,14 +105,26 @@ class StepRecorder:
                     if self.capture == "grads":
                         grads[self._names.get(id(p), f"unnamed_{len(grads)}")] = None if g is None else g.float().clone()
             norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
-        self.records.append(StepRecord(grads, lrs, scale, norm))
+        pre, last = {}, {}
+        if self.capture == "grads":
+            names = list(grads)
+            pre = {n: self._pending.get(n) for n in names}
+            last = {n: self._last.get(n) for n in names}
+        self._pending, self._last = {}, {}
+        self.records.append(StepRecord(grads, lrs, scale, norm, pre, last))
 
     def __enter__(self) -> "StepRecorder":
         self._handle = self.ctx.optimizer.register_step_pre_hook(self._hook)
+        if self.capture == "grads":
+            self._grad_handles = [p.register_hook(self._backward_hook(n))
+                                  for n, p in self.ctx.model.named_parameters() if p.requires_grad]
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._handle.remove()
+        for h in self._grad_handles:
+            h.remove()
+        self._grad_handles = []
 
 
 def run_steps(setup: Setup, ctx: StepContext, steps: list[list], *, capture: str = "grads") -> tuple[list[StepRecord], list[int]]:
@@ -283,3 +320,45 @@ def flatten_state(obj: Any, prefix: str = "") -> dict[str, torch.Tensor]:
     return out
 
 
+
+
+def nonfinite_tensors(grads: dict[str, torch.Tensor | None]) -> dict[str, int]:
+    """Per tensor name, how many entries are inf or NaN (only names that have some)."""
+    out = {}
+    for name, g in grads.items():
+        if g is not None and g.is_floating_point():
+            bad = int((~torch.isfinite(g)).sum())
+            if bad:
+                out[name] = bad
+    return out
+
+
+def nonfinite_result(check: str, runs: dict[str, tuple[int, dict[str, torch.Tensor | None]]],
+                     what: str = "gradients") -> Any:
+    """A FAIL naming the first non-finite value among compared runs, or None when every value is finite.
+
+    ``runs`` maps a run's label to (step number, tensors). Two NaNs are never "equal": a comparison that meets a
+    non-finite value has found that, and nothing else (no cause is guessed from a broken comparison).
+    """
+    from ..result import CheckResult, Status
+
+    rows = []
+    for label, (t, grads) in runs.items():
+        for name, count in nonfinite_tensors(grads).items():
+            rows.append({"run": label, "step": t, "tensor": name, "nonfinite_entries": count,
+                         "entries": int(grads[name].numel())})
+    if not rows:
+        return None
+    first = rows[0]
+    table = pd.DataFrame(rows)
+    labels = sorted(set(table["run"]), key=list(runs).index)
+    summary = (f"non-finite {what} at step {first['step']} ({first['tensor']}: {first['nonfinite_entries']} of "
+               f"{first['entries']} entries inf/NaN, in {len(table)} tensor(s) of run{'s' if len(labels) > 1 else ''} "
+               f"{', '.join(labels)}): nothing can be compared until the loss and its {what} are finite")
+    metrics = {"nonfinite_step": int(first["step"]), "nonfinite_tensors": len(table), "nonfinite_runs": ", ".join(labels),
+               "observed_at": "optimizer.step"}
+    return CheckResult(check, Status.FAIL, summary, metrics, {"nonfinite": table}, [
+        "Find where the loss goes non-finite: NaN/inf in the inputs, log(0) or division by zero in the loss, "
+        "or an fp16 overflow (a .half() model: train in fp32 or bf16 autocast, or use fp16 autocast with a GradScaler).",
+        "If it diverges only after some steps, lower the learning rate or clip gradients.",
+    ])

@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -29,6 +31,9 @@ from .harness import (
     freeze_batch_stats,
     global_rel_error,
     latent_when_unused,
+    max_rel_error,
+    nonfinite_result,
+    nonfinite_tensors,
     quiet_randomness,
     require_steps,
     run_steps,
@@ -48,17 +53,6 @@ def _cosine(a: dict, b: dict) -> float:
     dot = sum(float((a[n] * b[n]).sum()) for n in a if a[n] is not None and b.get(n) is not None)
     na, nb = _norm(a), _norm(b)
     return dot / (na * nb) if na > 0 and nb > 0 else float("nan")
-
-
-def _grads_of(setup: Setup, micro_batches: list, k: int, *, freeze: bool = False, what: str) -> tuple[dict, list[int]]:
-    """Gradients at the first optimizer step of a fresh seeded copy fed ``micro_batches`` (configured for K=k)."""
-    ctx = setup.build(accumulation_steps=k)
-    quiet_randomness(ctx.model)
-    if freeze:
-        freeze_batch_stats(ctx.model)
-    records, calls = run_steps(setup, ctx, [micro_batches])
-    require_steps(setup, calls, what)
-    return records[0].grads, calls
 
 
 # --------------------------------------------------------------------------------------------- zero_grad
@@ -95,6 +89,11 @@ def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progr
         rec_b, calls_b = run_steps(setup, ctx, [steps[-1]])
     require_steps(setup, calls_a + calls_b, f"step {t}")
     a, b = rec_a[0].grads, rec_b[0].grads
+    # NaN against NaN is no match: a loss that went non-finite is the finding, whatever the zero_grad placement.
+    earlier_bad = next(((i + 1, r.grads) for i, r in enumerate(earlier) if nonfinite_tensors(r.grads)), None)
+    bad = nonfinite_result("loop.zero_grad", {"straight": earlier_bad or (t, a), "fresh": (t, b)})
+    if bad is not None:
+        return bad
     table = compare_tensors(a, b, labels=("step_t", "fresh"))
     worst = float(table["rel_error"].max())
     leftover_norm = _norm(leftover)
@@ -146,46 +145,120 @@ def _loss_grads(setup: Setup, micro_batches: list, weights: list[float], freeze:
     return {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in ctx.model.named_parameters()}
 
 
+@dataclass
+class _Run:
+    """One observed call of the step: gradients at ``optimizer.step()`` (``post``), what the losses gave before any
+    clipping (``pre``, summed over the backward passes), the last backward pass's share, and the optimizer steps."""
+
+    post: dict
+    pre: dict
+    last: dict
+    calls: int
+
+
+def _observe(setup: Setup, micro_batches: list, k: int, *, freeze: bool, what: str) -> _Run:
+    """Run the step under test once on a fresh seeded copy (configured for K=k) and observe its first update."""
+    ctx = setup.build(accumulation_steps=k)
+    quiet_randomness(ctx.model)
+    if freeze:
+        freeze_batch_stats(ctx.model)
+    records, calls = run_steps(setup, ctx, [micro_batches])
+    require_steps(setup, calls, what)
+    r = records[0]
+    return _Run(r.grads, r.pre_clip or r.grads, r.last_backward, calls[0])
+
+
+def _scaled(g: dict, c: float) -> dict:
+    return {n: (None if v is None else v * c) for n, v in g.items()}
+
+
+def _scalar_fit(g: dict, ref: dict) -> tuple[float, float]:
+    """(c, residual): the c that makes ``g ≈ c·ref`` best (least squares) and the relative error left at that c."""
+    rr = sum(float(r.double().pow(2).sum()) for r in ref.values() if r is not None)
+    if rr == 0:
+        return float("nan"), 1.0
+    c = sum(float((g[n].double() * r.double()).sum()) for n, r in ref.items() if r is not None and g.get(n) is not None) / rr
+    return c, global_rel_error(g, _scaled(ref, c))
+
+
+def _near(x: float, y: float, rel: float = 0.02) -> bool:
+    return math.isfinite(x) and math.isfinite(y) and abs(x - y) <= rel * max(abs(y), 1e-12)
+
+
 _PER_MICRO_MEAN = "per_micro_mean"
+_CONSTANT_DIVISOR = "constant_divisor"
+_ZERO_INSIDE = "last_only"
+_DIVIDE_ADVICE = "divide each micro-batch loss by len(micro_batches) (or weight it by its share of the step's samples)"
 
 
-def _accumulation_cause(setup: Setup, micro: list, a: dict, b: dict, k: int, calls_b: int, tol: float,
-                        freeze: bool) -> tuple[str, list[str], str | None]:
-    """Name the cause of an accumulation mismatch by testing what the K-micro-batch gradient equals.
+def _loss_side_cause(setup: Setup, micro: list, whole: object, a: _Run, b: _Run, k: int, close: float,
+                     freeze: bool, facts: dict) -> tuple[str, list[str], str | None]:
+    """Name what the K-micro-batch losses did wrong, from the gradients before any clipping.
 
-    Returns (cause, advice, tag); the tag names the hypothesis that matched, None when none did. Every hypothesis
-    is measured and the closest one within reach wins: in half precision "within reach" is loose (10× the
-    tolerance), and the first one under it need not be the right one.
+    First decide which run is wrong against an independent reference, the Setup's ``loss_fn`` over the whole batch:
+    each run's pre-clip gradient is fitted as ``c·reference``. When both runs are exact multiples, the two factors
+    name the cause (a constant divisor, a sum, a double division); otherwise the K run is tested against the
+    hypotheses built from ``loss_fn`` per micro-batch (per-micro-batch means, only the last micro-batch).
     """
-    if calls_b > 1:
-        return (f"optimizer.step() ran {calls_b} times for one step of {k} micro-batches",
-                [f"Call optimizer.step() once per {k} micro-batches, after the last backward.",
-                 "Clear gradients only after that step, not per micro-batch."], "step_per_micro_batch")
-    close = max(10 * tol, 1e-4)
-    scaled = lambda g, c: {n: (None if v is None else v * c) for n, v in g.items()}  # noqa: E731
+    ref = _loss_grads(setup, [whole], [1.0], freeze)
+    ca, ra = _scalar_fit(a.pre, ref)
+    cb, rb = _scalar_fit(b.pre, ref)
+    facts.update(reference_factor_1x=ca, reference_factor_kx=cb, reference_residual_1x=ra, reference_residual_kx=rb)
+    if ra <= close and rb <= close:
+        if _near(cb / ca, k):  # the K run grows with K: every micro-batch loss is divided by the same constant D
+            d = 1 / ca
+            if _near(d, 1.0):
+                return (f"the accumulated gradient is {k}× the full-batch one: micro-batch losses are summed, not averaged",
+                        [f"Divide each micro-batch loss by K={k} before backward() (or weight it by its share of the step's samples)."],
+                        "summed")
+            facts["constant_divisor"] = round(d, 6)
+            return (f"your step divides the loss by a constant {d:g} whatever the number of micro-batches: correct at K={d:g}, "
+                    f"wrong for any other K (here 1 micro-batch gives {ca:.3g}× the whole-batch gradient, {k} give {cb:.3g}×)",
+                    [f"Use the number of micro-batches actually passed: {_DIVIDE_ADVICE}, not a constant {d:g}."],
+                    _CONSTANT_DIVISOR)
+        if _near(ca, 1.0) and _near(cb * k, 1.0):
+            return (f"the accumulated gradient is 1/{k} of the full-batch one: the loss is divided by K twice",
+                    ["Divide the loss by K once (either per micro-batch or after accumulating, not both)."], "divided_twice")
+        return (f"the {k}-micro-batch gradient is {cb:.3g}× the whole-batch gradient of loss_fn (1 micro-batch: {ca:.3g}×)",
+                [f"Make each micro-batch contribute its share of the full-batch loss: {_DIVIDE_ADVICE}."], "scaled")
+    base = a.pre if ra > close else _scaled(ref, ca)  # when the 1x run is not the reference, compare with it directly
     last = _loss_grads(setup, micro[-1:], [1.0], freeze)
+    c_last, r_last = _scalar_fit(b.pre, last)
     hypotheses = {
-        "summed": (global_rel_error(b, scaled(a, k)),
+        "summed": (global_rel_error(b.pre, _scaled(base, k)),
                    f"the accumulated gradient is {k}× the full-batch one: micro-batch losses are summed, not averaged",
                    [f"Divide each micro-batch loss by K={k} before backward() (or weight it by its share of the step's samples)."]),
-        "divided_twice": (global_rel_error(b, scaled(a, 1 / k)),
+        "divided_twice": (global_rel_error(b.pre, _scaled(base, 1 / k)),
                           f"the accumulated gradient is 1/{k} of the full-batch one: the loss is divided by K twice",
                           ["Divide the loss by K once (either per micro-batch or after accumulating, not both)."]),
-        "last_only": (min(global_rel_error(b, last), global_rel_error(b, scaled(last, 1 / k))),
-                      "only the last micro-batch reaches the step",
-                      ["Do not call zero_grad() inside the micro-batch loop; call it once per optimizer step."]),
-        _PER_MICRO_MEAN: (global_rel_error(b, _loss_grads(setup, micro, [1 / k] * k, freeze)),
+        "only_last_loss": (r_last, "only the last micro-batch's loss is backpropagated",
+                           ["Call backward() on every micro-batch's loss, then step once."]),
+        _PER_MICRO_MEAN: (global_rel_error(b.pre, _scaled(_loss_grads(setup, micro, [1 / k] * k, freeze), ca if ra <= close else 1.0)),
                           "it equals the average of per-micro-batch mean losses: each micro-batch's loss is normalised by its own item count",
                           ["Each micro-batch loss is a mean over its own items (tokens, pixels, non-padding positions); averaging "
                            "those means weights items unequally. Sum the per-item losses and divide by the total item count of the "
                            "whole optimizer step (the 2024 transformers gradient-accumulation bug)."]),
     }
     tag, (err, cause, advice) = min(hypotheses.items(), key=lambda kv: kv[1][0])
+    facts["closest_hypothesis"], facts["closest_hypothesis_error"] = tag, err
     if err <= close:
         return cause, advice, tag
-    return (f"norm ratio {_norm(b) / _norm(a) if _norm(a) else float('nan'):.3f}, cosine {_cosine(a, b):.4f}",
+    return (f"before clipping: norm ratio {_norm(b.pre) / _norm(a.pre) if _norm(a.pre) else float('nan'):.3f}, cosine "
+            f"{_cosine(a.pre, b.pre):.4f}",
             ["Make each micro-batch contribute its share of the full-batch loss: weight it by its share of the step's "
              "items (samples or tokens) and call backward() on every micro-batch before one optimizer step."], None)
+
+
+def _update_side_cause(setup: Setup, b: _Run, k: int, close: float) -> tuple[str, list[str], str | None]:
+    """Name what happened between the K backward passes and ``optimizer.step()`` when the losses were right."""
+    c, r = _scalar_fit(b.post, b.last)
+    if r <= close and _norm(b.last) > 0 and global_rel_error(b.pre, b.last) > close:
+        return ("only the last micro-batch reaches the step: the gradients are cleared inside the micro-batch loop",
+                ["Do not call zero_grad() inside the micro-batch loop; call it once per optimizer step."], _ZERO_INSIDE)
+    return ("the micro-batch losses give the right gradient, but what reaches optimizer.step() depends on the number of "
+            "micro-batches: something between backward() and step() (clipping per micro-batch, rescaling, zeroing) runs "
+            "per micro-batch",
+            ["Run backward() on every micro-batch first, then unscale, clip once and step once."], "between_backward_and_step")
 
 
 @register(
@@ -196,14 +269,19 @@ def _accumulation_cause(setup: Setup, micro: list, a: dict, b: dict, k: int, cal
 def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None = None, progress: bool = True) -> CheckResult:
     """FAIL when feeding one batch as K micro-batches changes the gradient that reaches ``optimizer.step()``.
 
-    K is ``setup.accumulation_steps`` when > 1, else 4. Unequal micro-batch sizes are tried first: a match there
-    is a PASS (a loop exact for unequal sizes is exact for equal ones); on a mismatch the equal split decides between
-    WARN (exact only for equal sizes, e.g. ``loss / K``) and FAIL. With batch-dependent layers
-    (BatchNorm) the comparison is rerun with their batch statistics frozen: WARN when that isolated rerun
-    matches, FAIL when it does not.
+    K is ``setup.accumulation_steps`` when > 1, else 4. Two things are compared: the gradients before any clipping
+    (summed over the step's backward passes), which clipping cannot hide and from which the cause is named against
+    the Setup's own ``loss_fn`` over the whole batch; and the gradients at ``optimizer.step()``, for what happens
+    between backward and step (``zero_grad`` or clipping per micro-batch). Unequal micro-batch sizes are tried first:
+    a match there is a PASS; on a mismatch the equal split decides between WARN (exact only for equal sizes, e.g.
+    ``loss / K``: a latent note when this Setup's data always splits equally) and FAIL. A step that divides by a
+    constant is right only at that K: a latent WARN when it is the configured K. With batch-dependent layers
+    (BatchNorm) the comparison is rerun with their batch statistics frozen: WARN when that isolated rerun matches,
+    FAIL when it does not. Non-finite gradients are their own FAIL, never a match.
     """
     setup.validate()
     tol = tolerance_for(setup, tol)
+    close = max(10 * tol, 1e-4)
     k = int(k) if k is not None else (setup.accumulation_steps if setup.accumulation_steps > 1 else 4)
     if k < 2:
         raise TroptError(f"check_accumulation needs k >= 2 micro-batches (got {k})", "use k=4")
@@ -218,79 +296,129 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
     # One large micro-batch and K-1 small ones: clearly unequal for every K (a loop that divides by K is off by a lot).
     small = max(1, n // (2 * k))
     uneven_sizes = [n - (k - 1) * small] + [small] * (k - 1)
-    bn_layers = batch_dependent_layers(setup.model)
-
-    def compare(micro: list, full: object, freeze: bool, a: dict | None = None) -> tuple[pd.DataFrame, dict, dict, int]:
-        if a is None:
-            a, _ = _grads_of(setup, [full], 1, freeze=freeze, what="the 1-micro-batch run")
-        b, calls = _grads_of(setup, micro, k, freeze=freeze, what=f"the {k}-micro-batch run")
-        return compare_tensors(a, b, labels=("1x", f"{k}x")), a, b, calls[0]
-
     uneven_micro = split_batch(batch, sizes=uneven_sizes)
+    bn_layers = batch_dependent_layers(setup.model)
+    labels = ("1x", f"{k}x")
 
-    def no_gradient(a: dict, b: dict, metrics: dict, tables: dict) -> CheckResult | None:
-        # Zero equals zero: a step that clears gradients before optimizer.step() would "match" in every comparison.
-        if _norm(a) > 0 or _norm(b) > 0:
+    def one(full: object, freeze: bool) -> _Run:
+        return _observe(setup, [full], 1, freeze=freeze, what="the 1-micro-batch run")
+
+    def many(micro: list, freeze: bool) -> _Run:
+        return _observe(setup, micro, k, freeze=freeze, what=f"the {k}-micro-batch run")
+
+    def errors(a: _Run, b: _Run) -> tuple[pd.DataFrame, float, float]:
+        table = compare_tensors(a.post, b.post, labels=labels)
+        return table, float(table["rel_error"].max()), max_rel_error(a.pre, b.pre)
+
+    def broken(a: _Run, b: _Run, metrics: dict, tables: dict) -> CheckResult | None:
+        """Non-finite gradients, or none at all: nothing to compare, and never a PASS."""
+        bad = nonfinite_result("loop.accumulation", {"1x": (1, a.post), f"{k}x": (1, b.post)})
+        if bad is not None:
+            return dataclasses.replace(bad, metrics={**metrics, **bad.metrics}, tables={**tables, **bad.tables})
+        if _norm(a.post) > 0 or _norm(b.post) > 0:  # zero equals zero: a step that clears before stepping "matches"
             return None
         return CheckResult("loop.accumulation", Status.WARN,
                            "cannot check accumulation: no gradient reaches optimizer.step() in either run (every gradient is "
-                           "zero or None when the optimizer steps); loop.zero_grad reports this defect",
-                           metrics, tables,
+                           "zero or None when the optimizer steps)",
+                           {**metrics, "see_also": "loop.zero_grad"}, tables,
                            ["Call optimizer.zero_grad() after optimizer.step() (or before the first backward of the next step), "
                             "never between backward() and step(); then rerun this check.", _STANDARD_STEP_ADVICE])
 
+    def fail(a: _Run, b: _Run, micro: list, whole: object, freeze: bool, err: float, pre_err: float, metrics: dict,
+             tables: dict, prefix: str) -> CheckResult:
+        """The FAIL (or latent WARN) for a mismatch, with the cause decided from the evidence."""
+        if b.calls > 1:
+            cause, advice, tag = (f"optimizer.step() ran {b.calls} times for one step of {k} micro-batches",
+                                  [f"Call optimizer.step() once per {k} micro-batches, after the last backward.",
+                                   "Clear gradients only after that step, not per micro-batch."], "step_per_micro_batch")
+            metrics["optimizer_steps_per_call"] = b.calls
+        elif pre_err > tol:
+            cause, advice, tag = _loss_side_cause(setup, micro, whole, a, b, k, close, freeze, metrics)
+            if tag not in (_ZERO_INSIDE, "only_last_loss") and _norm(b.last) > 0:
+                extra, extra_advice, extra_tag = _update_side_cause(setup, b, k, close)
+                if extra_tag == _ZERO_INSIDE:  # the bigger defect first: K-1 micro-batches are lost
+                    cause, advice, tag = f"{extra}; also {cause}", extra_advice + advice, extra_tag
+        else:
+            cause, advice, tag = _update_side_cause(setup, b, k, close)
+        metrics["cause"] = tag or "unnamed"
+        status = Status.FAIL
+        summary = f"{prefix}: {cause}"
+        result = CheckResult("loop.accumulation", status, summary, metrics, tables, advice + [_STANDARD_STEP_ADVICE])
+        if tag == _CONSTANT_DIVISOR:
+            d = metrics["constant_divisor"]
+            if setup.accumulation_steps > 1 and _near(d, setup.accumulation_steps):
+                return dataclasses.replace(
+                    result, status=Status.WARN, metrics={**metrics, "latent": True},
+                    summary=f"latent (correct at the configured K={setup.accumulation_steps}): {cause}")
+            return result  # wrong at the configured K itself: a real defect whether or not the Setup accumulates
+        return latent_when_unused(setup, result)
+
     with preserved(setup.model):
-        full_grads = None
+        a = b = None
         if not bn_layers and n_even == n:
             # Fast path: a loop exact for unequal micro-batches is exact for equal ones, so one uneven run decides
             # a PASS (2 runs); the even split only runs to tell a WARN (uneven-only) from a FAIL.
-            utable, full_grads, ub, ucalls = compare(uneven_micro, batch, freeze=False)
-            ua = full_grads
-            uerr = float(utable["rel_error"].max())
-            if uerr <= tol and ucalls == 1:
-                metrics = {"k": k, "batch_size": n, "uneven_sizes": "+".join(map(str, uneven_sizes)), "max_rel_error": uerr,
-                           "uneven_max_rel_error": uerr, "global_rel_error": global_rel_error(full_grads, ub), "tolerance": tol,
-                           "optimizer_steps_in_k_run": ucalls, "batch_dependent_layers": 0}
-                return no_gradient(full_grads, ub, metrics, {"parameters": utable}) or CheckResult("loop.accumulation", Status.PASS,
+            a, ub = one(batch, False), many(uneven_micro, False)
+            utable, uerr, upre = errors(a, ub)
+            metrics = {"k": k, "batch_size": n, "uneven_sizes": "+".join(map(str, uneven_sizes)), "max_rel_error": uerr,
+                       "uneven_max_rel_error": uerr, "pre_clip_max_rel_error": upre,
+                       "global_rel_error": global_rel_error(a.post, ub.post), "tolerance": tol,
+                       "optimizer_steps_in_k_run": ub.calls, "batch_dependent_layers": 0, "observed_at": "optimizer.step"}
+            if (bad := broken(a, ub, metrics, {"parameters": utable})) is not None:
+                return bad
+            if uerr <= tol and upre <= tol and ub.calls == 1:
+                return CheckResult("loop.accumulation", Status.PASS,
                                    f"{k} micro-batches of unequal sizes ({metrics['uneven_sizes']}) give the full-batch gradient "
-                                   f"(max relative error {uerr:.1e} ≤ {tol:.0e}); equal sizes follow",
+                                   f"(max relative error {max(uerr, upre):.1e} ≤ {tol:.0e}, before and after clipping); equal sizes follow",
                                    metrics, {"parameters": utable})
+        if a is not None and a.calls > 1:
+            return _steps_per_call_result(a.calls, metrics, {"parameters": utable})
         even_micro = split_batch(even_batch, k)
-        table, a, b, calls_b = compare(even_micro, even_batch, freeze=False, a=full_grads)
-        err = float(table["rel_error"].max())
+        if a is None or n_even != n:
+            a = one(even_batch, False)
+        b = many(even_micro, False)
+        table, err, pre_err = errors(a, b)
         metrics = {"k": k, "batch_size": n, "micro_batch_sizes": "+".join(map(str, split_sizes(n_even, k))),
-                   "max_rel_error": err, "global_rel_error": global_rel_error(a, b), "tolerance": tol,
-                   "optimizer_steps_in_k_run": calls_b, "grad_norm_ratio": _norm(b) / _norm(a) if _norm(a) else float("nan"),
-                   "grad_cosine": _cosine(a, b), "batch_dependent_layers": len(bn_layers)}
+                   "max_rel_error": err, "pre_clip_max_rel_error": pre_err, "global_rel_error": global_rel_error(a.post, b.post),
+                   "tolerance": tol, "optimizer_steps_in_k_run": b.calls,
+                   "grad_norm_ratio": _norm(b.post) / _norm(a.post) if _norm(a.post) else float("nan"),
+                   "pre_clip_norm_ratio": _norm(b.pre) / _norm(a.pre) if _norm(a.pre) else float("nan"),
+                   "grad_cosine": _cosine(a.post, b.post), "batch_dependent_layers": len(bn_layers),
+                   "observed_at": "optimizer.step (and before clipping)"}
         tables = {"parameters": table}
-        if (empty := no_gradient(a, b, metrics, tables)) is not None:
-            return empty
+        if a.calls > 1:
+            return _steps_per_call_result(a.calls, metrics, tables)
+        if (bad := broken(a, b, metrics, tables)) is not None:
+            return bad
         frozen = False
-        if err > tol and bn_layers and calls_b == 1:
-            ftable, fa, fb, fcalls = compare(even_micro, even_batch, freeze=True)
-            ferr = float(ftable["rel_error"].max())
-            metrics.update(frozen_max_rel_error=ferr)
+        mismatch = err > tol or pre_err > tol or b.calls > 1
+        if mismatch and bn_layers and b.calls == 1:
+            fa, fb = one(even_batch, True), many(even_micro, True)
+            ftable, ferr, fpre = errors(fa, fb)
+            metrics.update(frozen_max_rel_error=ferr, frozen_pre_clip_max_rel_error=fpre)
             tables = {"parameters_frozen_batch_stats": ftable, "parameters": table,
                       "batch_dependent_layers": pd.DataFrame({"layer": bn_layers})}
-            if ferr > tol:
-                cause, advice, _ = _accumulation_cause(setup, even_micro, fa, fb, k, fcalls, tol, freeze=True)
-                return latent_when_unused(setup, CheckResult(
-                    "loop.accumulation", Status.FAIL,
-                    f"{k} micro-batches change the gradient by {ferr:.1%} even with BatchNorm statistics frozen: {cause}",
-                    metrics, tables, advice + [_STANDARD_STEP_ADVICE]))
+            if ferr > tol or fpre > tol:
+                return fail(fa, fb, even_micro, even_batch, True, ferr, fpre, metrics, tables,
+                            f"{k} micro-batches change the gradient by {max(ferr, fpre):.1%} even with BatchNorm statistics frozen")
             frozen = True
-        elif err > tol:
-            cause, advice, _ = _accumulation_cause(setup, even_micro, a, b, k, calls_b, tol, freeze=False)
-            return latent_when_unused(setup, CheckResult(
-                "loop.accumulation", Status.FAIL, f"{k} micro-batches change the gradient by {err:.1%} (max over parameters): {cause}",
-                metrics, tables, advice + [_STANDARD_STEP_ADVICE]))
+        elif mismatch:
+            return fail(a, b, even_micro, even_batch, False, err, pre_err, metrics, tables,
+                        f"{k} micro-batches change the gradient by {max(err, pre_err):.1%} (max over parameters"
+                        + (", before clipping" if pre_err > err else "") + ")")
         # Even split is exact (possibly with frozen batch statistics): now unequal micro-batch sizes.
-        if full_grads is None:  # not measured on the fast path above
-            utable, ua, ub, ucalls = compare(uneven_micro, batch, freeze=frozen, a=a if n_even == n and not frozen else None)
-            uerr = float(utable["rel_error"].max())
-        metrics.update(uneven_sizes="+".join(map(str, uneven_sizes)), uneven_max_rel_error=uerr)
+        if not (not bn_layers and n_even == n):  # not measured on the fast path above
+            ua = a if n_even == n and not frozen else one(batch, frozen)
+            ub = many(uneven_micro, frozen)
+            utable, uerr, upre = errors(ua, ub)
+        else:
+            ua = a
+        metrics.update(uneven_sizes="+".join(map(str, uneven_sizes)), uneven_max_rel_error=max(uerr, upre))
+        uerr = max(uerr, upre)
         tables["parameters_uneven"] = utable
-        ucause = _accumulation_cause(setup, uneven_micro, ua, ub, k, ucalls, tol, freeze=False) if uerr > tol and not frozen else None
+        ucause = None
+        if uerr > tol and not frozen:
+            ucause = _loss_side_cause(setup, uneven_micro, batch, ua, ub, k, close, False, {})
         if ucause is not None and ucause[2] == _PER_MICRO_MEAN and tol > TOLERANCE["fp32"]:
             # In half precision the equal split's error can hide under the tolerance. Per-micro-batch means are exact
             # for equal-sized micro-batches only when the loss is a mean over samples, not over tokens or positions:
@@ -308,7 +436,7 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
                     f"{k} micro-batches change the gradient ({uerr:.1%} with unequal sizes {metrics['uneven_sizes']}): {ucause[0]}; "
                     f"equal-sized micro-batches are off too ({hidden:.1%} in fp32), hidden here under the "
                     f"{setup.precision} tolerance ({err:.1%} ≤ {tol:.0e})",
-                    metrics, tables, ucause[1] + [_STANDARD_STEP_ADVICE]))
+                    {**metrics, "cause": _PER_MICRO_MEAN}, tables, ucause[1] + [_STANDARD_STEP_ADVICE]))
     if frozen:
         summary = (f"accumulation is exact once BatchNorm's batch statistics are frozen (error {metrics['frozen_max_rel_error']:.1e}); "
                    f"with live batch statistics {k} micro-batches differ by {err:.1%}, as BatchNorm does by design")
@@ -319,19 +447,67 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
             advice.append(f"Also: unequal micro-batch sizes ({metrics['uneven_sizes']}) change the gradient by {uerr:.1%}; weight each "
                           "micro-batch loss by its share of the samples.")
         return CheckResult("loop.accumulation", Status.WARN, summary, metrics, tables, advice)
-    if uerr > tol and ucause is not None and ucause[2] not in (None, _PER_MICRO_MEAN):
-        return CheckResult("loop.accumulation", Status.WARN,
-                           f"exact for equal micro-batches, but unequal sizes ({metrics['uneven_sizes']}) change the gradient by "
-                           f"{uerr:.1%}: {ucause[0]}", metrics, tables, ucause[1] + [_STANDARD_STEP_ADVICE])
-    if uerr > tol:  # per-sample means averaged with equal weights (loss / K): exact only for equal sizes
-        return CheckResult("loop.accumulation", Status.WARN,
-                           f"exact for equal micro-batches, but unequal sizes ({metrics['uneven_sizes']}) change the gradient by {uerr:.1%}",
-                           metrics, tables,
-                           ["Weight each micro-batch loss by its share of the step's samples (n_i / n) instead of dividing by K, "
-                            "or make every micro-batch the same size (drop_last=True).", _STANDARD_STEP_ADVICE])
-    return CheckResult("loop.accumulation", Status.PASS,
-                       f"{k} micro-batches give the full-batch gradient (max relative error {max(err, uerr):.1e} ≤ {tol:.0e}, even and uneven)",
-                       metrics, tables)
+    if uerr <= tol:
+        return CheckResult("loop.accumulation", Status.PASS,
+                           f"{k} micro-batches give the full-batch gradient (max relative error {max(err, pre_err, uerr):.1e} ≤ "
+                           f"{tol:.0e}, even and uneven)", metrics, tables)
+    named = ucause is not None and ucause[2] not in (None, _PER_MICRO_MEAN, "scaled")
+    what = f"exact for equal micro-batches, but unequal sizes ({metrics['uneven_sizes']}) change the gradient by {uerr:.1%}"
+    advice = (ucause[1] if named else
+              ["Weight each micro-batch loss by its share of the step's samples (n_i / n) instead of dividing by K, "
+               "or make every micro-batch the same size (drop_last=True)."]) + [_STANDARD_STEP_ADVICE]
+    if named:
+        what += f": {ucause[0]}"
+    sizes = _batch_sizes_of(setup)
+    acc = setup.accumulation_steps
+    if sizes is not None and (acc == 1 or all(s % acc == 0 for s in sizes)):
+        # This Setup's data cannot give unequal micro-batches: a note for a future change, not a wrong update now.
+        why = ("it does not accumulate (accumulation_steps=1)" if acc == 1 else
+               f"every batch ({', '.join(map(str, sorted(set(sizes))))} samples) splits into {acc} equal micro-batches")
+        metrics.update(latent=True, train_batch_sizes=", ".join(map(str, sorted(set(sizes)))))
+        return CheckResult("loop.accumulation", Status.PASS,
+                           f"exact for the micro-batches this Setup produces ({why}); latent: {what}", metrics, tables,
+                           ["Nothing to fix for this data. Before feeding batches whose size is not a multiple of K (a short "
+                            "last batch, variable-length samples):"] + advice)
+    if sizes is not None:
+        metrics["train_batch_sizes"] = ", ".join(map(str, sorted(set(sizes))))
+    return CheckResult("loop.accumulation", Status.WARN, what, metrics, tables, advice)
+
+
+def _steps_per_call_result(calls: int, metrics: dict, tables: dict) -> CheckResult:
+    """FAIL for a step that runs ``optimizer.step()`` more than once per call even with one micro-batch: every
+    update is applied ``calls`` times. Shown without accumulation, so never latent; the other loop checks defer here."""
+    return CheckResult("loop.accumulation", Status.FAIL,
+                       f"optimizer.step() ran {calls} times per call of the step function with a single micro-batch "
+                       f"(expected once): every update is applied {calls} times",
+                       {**metrics, "optimizer_steps_per_call": calls, "cause": "steps_per_call"}, tables,
+                       ["Call optimizer.step() (or scaler.step(optimizer)) exactly once per call of step(ctx, micro_batches); "
+                        "look for a second call in a helper, a callback or a wrapper.", _STANDARD_STEP_ADVICE])
+
+
+def _batch_sizes_of(setup: Setup) -> list[int] | None:
+    """The batch sizes one pass over the training data gives, when they can be known without guessing; else None.
+
+    A DataLoader with a plain batch size (and a sized dataset) is computed, a list of batches is measured, and a
+    Dataset is batched by the Setup's ``batch_size``. Custom batch samplers may give any size: None.
+    """
+    data = setup.train_data
+    try:
+        if isinstance(data, torch.utils.data.DataLoader):
+            bs = data.batch_size
+            if bs is None or not hasattr(data.dataset, "__len__") or isinstance(data.dataset, torch.utils.data.IterableDataset):
+                return None
+            m = len(data.dataset)
+            sizes = [bs] * (m // bs) + ([] if data.drop_last or m % bs == 0 else [m % bs])
+            return sizes or None
+        if isinstance(data, torch.utils.data.Dataset):
+            m, bs = len(data), setup.batch_size
+            return [bs] * (m // bs) + ([m % bs] if m % bs else [])
+        if isinstance(data, (list, tuple)) and len(data) <= 10_000:
+            return [batch_size(b) for b in data]
+    except Exception:  # noqa: BLE001 - unknown layouts: assume unequal sizes can happen (keep the WARN)
+        return None
+    return None
 
 
 # --------------------------------------------------------------------------------------------- loss scaling
@@ -547,10 +723,11 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
                        "helper, or the epoch loop also stepping it).", after_opt])
     if calls1 != callsk:
         per = [c for c in callsk if c]
+        metrics["see_also"] = "loop.accumulation"  # named in the summary by diagnose only when it reports the defect
         return result(Status.WARN,
                       f"cannot compare the schedule per optimizer step: optimizer.step() ran {sum(callsk)} times with K={k} but "
                       f"{sum(calls1)} with K=1 over {len(batches)} step(s), so the step does not run the optimizer once per "
-                      f"call{' (once per micro-batch?)' if per and max(per) == k else ''}; loop.accumulation reports this defect",
+                      f"call{' (once per micro-batch?)' if per and max(per) == k else ''}",
                       [f"Call optimizer.step() once per call of the step function, after the backward of the last of the "
                        f"{k} micro-batches; then rerun this check.", after_opt])
     if not (same_lr and same_pos):

@@ -23,7 +23,7 @@ from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import RngState, preserved
 from ..training import StepContext
-from .harness import compare_tensors, flatten_state, max_rel_error, require_steps, run_steps, tolerance_for
+from .harness import compare_tensors, flatten_state, max_rel_error, nonfinite_result, require_steps, run_steps, tolerance_for
 
 COMPONENTS = ("model weights", "optimizer moments", "optimizer hyperparameters", "schedule position", "loss scale", "RNG")
 _ADVICE = {
@@ -165,6 +165,11 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
         # Where each schedule stands after the continuation: the learning rate the next step would use, and position.
         end_a = ([float(g["lr"]) for g in ctx_a.optimizer.param_groups], _position(ctx_a))
         end_b = ([float(g["lr"]) for g in ctx_b.optimizer.param_groups], _position(ctx_b))
+    # Parameters that went non-finite compare NaN with NaN: that is the finding, never a reproduced run.
+    bad = nonfinite_result("loop.resume", {"straight": (2 * steps, final_a["model weights"]),
+                                           "resumed": (2 * steps, final_b["model weights"])}, what="parameters")
+    if bad is not None:
+        return bad
     rows = []
     for comp in COMPONENTS:
         final = max_rel_error(final_a[comp], final_b[comp])
