@@ -209,3 +209,25 @@ def test_reading_batches_leaves_the_users_generators_alone():
     rng = torch.get_rng_state()
     setup.sample_batch()
     assert torch.equal(torch.get_rng_state(), rng)  # sample_batch leaves the global RNG as it was
+
+
+def test_metric_is_validated_with_its_direction():
+    import math
+
+    from torch import nn
+
+    from tropt.errors import SetupError, StepError
+
+    model = nn.Linear(3, 2)
+    data = [(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))]
+    base = dict(loss_fn=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1), train_data=data)
+    with pytest.raises(SetupError, match="higher_is_better"):
+        tropt.Setup(model, metric=lambda m, d: 1.0, **base)
+    with pytest.raises(SetupError, match="no val_data"):
+        tropt.Setup(model, eval_augmentation=True, **base)
+    metric = tropt.Metric(lambda m, d: torch.tensor([0.5]), higher_is_better=True, name="acc")
+    assert metric(model, data) == 0.5 and metric.better(0.6, 0.5) and not tropt.Metric(len, False).better(0.6, 0.5)
+    for bad, words in ((torch.ones(2), "shape (2,)"), ("high", "a str"), (math.nan, "not a finite number")):
+        with pytest.raises(StepError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            tropt.Metric(lambda m, d, v=bad: v)(model, data)

@@ -16,6 +16,7 @@ _LAZY = {
     "CheckResult": "tropt.result",
     "Report": "tropt.result",
     "Setup": "tropt.setup",
+    "Metric": "tropt.metric",
     "StepContext": "tropt.training",
     "standard_step": "tropt.training",
     "split_batch": "tropt.batching",

@@ -110,6 +110,12 @@ class Setup:
         Seed for every copy and data order a check makes.
     batch_size
         Batch size used only when ``train_data``/``val_data`` is a Dataset rather than a DataLoader or list.
+    metric
+        A :class:`tropt.Metric` (``fn(model, val_data) -> float`` and its direction), or None: the score stage 2
+        (``model.eval_metric``) checks and stage 7 (``tropt.compare``) selects by.
+    eval_augmentation
+        True when random transforms in evaluation are meant (test-time augmentation); ``data.eval_transforms``
+        then accepts them. Needs ``val_data``.
     distributed
         True when the loop is meant to run under DistributedDataParallel: ``loop.ddp`` then WARNs about wasted
         all-reduces (communication only); otherwise that finding is a latent note.
@@ -133,6 +139,8 @@ class Setup:
     device: str | torch.device = "cpu"
     seed: int = 0
     batch_size: int = 32
+    metric: Any = None
+    eval_augmentation: bool = False
     distributed: bool = False
     _validated: dict = field(default_factory=dict, init=False, repr=False)
 
@@ -223,6 +231,20 @@ class Setup:
                 raise err(f"Setup: {name} cannot be called as {sig}", f"define it as {sig}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise err(f"Setup: seed={self.seed!r}; it must be an integer", "e.g. seed=0")
+        from .metric import Metric
+
+        if self.metric is not None and not isinstance(self.metric, Metric):
+            if callable(self.metric):
+                raise err(f"Setup: metric is a plain {type(self.metric).__name__}; tropt needs to know its direction",
+                          "wrap it: metric=tropt.Metric(fn, higher_is_better=True)  (False for losses and errors)")
+            raise err(f"Setup: metric is a {type(self.metric).__name__}, expected a tropt.Metric",
+                      "pass metric=tropt.Metric(fn, higher_is_better=...) or None")
+        if not isinstance(self.eval_augmentation, bool):
+            raise err(f"Setup: eval_augmentation={self.eval_augmentation!r}; it must be True or False",
+                      "pass eval_augmentation=True only when random test-time augmentation is intended")
+        if self.eval_augmentation and self.val_data is None:
+            raise err("Setup: eval_augmentation=True but there is no val_data whose transforms it would describe",
+                      "pass val_data=..., or drop eval_augmentation")
         if not isinstance(self.distributed, bool):
             raise err(f"Setup: distributed={self.distributed!r}; it must be True or False", "pass distributed=True for a loop meant for DDP")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
