@@ -4,12 +4,17 @@ Capture uses ``Optimizer.register_step_pre_hook`` (never monkey-patching ``step`
 at each optimizer step we record every parameter's gradient (by name), each group's learning rate, the
 GradScaler's scale and the global gradient norm. ``GradScaler.step`` unscales before it calls ``optimizer.step``,
 so captured gradients are always the true (unscaled) ones.
+
+A step that updates the parameters by hand (no optimizer, or an optimizer it never steps) is observed as the
+parameter change around each call instead: the record then holds the update (after - before) under ``grads`` and
+says ``observed_at="parameter change"``. Updates are linear in the gradient for plain SGD, so the invariance
+comparisons hold for them as they do for gradients.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,14 +38,23 @@ def tolerance_for(setup: Setup, tol: float | None = None) -> float:
     return float(tol) if tol is not None else TOLERANCE[setup.precision]
 
 
+OPTIMIZER_STEP = "optimizer.step"
+PARAMETER_CHANGE = "parameter change"
+
+
 @dataclass
 class StepRecord:
-    """What reached one ``optimizer.step()`` call."""
+    """What reached one ``optimizer.step()`` call, or one hand-written update (``observed_at="parameter change"``).
+
+    For a parameter-change record ``grads`` holds each parameter's update (value after the call minus before),
+    ``grad_norm`` its global norm and ``lrs`` is empty (a hand-written update has no param groups).
+    """
 
     grads: dict[str, torch.Tensor | None]
     lrs: list[float]
     scale: float | None
     grad_norm: float  # global norm of the gradients the optimizer stepped with (NaN when not captured)
+    observed_at: str = OPTIMIZER_STEP
 
 
 CAPTURES = ("grads", "norm", "lr")
@@ -58,6 +72,7 @@ class StepRecorder:
     ctx: StepContext
     capture: str = "grads"
     records: list[StepRecord] = field(default_factory=list)
+    scalers: "ScalerWatch | None" = None
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURES:
@@ -65,8 +80,13 @@ class StepRecorder:
         self._names = {id(p): n for n, p in self.ctx.model.named_parameters()}
         self._handle = None
 
+    def _scale(self) -> float | None:
+        """The scale of the GradScaler that scaled the loss last (the step's own, or ``ctx.scaler``)."""
+        scaler = self.scalers.current if self.scalers is not None and self.scalers.current is not None else self.ctx.scaler
+        return float(scaler.get_scale()) if scaler is not None else None
+
     def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        scale = float(self.ctx.scaler.get_scale()) if self.ctx.scaler is not None else None
+        scale = self._scale()
         lrs = [float(g["lr"]) for g in optimizer.param_groups]
         grads: dict[str, torch.Tensor | None] = {}
         norm = float("nan")
@@ -83,36 +103,163 @@ class StepRecorder:
         self.records.append(StepRecord(grads, lrs, scale, norm))
 
     def __enter__(self) -> "StepRecorder":
-        self._handle = self.ctx.optimizer.register_step_pre_hook(self._hook)
+        if self.ctx.optimizer is not None:
+            self._handle = self.ctx.optimizer.register_step_pre_hook(self._hook)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._handle.remove()
+        if self._handle is not None:
+            self._handle.remove()
+
+    # ---------------------------------------------------------------- hand-written updates
+    def before_call(self) -> dict[str, torch.Tensor]:
+        """The parameters' values before one call of the step (to observe a hand-written update)."""
+        return {n: p.detach().clone() for n, p in self.ctx.model.named_parameters()}
+
+    def after_call(self, before: dict[str, torch.Tensor], stepped: int) -> None:
+        """Record the parameter change of a call that made no optimizer step: always without an optimizer (a zero
+        change is then an update that did nothing), else only when the parameters moved."""
+        if stepped:
+            return
+        deltas = {n: (p.detach().float() - before[n].float()) if p.shape == before[n].shape else None
+                  for n, p in self.ctx.model.named_parameters() if n in before}
+        present = [d for d in deltas.values() if d is not None]
+        norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
+        if self.ctx.optimizer is not None and norm == 0.0:
+            return
+        grads = deltas if self.capture == "grads" else {}
+        self.records.append(StepRecord(grads, [], self._scale(), norm if self.capture != "lr" else float("nan"),
+                                       PARAMETER_CHANGE))
 
 
-def run_steps(setup: Setup, ctx: StepContext, steps: list[list], *, capture: str = "grads") -> tuple[list[StepRecord], list[int]]:
+class ScalerWatch:
+    """Context manager noting which ``torch.amp.GradScaler`` objects scale a loss while it is active.
+
+    A step may scale with ``ctx.scaler`` or with a scaler it built itself (a native-scaler wrapper owning its own
+    ``GradScaler``); the loss-scaling check must read and set whichever one actually scaled the loss. ``scale`` is
+    wrapped on the class for the duration only (the optimizer is never patched), and put back on exit.
+    With ``init_scale``, every scaler seen starts (or restarts) at that scale.
+    """
+
+    def __init__(self, init_scale: float | None = None) -> None:
+        self.init_scale = init_scale
+        self.used: list[Any] = []
+        self._saved: Any = None
+
+    @property
+    def current(self) -> Any:
+        """The scaler that scaled a loss last, or None."""
+        return self.used[-1] if self.used else None
+
+    def _saw(self, scaler: Any) -> None:
+        if any(u is scaler for u in self.used):
+            if self.used[-1] is not scaler:
+                self.used = [u for u in self.used if u is not scaler] + [scaler]
+            return
+        self.used.append(scaler)
+        if self.init_scale is not None and scaler.is_enabled():
+            if getattr(scaler, "_scale", None) is None:
+                scaler._init_scale = float(self.init_scale)
+            else:
+                scaler._scale.fill_(float(self.init_scale))
+
+    def __enter__(self) -> "ScalerWatch":
+        cls = torch.amp.GradScaler
+        self._saved = cls.__dict__["scale"]
+        original, watch = self._saved, self
+
+        def scale(scaler: Any, outputs: Any) -> Any:
+            watch._saw(scaler)
+            return original(scaler, outputs)
+
+        cls.scale = scale
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.amp.GradScaler.scale = self._saved
+
+
+def run_steps(setup: Setup, ctx: StepContext, steps: list[list], *, capture: str = "grads",
+              init_scale: float | None = None) -> tuple[list[StepRecord], list[int]]:
     """Run the step under test once per entry of ``steps`` (each a list of micro-batches).
 
-    Returns the optimizer-step records and, per call, how many times ``optimizer.step()`` ran.
+    Returns the update records and, per call, how many updates it made: the number of ``optimizer.step()`` calls,
+    or 1 for a call that made none but changed the parameters (a hand-written update; always 1 without an
+    optimizer). Any ``GradScaler`` that scales a loss is watched (see :class:`ScalerWatch`; ``init_scale`` sets its
+    starting scale).
     """
     calls = []
-    with StepRecorder(ctx, capture) as rec:
+    with ScalerWatch(init_scale) as scalers, StepRecorder(ctx, capture, scalers=scalers) as rec:
         for micro_batches in steps:
             before = len(rec.records)
+            values = rec.before_call()
             setup.run_step(ctx, micro_batches)
+            rec.after_call(values, len(rec.records) - before)
             calls.append(len(rec.records) - before)
     return rec.records, calls
 
 
+class TrainingState:
+    """A restorable snapshot of a context's whole training state: model, optimizer, scheduler, scaler, the RNGs and
+    the attributes the step keeps on ``ctx`` (its iteration counter, a recurrent hidden state, a scaler wrapper)."""
+
+    def __init__(self, ctx: StepContext) -> None:
+        from ..snapshot import Snapshot
+
+        self.ctx = ctx
+        self.snapshot = Snapshot.take([ctx.model, ctx.optimizer, ctx.scheduler, ctx.scaler])
+        self.user = ctx.user_state()
+
+    def restore(self) -> None:
+        self.snapshot.restore()
+        self.ctx.load_user_state(self.user)
+
+
+def observed_at(records: list[StepRecord]) -> str:
+    """Where the compared updates were observed: "optimizer.step", "parameter change" or both (", "-joined)."""
+    seen = list(dict.fromkeys(r.observed_at for r in records))
+    return ", ".join(seen) if seen else OPTIMIZER_STEP
+
+
 def require_steps(setup: Setup, calls: list[int], what: str) -> None:
-    """Raise a clear StepError when the step under test never reached ``optimizer.step()``."""
+    """Raise a clear StepError when the step under test neither reached ``optimizer.step()`` nor changed a parameter."""
     if sum(calls) == 0:
         who = "tropt.standard_step" if setup.uses_standard_step else "your step function"
         raise StepError(
-            f"{who} never called optimizer.step() during {what}"
+            f"{who} never called optimizer.step() and changed no parameter during {what}"
             + (" (or the GradScaler skipped every step because the gradients were inf/NaN)" if setup.use_scaler else ""),
-            "call ctx.optimizer.step() (or ctx.scaler.step(ctx.optimizer)) once per call of step(ctx, micro_batches)",
+            "call ctx.optimizer.step() (or ctx.scaler.step(ctx.optimizer)) once per call of step(ctx, micro_batches), "
+            "or update the parameters by hand in it",
         )
+
+
+def steps_per_call_note(calls: list[int]) -> str | None:
+    """None when no call of the step made more than one update; else a note with the count.
+
+    A step must update once per call. Exactly one check owns this finding (``loop.accumulation``, which FAILs with
+    the count); every other loop check attaches this note (see :func:`defer_multi_step`) instead of failing for it.
+    """
+    many = [c for c in calls if c > 1]
+    if not many:
+        return None
+    return (f"optimizer.step() ran {max(many)} times in one call of the step (it must run once per call); "
+            "loop.accumulation reports this defect")
+
+
+def defer_multi_step(result: Any, calls: list[int]) -> Any:
+    """A non-owner check's result when the step updated more than once per call: PASS or FAIL becomes WARN naming
+    the count (this check's comparison is not meaningful then), with ``optimizer_steps_per_call`` in metrics."""
+    from ..result import Status
+
+    note = steps_per_call_note(calls)
+    if note is None or result.status not in (Status.PASS, Status.FAIL):
+        return result
+    was = result.status.value.upper()
+    return dataclasses.replace(
+        result, status=Status.WARN, summary=f"{note} (this check's own comparison: {was}: {result.summary})",
+        metrics={**result.metrics, "optimizer_steps_per_call": int(max(calls))},
+        advice=["Call optimizer.step() exactly once per call of step(ctx, micro_batches), after the last micro-batch's "
+                "backward; then rerun this check."] + list(result.advice))
 
 
 def latent_when_unused(setup: Setup, result: Any) -> Any:
