@@ -20,7 +20,7 @@ from torch import nn
 
 from .batching import BatchLayout, to_device
 from .errors import SetupError, StepError, TroptError
-from .training import PRECISION_DTYPES, StepContext, standard_step
+from .training import PRECISION_DTYPES, StepContext, standard_step, tell_accelerate
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 
@@ -449,6 +449,7 @@ class Setup:
 
     def run_step(self, ctx: StepContext, micro_batches: list) -> Any:
         """Call the step under test; exceptions from the user's step name it and keep the cause."""
+        tell_accelerate(ctx, micro_batches)
         try:
             return self.step_fn(ctx, micro_batches)
         except TroptError:

@@ -72,50 +72,60 @@ class StepContext:
     def user_state(self) -> dict[str, Any]:
         """A copy of the attributes the step set on this context (its own state across calls), by name.
 
-        Tensors are detached clones; other values are deep copies in which the live training objects (model,
-        parameters, optimizer, scheduler, scaler) stay the same objects, so a wrapper holding the optimizer keeps
-        holding this one. A value that cannot be copied is kept by reference.
+        Plain data (numbers, strings, tensors, arrays and containers of them: counters, hidden states) is copied,
+        tensors as detached clones. An object with ``state_dict``/``load_state_dict`` (a scaler wrapper, an EMA
+        model) keeps its identity: its state dict is copied and loaded back in place. Any other object (an
+        ``accelerate.Accelerator``, a logger) is kept by reference: copying it could cut its links to the live
+        training objects or to process-global state.
         """
-        return {name: _copy_value(value, self._live_memo()) for name, value in self._user_attrs().items()}
+        out: dict[str, Any] = {}
+        for name, value in self._user_attrs().items():
+            if user_state_is_plain(value):
+                out[name] = _copy_plain(value)
+            elif _stateful(value):
+                out[name] = _Stateful(value, copy.deepcopy(value.state_dict()))
+            else:
+                out[name] = value
+        return out
 
     def load_user_state(self, state: dict[str, Any]) -> None:
         """Put the step's own attributes back as :meth:`user_state` saw them (attributes set since are removed)."""
         for name in list(self._user_attrs()):
             if name not in state:
                 delattr(self, name)
-        memo = self._live_memo()
         for name, value in state.items():
-            setattr(self, name, _copy_value(value, memo))
+            if isinstance(value, _Stateful):
+                value.obj.load_state_dict(copy.deepcopy(value.state))
+                setattr(self, name, value.obj)
+            else:
+                setattr(self, name, _copy_plain(value) if user_state_is_plain(value) else value)
 
     def _user_attrs(self) -> dict[str, Any]:
         own = {f.name for f in dataclasses.fields(self)}
         return {k: v for k, v in vars(self).items() if k not in own and not k.startswith("_tropt")}
 
-    def _live_memo(self) -> dict[int, Any]:
-        live = [self.model, self.optimizer, self.scheduler, self.scaler, self.loss_fn, self.device, self.layout]
-        live += list(self.model.parameters()) + list(self.model.buffers())
-        return {id(o): o for o in live if o is not None}
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """The precision's autocast context manager (a no-op for fp32)."""
-        dtype = PRECISION_DTYPES[self.precision]
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=dtype)
+@dataclass
+class _Stateful:
+    """A step attribute restored in place through its ``load_state_dict``."""
+
+    obj: Any
+    state: Any
 
 
-def _copy_value(value: Any, memo: dict[int, Any]) -> Any:
-    """A deep copy of one step attribute that shares the live training objects in ``memo``."""
+def _stateful(value: Any) -> bool:
+    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
+
+
+def _copy_plain(value: Any) -> Any:
+    """A copy of plain step state: tensors detached and cloned, containers rebuilt, the rest deep-copied."""
     if isinstance(value, torch.Tensor):
-        return value if id(value) in memo else value.detach().clone()
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_copy_value(v, memo) for v in value)
-    if isinstance(value, dict) and type(value) is dict:
-        return {k: _copy_value(v, memo) for k, v in value.items()}
-    try:
-        return copy.deepcopy(value, dict(memo))
-    except Exception:  # noqa: BLE001 - an object that cannot be copied (a lock, a process handle): keep it
-        return value
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copy_plain(v) for k, v in value.items()}
+    return copy.deepcopy(value)
 
 
 def user_state_is_plain(value: Any) -> bool:
@@ -130,6 +140,32 @@ def user_state_is_plain(value: Any) -> bool:
     if isinstance(value, dict):
         return all(isinstance(k, (str, int)) and user_state_is_plain(v) for k, v in value.items())
     return False
+
+
+def tell_accelerate(ctx: StepContext, micro_batches: list) -> None:
+    """Tell Hugging Face accelerate how many micro-batches this call of the step accumulates over.
+
+    ``Accelerator.accumulate()`` decides when to synchronise and step from process-global state (the shared
+    ``GradientState``'s ``num_steps``) and a per-``Accelerator`` counter, not from the micro-batches it is given.
+    tropt runs one step with K = 1 and another with K = 4 in the same process, so before each call it sets
+    ``num_steps`` to this call's number of micro-batches and restarts the counter of every ``Accelerator`` the step
+    keeps on ``ctx``: each call is then exactly one accumulation cycle ending in one optimizer step. A no-op unless
+    accelerate has been imported (tropt never imports it).
+    """
+    import sys
+
+    state = sys.modules.get("accelerate.state")
+    shared = getattr(getattr(state, "GradientState", None), "_shared_state", None)
+    if not shared or not isinstance(shared.get("plugin_kwargs"), dict):
+        return
+    shared["plugin_kwargs"]["num_steps"] = max(1, len(micro_batches))
+    accelerate = sys.modules.get("accelerate")
+    kind = getattr(accelerate, "Accelerator", None)
+    if kind is None:
+        return
+    for value in vars(ctx).values():
+        if isinstance(value, kind):
+            value.step = 0
 
 
 def needs_metric(scheduler: Any) -> bool:
