@@ -104,6 +104,13 @@ class StepContext:
         own = {f.name for f in dataclasses.fields(self)}
         return {k: v for k, v in vars(self).items() if k not in own and not k.startswith("_tropt")}
 
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The precision's autocast context manager (a no-op for fp32)."""
+        dtype = PRECISION_DTYPES[self.precision]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
 
 @dataclass
 class _Stateful:
