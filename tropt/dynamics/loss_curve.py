@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..batching import split_batch
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -284,7 +283,7 @@ def check_loss_curve(
         with bar, StepRecorder(ctx, "norm") as hook:  # the gradient norm at each optimizer.step()
             for i, batch in enumerate(setup.batches(steps)):
                 before = len(hook.records)
-                loss = runner.step(split_batch(batch, ctx.accumulation_steps))
+                loss = runner.step(ctx.split(batch, ctx.accumulation_steps))
                 stepped = hook.records[before:]
                 bar.update(1)
                 if callback is not None:

@@ -26,13 +26,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..batching import batch_size, split_batch
 from ..errors import StepError, TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
 from .harness import (
+    defer_multi_step,
     batch_dependent_layers,
     compare_tensors,
     freeze_batch_stats,
@@ -162,7 +162,7 @@ def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freez
     quiet_randomness(ctx.model)
     if freeze:
         freeze_batch_stats(ctx.model)
-    records, calls = run_steps(setup, ctx, [split_batch(full, k)])
+    records, calls = run_steps(setup, ctx, [setup.split(full, k)])
     require_steps(setup, calls, "the single-process run")
     ranks = _run_ddp(setup, shares, world, freeze=freeze, find_unused=find_unused)
     errors = [r for r in ranks if r[1] != "ok"]
@@ -212,7 +212,13 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
     """FAIL when the step's gradients change under DDP; WARN when it all-reduces more than once per optimizer step.
 
     SKIP where forking gloo processes is not possible (no torch.distributed, no ``fork``, or a non-CPU Setup).
+    A step that updates more than once per call gets a WARN pointing to loop.accumulation, which owns that finding.
     """
+    result = _check_ddp(setup, world_size=world_size, tol=tol)
+    return defer_multi_step(result, [int(result.metrics.get("optimizer_steps_per_call", 0))])
+
+
+def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -> CheckResult:
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
@@ -230,15 +236,15 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
     k = setup.accumulation_steps
     with preserved(setup.model):
         batch = setup.sample_batch()
-        n = batch_size(batch)
+        n = setup.size(batch)
         per_rank = n // world_size
         if per_rank < k:
             raise TroptError(f"a batch of {n} samples gives {per_rank} per process, fewer than the {k} micro-batches",
                              f"use batches of at least {world_size * k} samples")
         used = per_rank * world_size
-        full = split_batch(batch, sizes=[used, n - used])[0] if used < n else batch
-        whole = split_batch(full, world_size)
-        shares = [split_batch(share, k) for share in whole]
+        full = setup.split(batch, sizes=[used, n - used])[0] if used < n else batch
+        whole = setup.split(full, world_size)
+        shares = [setup.split(share, k) for share in whole]
         single, ranks = _both_runs(setup, full, shares, world_size, freeze=False)
         table = compare_tensors(single, _rank0_grads(ranks), labels=("1_process", f"ddp_{world_size}"))
         err = float(table["rel_error"].max())
@@ -262,6 +268,7 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
             per_mean = _per_process_mean(setup, whole, shares, _rank0_grads(franks if frozen_run else ranks), tol, frozen_run)
     syncs_per_step = ranks[0][3][1]
     metrics = {"world_size": world_size, "samples_per_process": per_rank, "micro_batches": k, "max_rel_error": err,
+               "optimizer_steps_per_call": max(int(np.max(c)) if c else 0 for *_, c in ranks),
                "tolerance": tol, "allreduce_buckets": ranks[0][3][0], "synchronised_backward_passes": syncs_per_step,
                "batch_dependent_layers": len(bn_layers), "observed_at": "optimizer.step"}
     tables = {"parameters": table,

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
-from ..batching import split_batch
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
@@ -190,6 +190,53 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
         metrics, tables, [], series)
 
 
+class _HandUpdates:
+    """Records a step that updates parameters by hand (no optimizer step) into a GradientMonitor.
+
+    The gradients are the last ones each parameter accumulated in the call (kept by reference through
+    ``register_post_accumulate_grad_hook``, so a step that sets ``.grad`` to None after its update is still seen);
+    a parameter that moved counts as updated (in an optimizer with a non-zero learning rate, for the verdict).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.last: dict[int, Any] = {}
+        self.values: list | None = None
+        self.handles: list = []
+
+    def __enter__(self) -> "_HandUpdates":
+        for i, p in enumerate(self.params):
+            self.handles.append(p.register_post_accumulate_grad_hook(lambda t, i=i: self.last.__setitem__(i, t.grad)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def before(self, watch: bool) -> None:
+        self.last.clear()
+        self.values = [p.detach().clone() for p in self.params] if watch else None
+
+    def record(self, mon: GradientMonitor) -> None:
+        if self.values is None:
+            return
+        moved = [i for i, (p, v) in enumerate(zip(self.params, self.values)) if p.shape != v.shape or not torch.equal(p.detach(), v)]
+        if not moved:
+            return
+        missing = [i for i, p in enumerate(self.params) if p.grad is None and self.last.get(i) is not None]
+        for i in missing:
+            self.params[i].grad = self.last[i]
+        try:
+            mon.record()
+        finally:
+            for i in missing:
+                self.params[i].grad = None
+        index = {id(p): j for j, p in enumerate(mon._params)}
+        rows = [index[id(self.params[i])] for i in moved if id(self.params[i]) in index]
+        mon.in_optimizer[rows] = True
+        mon.lr_nonzero[rows] = True
+
+
 @register(CHECK, title="Gradient flow",
           description="Train a copy for a few steps under GradientMonitor: missing, unused, vanishing or exploding gradients.")
 def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e-3, vanish_rms: float = 1e-5,
@@ -222,9 +269,14 @@ def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e
     with preserved(setup.model):
         ctx = setup.build(seed=setup.seed if seed is None else seed)
         k = setup.accumulation_steps
-        with GradientMonitor(ctx.model, optimizer=ctx.optimizer, full_every=1, detail=True, capacity=steps) as mon:
+        with GradientMonitor(ctx.model, optimizer=ctx.optimizer, full_every=1, detail=True, capacity=steps) as mon, \
+                _HandUpdates(ctx.model) as hand:
             for i, batch in enumerate(tqdm(setup.batches(steps), total=steps, desc="gradient flow", disable=not progress, leave=False)):
-                setup.run_step(ctx, split_batch(batch, k) if k > 1 else [batch])
+                seen = mon.steps_seen
+                hand.before(watch=ctx.optimizer is None or seen == 0)
+                setup.run_step(ctx, setup.split(batch, k) if k > 1 else [batch])
+                if mon.steps_seen == seen:  # no optimizer step: a hand-written update, recorded from the parameters
+                    hand.record(mon)
                 if callback is not None:
                     callback({"check": CHECK, "step": i + 1, "total": steps, "monitor": mon})
     return judge_gradient_flow(mon, vanish_ratio=vanish_ratio, vanish_rms=vanish_rms, explode_norm=explode_norm,

@@ -15,7 +15,6 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..batching import split_batch
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
@@ -72,7 +71,7 @@ def _train_ctx(ctx: Any, setup: Any, batch: Any, objective: Any, steps: int, tar
     from tqdm.auto import tqdm
 
     k = setup.accumulation_steps
-    micro = split_batch(batch, k) if k > 1 else [batch]
+    micro = setup.split(batch, k) if k > 1 else [batch]
     params = [p for p in ctx.model.parameters()]
     names = [n for n, _ in ctx.model.named_parameters()]
     start_values = [p.detach().clone() for p in params]
@@ -85,7 +84,9 @@ def _train_ctx(ctx: Any, setup: Any, batch: Any, objective: Any, steps: int, tar
             if p.grad is not None and not got_grad[i] and bool((p.grad != 0).any()):
                 got_grad[i] = True
 
-    handle = ctx.optimizer.register_step_pre_hook(pre_hook)
+    # A step without an optimizer (or one it never steps) updates by hand: judged from the parameter change.
+    handle = ctx.optimizer.register_step_pre_hook(pre_hook) if ctx.optimizer is not None else None
+    hand_updates = [0]
     losses, accs = [], []
     loss0, acc0, out0 = _evaluate(setup, ctx, batch, objective)
     losses.append(loss0)
@@ -99,7 +100,12 @@ def _train_ctx(ctx: Any, setup: Any, batch: Any, objective: Any, steps: int, tar
         for t in tqdm(range(1, n + 1), desc=desc, disable=not progress, leave=False):
             if nonfinite_at is not None:
                 break
+            # Until an optimizer step is seen, keep the values to observe a hand-written update.
+            watch = ctx.optimizer is None or opt_steps[0] == 0
+            seen, before = opt_steps[0], ([p.detach().clone() for p in params] if watch else None)
             setup.run_step(ctx, micro)
+            if watch and opt_steps[0] == seen:
+                _hand_update(params, before, got_grad, hand_updates)
             loss, acc, out = _evaluate(setup, ctx, batch, objective)
             losses.append(loss)
             accs.append(acc)
@@ -112,14 +118,26 @@ def _train_ctx(ctx: Any, setup: Any, batch: Any, objective: Any, steps: int, tar
                 reached = True
                 break
     finally:
-        handle.remove()
+        if handle is not None:
+            handle.remove()
     changed = [names[i] for i, (p, v) in enumerate(zip(params, start_values))
                if p.shape != v.shape or not torch.equal(p.detach(), v)]
     _, _, out_final = _evaluate(setup, ctx, batch, objective) if nonfinite_at is None else (None, None, None)
     return {"losses": np.asarray(losses, dtype=float), "accs": accs, "reached": reached, "nonfinite_at": nonfinite_at,
             "got_grad": [names[i] for i in range(len(params)) if got_grad[i]], "names": names,
             "trainable": [names[i] for i, p in enumerate(params) if p.requires_grad], "changed": changed,
-            "optimizer_steps": opt_steps[0], "out": out_final}
+            "optimizer_steps": opt_steps[0], "hand_updates": hand_updates[0], "out": out_final}
+
+
+def _hand_update(params: list, before: list, got_grad: torch.Tensor, count: list[int]) -> None:
+    """A call with no optimizer step: a parameter that moved, or holds a non-zero gradient, got an update."""
+    moved = False
+    for i, (p, v) in enumerate(zip(params, before)):
+        changed = p.shape != v.shape or not torch.equal(p.detach(), v)
+        moved |= changed
+        if not got_grad[i] and (changed or (p.grad is not None and bool((p.grad != 0).any()))):
+            got_grad[i] = True
+    count[0] += int(moved)
 
 
 def _plateaued(losses: np.ndarray, window: float = 0.25, share: float = 0.1, tol: float = 0.005) -> bool:
@@ -193,11 +211,11 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
     setup.validate()
     seed = setup.seed if seed is None else seed
     with preserved(setup.model):
-        batch = take_samples(setup.sample_batch(), max(2, samples))
+        batch = take_samples(setup.sample_batch(), max(2, samples), setup.layout)
         n = require_samples(batch, 2, "with one sample even a model that ignores its input can memorise the target, "
-                                      "so the input-independent baseline cannot be told apart", CHECK)
+                                      "so the input-independent baseline cannot be told apart", CHECK, setup.layout)
         require_samples(batch, setup.accumulation_steps, f"the step splits it into accumulation_steps="
-                                                         f"{setup.accumulation_steps} micro-batches", CHECK)
+                                                         f"{setup.accumulation_steps} micro-batches", CHECK, setup.layout)
         model_probe = setup.build(seed=seed)
         _, _, objective, _ = probe(setup, model_probe.model, batch, model_probe)
         # The baseline zeroes what the model reads, never the target: the model's arguments whose zeroing changes
@@ -223,7 +241,8 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         "best_loss": best, "loss_fraction": final / start if start else math.nan, "baseline_final_loss": base_final,
         "target_fraction": target_fraction, "baseline_ratio": baseline_ratio,
         "objective": objective.kind if objective is not None else "unknown",
-        "optimizer_steps": real["optimizer_steps"], "inputs_zeroed_in_baseline": len(positions) if positions is not None else len(inputs),
+        "optimizer_steps": real["optimizer_steps"], "observed_at": "optimizer.step" if real["optimizer_steps"] else "parameter change",
+        "inputs_zeroed_in_baseline": len(positions) if positions is not None else len(inputs),
     }
     if acc is not None:
         metrics["final_accuracy"] = acc
@@ -244,14 +263,14 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
                     ["Lower the learning rate or clip gradients (grad_clip=1.0).",
                      "Check the loss for log(0) or a division by zero (use F.cross_entropy on logits, add eps)."])
     if not real["got_grad"]:
-        why = ("optimizer.step() was never called by the step" if real["optimizer_steps"] == 0
+        why = ("optimizer.step() was never called by the step and no parameter changed" if real["optimizer_steps"] == 0
                else "every .grad was None or zero when optimizer.step() ran")
         return fail(f"no parameter received a gradient while overfitting one batch ({why})",
                     ["Call loss.backward() before optimizer.step(), and do not detach the output or wrap the forward "
                      "in torch.no_grad()."],
                     {"no_gradient": pd.DataFrame({"parameter": no_grad})})
     if not real["changed"]:
-        why = ("optimizer.step() was never called by the step" if real["optimizer_steps"] == 0
+        why = ("optimizer.step() was never called by the step and no parameter changed" if real["optimizer_steps"] == 0
                else "the optimizer ran but left every parameter as it was (learning rate 0, or an optimizer over no "
                     "parameters of this model)")
         return fail(f"no parameter changed in {real['optimizer_steps']} optimizer steps: {why}",
