@@ -170,6 +170,7 @@ class _Run:
     pre: dict
     last: dict
     calls: int
+    where: str = "optimizer.step"
 
 
 def _observe(setup: Setup, micro_batches: list, k: int, *, freeze: bool, what: str) -> _Run:
@@ -181,7 +182,7 @@ def _observe(setup: Setup, micro_batches: list, k: int, *, freeze: bool, what: s
     records, calls = run_steps(setup, ctx, [micro_batches])
     require_steps(setup, calls, what)
     r = records[0]
-    return _Run(r.grads, r.pre_clip or r.grads, r.last_backward, calls[0])
+    return _Run(r.grads, r.pre_clip or r.grads, r.last_backward, calls[0], r.observed_at)
 
 
 def _scaled(g: dict, c: float) -> dict:
@@ -379,7 +380,8 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
             metrics = {"k": k, "batch_size": n, "uneven_sizes": "+".join(map(str, uneven_sizes)), "max_rel_error": uerr,
                        "uneven_max_rel_error": uerr, "pre_clip_max_rel_error": upre,
                        "global_rel_error": global_rel_error(a.post, ub.post), "tolerance": tol,
-                       "optimizer_steps_in_k_run": ub.calls, "batch_dependent_layers": 0, "observed_at": "optimizer.step"}
+                       "optimizer_steps_in_k_run": ub.calls, "batch_dependent_layers": 0,
+                       "observed_at": f"{a.where} (and before clipping)"}
             if (bad := broken(a, ub, metrics, {"parameters": utable})) is not None:
                 return bad
             if uerr <= tol and upre <= tol and ub.calls == 1:
@@ -400,7 +402,7 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
                    "grad_norm_ratio": _norm(b.post) / _norm(a.post) if _norm(a.post) else float("nan"),
                    "pre_clip_norm_ratio": _norm(b.pre) / _norm(a.pre) if _norm(a.pre) else float("nan"),
                    "grad_cosine": _cosine(a.post, b.post), "batch_dependent_layers": len(bn_layers),
-                   "observed_at": "optimizer.step (and before clipping)"}
+                   "observed_at": f"{a.where} (and before clipping)"}
         tables = {"parameters": table}
         if a.calls > 1:
             return _steps_per_call_result(a.calls, metrics, tables)
