@@ -615,7 +615,7 @@ def _max_batch(peak_at: Callable[[float], float], limit: float, b: int, cap: int
 
 
 def _strategies(m: _Model, meas: _Measurement, b: int, limit: float | None, ckpt: float, bf16: bool,
-                bf16_note: str, state8: float, k: int) -> pd.DataFrame:
+                bf16_note: str, state8: float, k: int, shards: dict[str, int | None]) -> pd.DataFrame:
     """Each option's estimated peak at the Setup's batch, whether it fits, and the largest batch that fits."""
     rows: list[dict] = []
 
@@ -649,37 +649,39 @@ def _strategies(m: _Model, meas: _Measurement, b: int, limit: float | None, ckpt
     if ckpt < 1 or bf16 or meas.state > 0:
         add("all single-device options", 1, lambda x: m.peak(x, act_scale=ckpt, bf16=bf16,
                                                              state=state8 if meas.state > 0 else None))
-    # one block's parameters gathered while it runs, the next one's prefetched, and its unsharded gradient
-    block = max((p for _, p in meas.blocks), default=m.params)
-    for n in SHARDS:
-        if meas.state > 0:
-            add("optimizer-state sharding", n, lambda x, n=n: m.peak(x, state=m.state / n, opt_tmp=m.opt_tmp / n))
-    for n in SHARDS:
-        extra = 0 if n == 1 else 3 * block * (1 - 1 / n)
-        add("full FSDP", n, lambda x, n=n, extra=extra: m.peak(
-            x, params=m.params / n + extra, grads=m.grads / n, grads_start=m.grads_start / n, state=m.state / n,
-            opt_tmp=m.opt_tmp / n))
+    for option in ("optimizer-state sharding", "full FSDP"):
+        if option == "optimizer-state sharding" and meas.state == 0:
+            continue
+        # every power of two, plus the smallest N that fits and the one below it (the evidence it is the smallest)
+        extra = {v for n in [shards.get(option)] if n for v in (n - 1, n) if v >= 1}
+        for n in sorted(set(SHARDS) | extra):
+            add(option, n, lambda x, n=n, option=option: _sharded_peak(m, meas, option, n, x))
     return pd.DataFrame(rows, columns=["option", "devices", "peak_mib", "fits", "headroom", "max_batch", "cost"])
 
 
-def _smallest_shards(m: _Model, meas: _Measurement, b: int, limit: float) -> dict[str, int | None]:
-    """The smallest N (1..64) at which each sharding fits."""
+def _sharded_peak(m: _Model, meas: _Measurement, option: str, n: int, b: float) -> float:
+    """Estimated peak per device of ``option`` over ``n`` devices at batch ``b``.
+
+    Optimizer-state sharding (ZeRO-1) keeps full parameters and gradients and 1/N of the state and of the optimizer's
+    temporaries. Full FSDP keeps 1/N of everything resident, plus one block's parameters gathered while it runs, the
+    next block's prefetched, and the block's unsharded gradient before its reduce-scatter (3 blocks' worth).
+    """
+    if option == "optimizer-state sharding":
+        return m.peak(b, state=m.state / n, opt_tmp=m.opt_tmp / n)
     block = max((p for _, p in meas.blocks), default=m.params)
+    gathered = 0 if n == 1 else 3 * block * (1 - 1 / n)
+    return m.peak(b, params=m.params / n + gathered, grads=m.grads / n, grads_start=m.grads_start / n,
+                  grads_fb=m.grads_fb / n, state=m.state / n, opt_tmp=m.opt_tmp / n)
+
+
+def _smallest_shards(m: _Model, meas: _Measurement, b: int, limit: float) -> dict[str, int | None]:
+    """The smallest N (1..64) at which each sharding fits ``limit`` (None when none up to 64 does)."""
     out: dict[str, int | None] = {}
     for option in ("optimizer-state sharding", "full FSDP"):
-        out[option] = None
-        for n in range(1, max(SHARDS) + 1):
-            if option == "optimizer-state sharding":
-                if meas.state == 0:
-                    break
-                peak = m.peak(b, state=m.state / n, opt_tmp=m.opt_tmp / n)
-            else:
-                extra = 0 if n == 1 else 3 * block * (1 - 1 / n)
-                peak = m.peak(b, params=m.params / n + extra, grads=m.grads / n, grads_start=m.grads_start / n,
-                              state=m.state / n, opt_tmp=m.opt_tmp / n)
-            if peak <= limit:
-                out[option] = n
-                break
+        if option == "optimizer-state sharding" and meas.state == 0:
+            out[option] = None
+            continue
+        out[option] = next((n for n in range(1, max(SHARDS) + 1) if _sharded_peak(m, meas, option, n, b) <= limit), None)
     return out
 
 
@@ -706,7 +708,7 @@ def _limit_bytes(memory_limit: Any, device: torch.device) -> tuple[float | None,
             raise TroptError(f"perf.memory: memory_limit={memory_limit!r}; it must be a positive number of GiB",
                              "pass the accelerator's memory in GiB, e.g. memory_limit=80 for an 80 GB device, "
                              "or leave it out to use the CUDA device's capacity")
-        return float(memory_limit) * GIB, f"memory_limit={memory_limit:g} GiB"
+        return float(memory_limit) * GIB, f"memory_limit={_mib(float(memory_limit) * GIB)}"
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         return float(total), f"{torch.cuda.get_device_name(device)} capacity"
@@ -718,6 +720,9 @@ def _devices(model: nn.Module) -> list[str]:
 
 
 def _mib(x: float) -> str:
+    """Bytes in the unit that reads best: KiB, MiB or GiB."""
+    if abs(x) < MIB:
+        return f"{x / 1024:,.1f} KiB"
     return f"{x / MIB:,.1f} MiB" if abs(x) < GIB else f"{x / GIB:,.2f} GiB"
 
 
@@ -849,7 +854,8 @@ def check_memory(
     else:
         bf16_note = bf16_why
     state8 = meas.state_elements * 1.016 + meas.state_scalars  # 1 byte per element + blockwise scales
-    strategies = _strategies(model, meas, b, limit, ckpt, model.bf16 is not None, bf16_note, state8, k)
+    shards = _smallest_shards(model, meas, b, limit) if limit is not None else {}
+    strategies = _strategies(model, meas, b, limit, ckpt, model.bf16 is not None, bf16_note, state8, k, shards)
 
     # ---- the line: peak against batch size
     sizes = sorted({1, *(int(b * f) for f in (0.25, 0.5, 1, 2, 4, 8)), b} - {0})
@@ -893,8 +899,8 @@ def check_memory(
               "curve_peak_mib": curve["peak_mib"].to_numpy()}
     tables = {"breakdown": breakdown, "strategies": strategies, "batch_curve": curve, "steps": steps_table}
 
-    parts = ", ".join(f"{r.part} {r.mib:,.1f}" for r in breakdown.itertuples())
-    summary = (f"peak {_mib(peak)} during {metrics['peak_phase']} ({meas.ground_truth}): {parts} MiB; "
+    parts = ", ".join(f"{r.part} {_mib(r.mib * MIB)}" for r in breakdown.itertuples())
+    summary = (f"peak {_mib(peak)} during {metrics['peak_phase']} ({meas.ground_truth}): {parts}; "
                f"optimizer state {metrics['optimizer_state_bytes_per_param']:.2f} B/param")
     status, advice = Status.PASS, []
 
@@ -925,7 +931,6 @@ def check_memory(
         else:
             choice = (with_room if not with_room.empty else singles)
             choice = choice[choice["option"] != "as is"]
-            shards = _smallest_shards(model, meas, b, limit)
             metrics.update({f"smallest_n_{k_.replace(' ', '_').replace('-', '_')}": (v if v is not None else math.nan)
                             for k_, v in shards.items()})
             if peak <= limit:
