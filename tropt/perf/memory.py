@@ -858,10 +858,9 @@ def check_memory(
     strategies = _strategies(model, meas, b, limit, ckpt, model.bf16 is not None, bf16_note, state8, k, shards)
 
     # ---- the line: peak against batch size
-    sizes = sorted({1, *(int(b * f) for f in (0.25, 0.5, 1, 2, 4, 8)), b} - {0})
     max_batch = _max_batch(model.peak, limit, b) if limit is not None else None
-    if max_batch:
-        sizes = sorted(set(sizes) | {max_batch})
+    top = max(8 * b, 2 * (max_batch or 0))
+    sizes = sorted({2**i for i in range(int(math.log2(top)) + 1)} | {b, meas.half or b, max_batch or b})
     curve = pd.DataFrame({"batch_size": sizes, "peak_mib": [model.peak(x) / MIB for x in sizes]})
     measured = {b: peak, **({meas.half: max(half.fb_peak, half.opt_peak)} if half is not None else {})}
     curve["measured_mib"] = [measured[x] / MIB if x in measured else math.nan for x in sizes]
