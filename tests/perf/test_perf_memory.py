@@ -170,3 +170,19 @@ def test_parameters_on_several_devices_are_explained_then_skipped():
 def test_registered_last_in_stage_six():
     ids = list(tropt.list_checks()["id"])
     assert ids.index("perf.memory") == ids.index("perf.precision") + 1 and ids[-1] == "perf.memory"
+
+
+def test_bf16_option_carries_perf_precisions_stability_verdict():
+    """bf16 activations are measured (one step at each batch size under autocast); whether bf16 is stable is
+    perf.precision's verdict, attached when its result is passed. A guardrail of 0 makes bf16 unstable there."""
+    from tropt.perf import check_precision
+
+    s = mlp_setup()
+    bf16 = lambda r: r.tables["strategies"].set_index("option").loc["bf16 autocast", "cost"]  # noqa: E731
+    alone = check_memory(s, progress=False)
+    assert "stability not checked here" in bf16(alone)
+    assert alone.metrics["activations_bf16_mib"] > 0
+    unstable = check_precision(s, precisions=("fp32", "bf16"), steps=3, warmup=0, max_deviation=0.0, progress=False)
+    with untouched(s):
+        r = check_memory(s, precision_result=unstable, progress=False)
+    assert "perf.precision: bf16 UNSTABLE" in bf16(r), bf16(r)
