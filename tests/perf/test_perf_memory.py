@@ -220,3 +220,27 @@ def test_cuda_meter_reads_each_phase_peak_and_the_parts_alive_then(monkeypatch):
     rec = meter.steps[1]
     assert (rec.start, rec.fb_peak, rec.fb_parts) == (500, 1600, (300, 0))
     assert (rec.opt_start, rec.opt_peak, rec.opt_parts, rec.end) == (900, 1200, (0, 400), 900) and rec.has_opt
+
+
+def manual_sgd_step(ctx, micro_batches):
+    """Hand-written updates: accumulate over the micro-batches, then p -= lr * grad; optimizer.step() is never called."""
+    n = sum(len(mb[1]) for mb in micro_batches)
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) * len(mb[1]) / n).backward()
+    with torch.no_grad():
+        for p in ctx.model.parameters():
+            p -= 0.1 * p.grad
+            p.grad = None
+
+
+def test_hand_written_updates_with_accumulation_count_one_micro_batch_of_activations():
+    """Each micro-batch's graph is freed by its backward, so at most one micro-batch's activations (B/2 samples) are
+    alive at once; no optimizer.step() means no optimizer state and a peak in forward/backward."""
+    s = mlp_setup(lambda m: torch.optim.SGD(m.parameters(), lr=0.1), step=manual_sgd_step, accumulation_steps=2)
+    with untouched(s):
+        r = check_memory(s, progress=False)
+    assert r.metrics["optimizer_state_mib"] == 0 and r.metrics["peak_phase"] == "forward/backward", r.summary
+    assert abs(r.metrics["activations_mib"] * 2**20 - (B // 2) * (H + C) * 4) <= 64
+    assert r.status == Status.PASS
+    t = r.tables["strategies"]
+    assert not (t["option"] == "optimizer-state sharding").any()  # nothing to shard
