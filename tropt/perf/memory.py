@@ -805,90 +805,31 @@ def check_memory(
     from .precision import support
 
     bf16_ok, bf16_why = support("bf16", device)
-    measure_bf16 = setup.precision == "fp32" and bf16_ok
     with preserved(setup.model):
-        meas = _measure(setup, growth_steps, measure_bf16, progress)
-    optimizer_none = getattr(setup, "optimizer", None) is None
+        meas = _measure(setup, growth_steps, setup.precision == "fp32" and bf16_ok, progress)
     steady = meas.steps[meas.steady]
-    b, k = meas.batch, setup.accumulation_steps
-
-    # ---- the breakdown at the steady step's peak instant
-    fb, op = steady.fb_peak, steady.opt_peak if steady.has_opt else -math.inf
-    in_opt = op > fb
-    peak = max(fb, op)
-    acts, grads_at = steady.opt_parts if in_opt else steady.fb_parts
-    held = steady.start - meas.params - meas.state - steady.grads_start
-    breakdown = pd.DataFrame([
-        {"part": "parameters", "mib": meas.params / MIB, "note": "parameters and buffers of the model"},
-        {"part": "gradients", "mib": grads_at / MIB,
-         "note": f"alive at the peak (all gradients: {_mib(meas.grads)})"},
-        {"part": "optimizer state", "mib": meas.state / MIB,
-         "note": "no optimizer (hand-written updates): no state" if optimizer_none else
-         f"{meas.state / max(meas.n_params, 1):.2f} bytes per parameter"},
-        {"part": "activations", "mib": acts / MIB,
-         "note": f"saved for backward, alive at the peak (most at once: {_mib(steady.activations)})"},
-        {"part": "remainder", "mib": (peak - meas.params - grads_at - meas.state - acts) / MIB,
-         "note": "temporaries of " + ("optimizer.step()" if in_opt else "forward/backward")
-                 + f", the batch, allocator; {_mib(max(held, 0))} held from before the step"},
-    ])
-    breakdown["share"] = breakdown["mib"] / (peak / MIB) if peak > 0 else math.nan
-
-    # ---- growth over the steps (the first step creates the optimizer state: left out)
-    idx = [i for i in range(1, growth_steps)]
-    ends = np.asarray([meas.steps[i].end for i in idx], dtype=float)
-    slope = float(np.polyfit(np.asarray(idx, dtype=float), ends, 1)[0]) if len(idx) >= 2 else 0.0
-
-    # ---- the model of the peak against the batch
     half = meas.steps.get(meas.half_step) if meas.half_step is not None else None
+    b = meas.batch
+    peak, in_opt, breakdown = _breakdown(meas, steady, getattr(setup, "optimizer", None) is None)
+    ends, slope, rising = _growth(meas, growth_steps)
 
-    def lines(full: _StepMemory, small: _StepMemory | None) -> tuple[tuple[float, float], tuple[float, float]]:
-        """Activations and other temporaries alive at the forward/backward peak, as lines in the batch size."""
-        def split(r: _StepMemory) -> tuple[float, float]:
-            act = r.fb_parts[0]
-            return act, r.fb_peak - r.start - act - (r.fb_parts[1] - r.grads_start)
-        fa, ft = split(full)
-        sa, st = split(small) if small is not None else (None, None)
-        return _line(b, fa, meas.half, sa), _line(b, ft, meas.half, st)
-
-    act_line, tmp_line = lines(steady, half)
-    opt_tmp = steady.opt_peak - steady.opt_start if steady.has_opt else 0.0
-    opt_rest = (steady.opt_start - steady.start + steady.grads_start - meas.grads) if steady.has_opt else 0.0
-    model = _Model(meas.params, meas.grads, steady.grads_start, steady.fb_parts[1] - steady.grads_start, meas.state,
-                   held, act_line, tmp_line, opt_tmp, opt_rest, steady.has_opt)
-    blocks_act = {n: v for n, v in steady.per_block.items() if n}
-    ckpt = 1.0
-    if len(blocks_act) >= 2 and sum(steady.per_block.values()) > 0:
-        kept = steady.per_block.get("", 0) + sum(steady.block_inputs.get(n, 0) for n in blocks_act) + max(blocks_act.values())
-        ckpt = min(1.0, kept / sum(steady.per_block.values()))
-    bf16_note = ""
+    model = _peak_model(meas, steady, half)
     if meas.bf16_step is not None:
         small = meas.steps.get(meas.bf16_half_step) if meas.bf16_half_step is not None else None
-        model.bf16 = lines(meas.steps[meas.bf16_step], small)
+        model.bf16 = _lines(meas, meas.steps[meas.bf16_step], small)
         bf16_note = _bf16_verdict(precision_result)
-    elif setup.precision != "fp32":
-        bf16_note = f"the Setup already trains in {setup.precision}"
     else:
-        bf16_note = bf16_why
-    state8 = meas.state_elements * 1.016 + meas.state_scalars  # 1 byte per element + blockwise scales
+        bf16_note = f"the Setup already trains in {setup.precision}" if setup.precision != "fp32" else bf16_why
+    ckpt = _checkpoint_share(steady)
+    state8 = meas.state_elements * 1.016 + meas.state_scalars  # 1 byte per element + blockwise scales (bitsandbytes)
     shards = _smallest_shards(model, meas, b, limit) if limit is not None else {}
-    strategies = _strategies(model, meas, b, limit, ckpt, model.bf16 is not None, bf16_note, state8, k, shards)
-
-    # ---- the line: peak against batch size
+    strategies = _strategies(model, meas, b, limit, ckpt, model.bf16 is not None, bf16_note, state8,
+                             setup.accumulation_steps, shards)
     max_batch = _max_batch(model.peak, limit, b) if limit is not None else None
-    top = max(8 * b, 2 * (max_batch or 0))
-    sizes = sorted({2**i for i in range(int(math.log2(top)) + 1)} | {b, meas.half or b, max_batch or b})
-    curve = pd.DataFrame({"batch_size": sizes, "peak_mib": [model.peak(x) / MIB for x in sizes]})
-    measured = {b: peak, **({meas.half: max(half.fb_peak, half.opt_peak)} if half is not None else {})}
-    curve["measured_mib"] = [measured[x] / MIB if x in measured else math.nan for x in sizes]
+    curve = _batch_curve(model, meas, peak, half, max_batch)
 
-    steps_table = pd.DataFrame([{
-        "step": i, "batch_size": meas.half if i in (meas.half_step, meas.bf16_half_step) else b,
-        "kind": {meas.half_step: "half batch", meas.bf16_step: "bf16", meas.bf16_half_step: "bf16, half batch"}.get(i, "growth"),
-        "start_mib": r.start / MIB, "fb_peak_mib": r.fb_peak / MIB,
-        "opt_peak_mib": r.opt_peak / MIB if r.has_opt else math.nan, "end_mib": r.end / MIB,
-        "activations_mib": r.activations / MIB if (i == meas.steady or i >= growth_steps) else math.nan,
-    } for i, r in sorted(meas.steps.items())])
-
+    acts, grads_at = steady.opt_parts if in_opt else steady.fb_parts
+    held = steady.start - meas.params - meas.state - steady.grads_start
     metrics: dict[str, Any] = {
         "ground_truth": meas.ground_truth, "device": str(device), "memory_limit_from": limit_from,
         "memory_limit_mib": limit / MIB if limit is not None else math.nan,
@@ -901,89 +842,186 @@ def check_memory(
         "remainder_mib": float(breakdown.loc[4, "mib"]), "held_between_steps_mib": max(held, 0) / MIB,
         "batch_size": b, "half_batch_size": meas.half if meas.half else math.nan,
         "activations_half_batch_mib": half.activations / MIB if half else math.nan,
-        "activations_per_sample_mib": (steady.activations - half.activations) / (b - meas.half) / MIB if half else steady.activations / b / MIB, "growth_per_step_mib": slope / MIB, "growth_steps": growth_steps,
+        "activations_per_sample_mib": (model.act[1] if half else steady.activations / b) / MIB,
+        "growth_per_step_mib": slope / MIB, "growth_rising_share": rising, "growth_steps": growth_steps,
         "optimizer_steps": len(meas.steps), "checkpointing_keeps": ckpt,
         "activations_bf16_mib": (meas.steps[meas.bf16_step].activations / MIB if meas.bf16_step is not None
                                  else math.nan),
         "max_batch": max_batch if max_batch is not None else math.nan,
         "headroom": (1 - peak / limit) if limit else math.nan, "parameters": meas.n_params,
     }
-    if optimizer_none:
+    if getattr(setup, "optimizer", None) is None:
         metrics["optimizer"] = "none: optimizer state is 0"
-    series = {"growth_end_mib": ends / MIB, "curve_batch": np.asarray(sizes, dtype=float),
-              "curve_peak_mib": curve["peak_mib"].to_numpy()}
-    tables = {"breakdown": breakdown, "strategies": strategies, "batch_curve": curve, "steps": steps_table}
-
     parts = ", ".join(f"{r.part} {_mib(r.mib * MIB)}" for r in breakdown.itertuples())
     summary = (f"peak {_mib(peak)} during {metrics['peak_phase']} ({meas.ground_truth}): {parts}; "
                f"optimizer state {metrics['optimizer_state_bytes_per_param']:.2f} B/param")
-    status, advice = Status.PASS, []
-
-    # ---- leaks: memory held between steps, and growth
-    held_excess = held - (steady.batch if held > steady.batch else 0)
-    if held_excess > max(held_threshold * steady.activations, 0.05 * peak, 64 * 1024):
-        status = Status.WARN
-        summary += f"; {_mib(held_excess)} stay allocated between steps beyond parameters, gradients and optimizer state"
-        advice.append(f"{_mib(held_excess)} is held from one step into the next that is not parameters, gradients or "
-                      "optimizer state: the step (or something it stores) keeps a tensor with its graph alive, e.g. "
-                      "`total += loss` or `losses.append(loss)`; keep loss.item() or loss.detach() instead.")
-    # allocation counts are exact bytes, so a small slope is real when most steps end higher than the one before
-    rising = float(np.mean(np.diff(ends) > 0)) if ends.size >= 2 else 0.0
-    metrics["growth_rising_share"] = rising
-    if slope > max(growth_threshold * peak, 4096) and rising >= 2 / 3:
-        status = Status.WARN
-        summary += f"; memory grows by {_mib(slope)} per step over {growth_steps} steps"
-        advice.append(f"Memory grows by {_mib(slope)} per step (fitted over steps 2–{growth_steps}); after 1,000 steps "
-                      f"that is {_mib(1000 * slope)} more. Something keeps every step's autograd graph alive (a list of "
-                      "losses, a running `total += loss`): store loss.item() / loss.detach().")
-
-    # ---- the fit verdict
+    findings = _leak_findings(held - min(held, steady.batch), steady.activations, peak, slope, rising, growth_steps,
+                              held_threshold, growth_threshold)
     if limit is None:
-        summary += "; no memory_limit on CPU: no fit verdict (pass memory_limit= in GiB to plan for a device)"
+        findings.append((Status.PASS, "no memory_limit on CPU: no fit verdict (pass memory_limit= in GiB to plan for a "
+                                      "device)", None))
     else:
-        singles = strategies[(strategies["devices"] == 1) & strategies["fits"].astype(bool)]
-        with_room = singles[singles["headroom"] >= headroom]
-        metrics["fits"] = bool(peak <= limit)
-        if peak <= limit * (1 - headroom):
-            summary += f"; fits {limit_from} with {1 - peak / limit:.0%} headroom (up to batch {max_batch})"
-        else:
-            choice = (with_room if not with_room.empty else singles)
-            choice = choice[choice["option"] != "as is"]
-            metrics.update({f"smallest_n_{k_.replace(' ', '_').replace('-', '_')}": (v if v is not None else math.nan)
-                            for k_, v in shards.items()})
-            if peak <= limit:
-                status = max(status, Status.WARN, key=_rank)
-                summary += f"; only {1 - peak / limit:.0%} headroom under {limit_from}"
-                advice.append(f"The step peaks at {_mib(peak)} of {_mib(limit)} ({1 - peak / limit:.0%} headroom, under "
-                              f"{headroom:.0%}): " + (_option_advice(choice.iloc[0]) if not choice.empty else
-                                                     "leave room for longer inputs and evaluation."))
-            elif not choice.empty:
-                status = max(status, Status.WARN, key=_rank)
-                summary += f"; does not fit {limit_from} as is, {choice.iloc[0]['option']} does"
-                advice.append(f"The step needs {_mib(peak)} of {_mib(limit)}: " + _option_advice(choice.iloc[0]))
-            else:
-                status = Status.FAIL
-                fitting = {o: n for o, n in shards.items() if n is not None}
-                summary += f"; does not fit {limit_from} and no single-device option does"
-                if fitting:
-                    best_option = min(fitting, key=lambda o: (fitting[o], o != "optimizer-state sharding"))
-                    n = fitting[best_option]
-                    metrics["recommended"] = f"{best_option} over N={n}"
-                    row = strategies[(strategies["option"] == best_option) & (strategies["devices"] == n)]
-                    est = float(row["peak_mib"].iloc[0]) * MIB if not row.empty else model.peak(b)
-                    others = "; ".join(f"{o} needs N={v}" for o, v in fitting.items() if o != best_option)
-                    advice.append(f"Nothing on one device fits {_mib(limit)} (the step needs {_mib(peak)}, optimizer "
-                                  f"state alone {_mib(meas.state)}): shard with {best_option} over N={n} devices "
-                                  f"(the smallest N that fits){'' if row.empty else f', estimated {_mib(est)} per device'}"
-                                  + (f"; {others}." if others else "."))
-                else:
-                    advice.append(f"Nothing fits {_mib(limit)}, not even full FSDP over {max(SHARDS)} devices: use a smaller "
-                                  "model, or combine FSDP with activation checkpointing and bf16.")
-    if "recommended" not in metrics and limit is not None:
-        fit = strategies[strategies["fits"].astype(bool)]
-        metrics["recommended"] = (f"{fit.iloc[0]['option']}" + (f" over N={int(fit.iloc[0]['devices'])}"
-                                  if int(fit.iloc[0]["devices"]) > 1 else "")) if not fit.empty else "none"
+        verdict, recommended, extra = _fit_verdict(peak, limit, limit_from, headroom, max_batch, strategies, shards, meas)
+        findings.append(verdict)
+        metrics.update(extra, fits=bool(peak <= limit), recommended=recommended)
+    status = max((f[0] for f in findings), key=_rank, default=Status.PASS)
+    summary += "".join(f"; {text}" for _, text, _ in findings)
+    advice = [a for _, _, a in findings if a]
+    tables = {"breakdown": breakdown, "strategies": strategies, "batch_curve": curve, "steps": _steps_table(meas, growth_steps)}
+    series = {"growth_end_mib": ends / MIB, "curve_batch": curve["batch_size"].to_numpy(dtype=float),
+              "curve_peak_mib": curve["peak_mib"].to_numpy()}
     return CheckResult(CHECK_ID, status, summary, metrics, tables, advice, series)
+
+
+def _breakdown(meas: _Measurement, steady: _StepMemory, no_optimizer: bool) -> tuple[float, bool, pd.DataFrame]:
+    """The steady step's peak, whether it falls in optimizer.step(), and the parts alive at that instant."""
+    fb, op = steady.fb_peak, steady.opt_peak if steady.has_opt else -math.inf
+    in_opt = op > fb
+    peak = max(fb, op)
+    acts, grads_at = steady.opt_parts if in_opt else steady.fb_parts
+    held = steady.start - meas.params - meas.state - steady.grads_start
+    table = pd.DataFrame([
+        {"part": "parameters", "mib": meas.params / MIB, "note": "parameters and buffers of the model"},
+        {"part": "gradients", "mib": grads_at / MIB, "note": f"alive at the peak (all gradients: {_mib(meas.grads)})"},
+        {"part": "optimizer state", "mib": meas.state / MIB,
+         "note": "no optimizer (hand-written updates): no state" if no_optimizer else
+         f"{meas.state / max(meas.n_params, 1):.2f} bytes per parameter"},
+        {"part": "activations", "mib": acts / MIB,
+         "note": f"saved for backward, alive at the peak (most at once: {_mib(steady.activations)})"},
+        {"part": "remainder", "mib": (peak - meas.params - grads_at - meas.state - acts) / MIB,
+         "note": "temporaries of " + ("optimizer.step()" if in_opt else "forward/backward")
+                 + f", the allocator; {_mib(max(held, 0))} held from before the step"},
+    ])
+    table["share"] = table["mib"] / (peak / MIB) if peak > 0 else math.nan
+    return peak, in_opt, table
+
+
+def _growth(meas: _Measurement, growth_steps: int) -> tuple[np.ndarray, float, float]:
+    """Memory left allocated after each step (the first, which creates the optimizer state, left out), its fitted
+    slope in bytes per step, and the share of steps that ended higher than the one before."""
+    idx = np.arange(1, growth_steps, dtype=float)
+    ends = np.asarray([meas.steps[i].end for i in range(1, growth_steps)], dtype=float)
+    slope = float(np.polyfit(idx, ends, 1)[0]) if ends.size >= 2 else 0.0
+    rising = float(np.mean(np.diff(ends) > 0)) if ends.size >= 2 else 0.0
+    return ends, slope, rising
+
+
+def _lines(meas: _Measurement, full: _StepMemory, small: _StepMemory | None) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Activations, and the other temporaries, alive at the forward/backward peak: lines in the batch size."""
+    def split(r: _StepMemory) -> tuple[float, float]:
+        act = r.fb_parts[0]
+        return act, r.fb_peak - r.start - act - (r.fb_parts[1] - r.grads_start)
+
+    fa, ft = split(full)
+    sa, st = split(small) if small is not None else (None, None)
+    return _line(meas.batch, fa, meas.half, sa), _line(meas.batch, ft, meas.half, st)
+
+
+def _peak_model(meas: _Measurement, steady: _StepMemory, half: _StepMemory | None) -> _Model:
+    """The peak against the batch, from the steady step and the half-batch step."""
+    act_line, tmp_line = _lines(meas, steady, half)
+    opt_tmp = steady.opt_peak - steady.opt_start if steady.has_opt else 0.0
+    opt_rest = (steady.opt_start - steady.start + steady.grads_start - meas.grads) if steady.has_opt else 0.0
+    held = steady.start - meas.params - meas.state - steady.grads_start
+    return _Model(meas.params, meas.grads, steady.grads_start, steady.fb_parts[1] - steady.grads_start, meas.state,
+                  held, act_line, tmp_line, opt_tmp, opt_rest, steady.has_opt)
+
+
+def _checkpoint_share(steady: _StepMemory) -> float:
+    """Share of the activations kept when every block is checkpointed: what runs outside the blocks, each block's
+    inputs, and one block's activations at a time (recomputed in backward)."""
+    blocks = {n: v for n, v in steady.per_block.items() if n}
+    total = sum(steady.per_block.values())
+    if len(blocks) < 2 or total <= 0:
+        return 1.0
+    kept = steady.per_block.get("", 0) + sum(steady.block_inputs.get(n, 0) for n in blocks) + max(blocks.values())
+    return min(1.0, kept / total)
+
+
+def _batch_curve(model: _Model, meas: _Measurement, peak: float, half: _StepMemory | None,
+                 max_batch: int | None) -> pd.DataFrame:
+    """Estimated peak at powers of two up to 8× the batch (or twice the largest that fits), with the measured points."""
+    b = meas.batch
+    top = max(8 * b, 2 * (max_batch or 0))
+    sizes = sorted({2**i for i in range(int(math.log2(top)) + 1)} | {b, meas.half or b, max_batch or b})
+    curve = pd.DataFrame({"batch_size": sizes, "peak_mib": [model.peak(x) / MIB for x in sizes]})
+    measured = {b: peak, **({meas.half: max(half.fb_peak, half.opt_peak)} if half is not None else {})}
+    curve["measured_mib"] = [measured[x] / MIB if x in measured else math.nan for x in sizes]
+    return curve
+
+
+def _steps_table(meas: _Measurement, growth_steps: int) -> pd.DataFrame:
+    kinds = {meas.half_step: "half batch", meas.bf16_step: "bf16", meas.bf16_half_step: "bf16, half batch"}
+    return pd.DataFrame([{
+        "step": i, "batch_size": meas.half if i in (meas.half_step, meas.bf16_half_step) else meas.batch,
+        "kind": kinds.get(i, "growth"), "start_mib": r.start / MIB, "fb_peak_mib": r.fb_peak / MIB,
+        "opt_peak_mib": r.opt_peak / MIB if r.has_opt else math.nan, "end_mib": r.end / MIB,
+        "activations_mib": r.activations / MIB if (i == meas.steady or i >= growth_steps) else math.nan,
+    } for i, r in sorted(meas.steps.items())])
+
+
+Finding = tuple  # (status, text for the summary, advice or None)
+
+
+def _leak_findings(held: float, activations: float, peak: float, slope: float, rising: float, growth_steps: int,
+                   held_threshold: float, growth_threshold: float) -> list[Finding]:
+    """WARNs for memory held between steps beyond the accounted parts, and for memory that grows step by step."""
+    out: list[Finding] = []
+    if held > max(held_threshold * activations, 0.05 * peak, 64 * 1024):
+        out.append((Status.WARN, f"{_mib(held)} stay allocated between steps beyond parameters, gradients and "
+                                 "optimizer state",
+                    f"{_mib(held)} is held from one step into the next that is not parameters, gradients or optimizer "
+                    "state: the step (or something it stores) keeps a tensor with its graph alive, e.g. `total += "
+                    "loss` or `losses.append(loss)`; keep loss.item() or loss.detach() instead."))
+    # allocation counts are exact bytes, so a small slope is real when most steps end higher than the one before
+    if slope > max(growth_threshold * peak, 4096) and rising >= 2 / 3:
+        out.append((Status.WARN, f"memory grows by {_mib(slope)} per step over {growth_steps} steps",
+                    f"Memory grows by {_mib(slope)} per step (fitted over steps 2–{growth_steps}); after 1,000 steps "
+                    f"that is {_mib(1000 * slope)} more. Something keeps every step's autograd graph alive (a list of "
+                    "losses, a running `total += loss`): store loss.item() / loss.detach()."))
+    return out
+
+
+def _fit_verdict(peak: float, limit: float, limit_from: str, headroom: float, max_batch: int | None,
+                 strategies: pd.DataFrame, shards: dict[str, int | None],
+                 meas: _Measurement) -> tuple[Finding, str, dict[str, Any]]:
+    """PASS with headroom; WARN under it or when only another single-device option fits; FAIL when none does (the
+    advice names the sharding over the smallest N that fits). Returns the finding, the recommendation, metrics."""
+    fitting = strategies[strategies["fits"].astype(bool)]
+    singles = fitting[(fitting["devices"] == 1) & (fitting["option"] != "as is")]
+    roomy = singles[singles["headroom"] >= headroom]
+    choice = roomy if not roomy.empty else singles
+    extra = {f"smallest_n_{o.replace(' ', '_').replace('-', '_')}": (n if n is not None else math.nan)
+             for o, n in shards.items()}
+    room = 1 - peak / limit
+    if room >= headroom:
+        return (Status.PASS, f"fits {limit_from} with {room:.0%} headroom (up to batch {max_batch})", None), "as is", extra
+    if peak <= limit:
+        advice = (f"The step peaks at {_mib(peak)} of {_mib(limit)} ({room:.0%} headroom, under {headroom:.0%}): "
+                  + (_option_advice(choice.iloc[0]) if not choice.empty else "leave room for longer inputs and evaluation."))
+        return (Status.WARN, f"only {room:.0%} headroom under {limit_from}", advice), \
+            (_option_name(choice.iloc[0]) if not choice.empty else "as is"), extra
+    if not choice.empty:
+        return (Status.WARN, f"does not fit {limit_from} as is, {choice.iloc[0]['option']} does",
+                f"The step needs {_mib(peak)} of {_mib(limit)}: " + _option_advice(choice.iloc[0])), \
+            _option_name(choice.iloc[0]), extra
+    found = {o: n for o, n in shards.items() if n is not None}
+    text = f"does not fit {limit_from} and no single-device option does"
+    if not found:
+        return (Status.FAIL, text, f"Nothing fits {_mib(limit)}, not even full FSDP over {max(SHARDS)} devices: use a "
+                                   "smaller model, or combine FSDP with activation checkpointing and bf16."), "none", extra
+    best = min(found, key=lambda o: (found[o], o != "optimizer-state sharding"))  # fewest devices, then less invasive
+    n = found[best]
+    row = strategies[(strategies["option"] == best) & (strategies["devices"] == n)]
+    others = "; ".join(f"{o} needs N={v}" for o, v in found.items() if o != best)
+    advice = (f"Nothing on one device fits {_mib(limit)} (the step needs {_mib(peak)}; optimizer state alone "
+              f"{_mib(meas.state)}): shard with {best} over N={n} devices (the smallest N that fits), estimated "
+              f"{float(row['peak_mib'].iloc[0]):,.1f} MiB per device" + (f"; {others}." if others else "."))
+    return (Status.FAIL, text, advice), f"{best} over N={n}", extra
+
+
+def _option_name(row: Any) -> str:
+    return str(row["option"]) + (f" over N={int(row['devices'])}" if int(row["devices"]) > 1 else "")
 
 
 def _rank(s: Status) -> int:
