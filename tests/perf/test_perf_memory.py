@@ -47,6 +47,9 @@ def test_optimizer_state_is_measured_from_its_tensors(make, ratio):
     params = sum(p.numel() * 4 for p in s.model.parameters())
     assert r.metrics["params_mib"] * 2**20 == params
     assert r.tables["breakdown"].set_index("part").loc["optimizer state", "mib"] == pytest.approx(ratio * params / 2**20, rel=0.01)
+    # the profiler's allocation timeline agrees with the tensors: between steps exactly parameters + state are alive
+    between = r.tables["steps"].set_index("step").loc[1, "start_mib"]
+    assert between == pytest.approx(r.metrics["params_mib"] + r.metrics["optimizer_state_mib"], abs=1e-9)
 
 
 def test_activations_double_when_the_batch_doubles():
