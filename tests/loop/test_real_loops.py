@@ -69,6 +69,7 @@ def test_hand_written_updates_are_observed_as_parameter_change(port):
         assert results[cid].metrics["observed_at"] == "parameter change"
     assert results["model.overfit_batch"].metrics["observed_at"] == "parameter change"
     assert results["model.gradient_flow"].status is Status.PASS, results["model.gradient_flow"].summary
+    assert results["model.gradient_flow"].metrics["observed_at"] == "parameter change"
 
 
 def test_native_scaler_wrapper_is_read_through_its_own_gradscaler():

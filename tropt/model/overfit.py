@@ -138,9 +138,15 @@ def _forget_batch_state(ctx: Any) -> None:
     schedule goes on).
     """
     for name, value in list(ctx._user_attrs().items()):
-        if isinstance(value, torch.Tensor) or (isinstance(value, (tuple, list)) and value
-                                               and all(isinstance(v, torch.Tensor) for v in value)):
+        if _tensors_only(value):
             delattr(ctx, name)
+
+
+def _tensors_only(value: Any) -> bool:
+    """A tensor, or a non-empty (nested) tuple/list of tensors: the shape of a recurrent state."""
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (tuple, list)) and len(value) > 0 and all(_tensors_only(v) for v in value)
 
 
 def _hand_update(params: list, before: list, got_grad: torch.Tensor, count: list[int]) -> None:
