@@ -267,16 +267,16 @@ def accelerate_setup(*, k: int = 4) -> tropt.Setup:
         if not hasattr(ctx, "accelerator"):  # kept on ctx; tropt tells it each call's number of micro-batches
             ctx.accelerator = Accelerator(cpu=True, gradient_accumulation_steps=k)  # the script's own setting
             ctx.prepared = ctx.accelerator.prepare_optimizer(ctx.optimizer)
-        acc, opt = ctx.accelerator, ctx.prepared
+            ctx.prepared_scheduler = ctx.accelerator.prepare_scheduler(ctx.scheduler)
+        acc, opt, sched = ctx.accelerator, ctx.prepared, ctx.prepared_scheduler
         for mb in micro_batches:
             with acc.accumulate(ctx.model):
                 loss = ctx.loss_fn(ctx.model, mb)
                 acc.backward(loss)  # divides by gradient_accumulation_steps
                 if acc.sync_gradients and ctx.grad_clip is not None:
                     acc.clip_grad_norm_(ctx.model.parameters(), ctx.grad_clip)
-                opt.step()  # steps only on the synchronising micro-batch
-                if acc.sync_gradients and ctx.scheduler is not None:
-                    ctx.scheduler.step()
+                opt.step()  # both step only on the synchronising micro-batch
+                sched.step()
                 opt.zero_grad()
 
     torch.manual_seed(0)
