@@ -544,8 +544,11 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     stepped before ``optimizer.step()``.
 
     Compares, after every optimizer step, the scheduler's position (``last_epoch``) and each group's learning
-    rate. ``steps`` defaults to 1 when the scheduler reports its position (decisive on its own), else 2 so the
-    learning rates can differ. SKIP without a scheduler.
+    rate. ``steps`` defaults to 1 when the scheduler reports its position (decisive on its own), else 2 (3 for a
+    learning rate the step sets by hand) so the learning rates can differ. Without a scheduler object the learning
+    rate the step writes into ``param_group["lr"]`` (``lr = get_lr(ctx.it)``) is compared the same way; SKIP only
+    when it never changes in either run, or without an optimizer. When the runs differ, a K=1 run over ``steps * k``
+    optimizer steps confirms "advanced per micro-batch" (the K run reads every K-th of its learning rates).
     """
     if setup.optimizer is None:
         return CheckResult("loop.scheduler_cadence", Status.SKIP,
@@ -657,7 +660,8 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     if not (same_lr and same_pos):
         per_micro = bool(faster) or (pos1[-1] > 0 and abs(posk[-1] / pos1[-1] - k) < 0.5)
         metrics["per_micro_batch_confirmed"] = bool(faster)
-        cause = (f"it advances {k}× faster with K={k}: the scheduler is stepped per micro-batch" if per_micro
+        times = f"{k}" if faster or not pos1[-1] > 0 else f"{posk[-1] / pos1[-1]:.0f}"
+        cause = (f"it advances {times}× faster with K={k}: the scheduler is stepped per micro-batch" if per_micro
                  else f"the learning rates differ between K=1 and K={k} (positions {pos1[-1]:.0f} vs {posk[-1]:.0f} after {len(batches)} step{'' if len(batches) == 1 else 's'})")
         return latent_when_unused(setup, result(
             Status.FAIL, f"the schedule depends on accumulation: {cause}",
