@@ -31,6 +31,12 @@ def test_time_major_batch_with_flattened_target_splits_by_columns():
         assert torch.equal(t.view(6, -1), d + 100)
 
 
+def test_time_major_batch_keeps_per_sample_lengths_with_their_columns():
+    data, lengths = torch.arange(5 * 6).reshape(5, 6), torch.tensor([5, 4, 3, 5, 2, 1])
+    parts = BatchLayout(batch_dim=1).split((data, lengths), sizes=[4, 2])
+    assert parts[1][1].tolist() == [2, 1] and torch.equal(parts[1][0], data[:, 4:])
+
+
 def test_ambiguous_layout_says_which_option_to_pass():
     data, target = torch.zeros(6, 8), torch.zeros(48)
     with pytest.raises(TroptError) as info:
