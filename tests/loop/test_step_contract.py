@@ -119,6 +119,19 @@ def test_scheduler_cadence_skips_only_when_the_lr_never_changes():
     assert check_scheduler_cadence(rl.manual_sgd_setup()).status is Status.SKIP
 
 
+def test_a_counter_kept_outside_ctx_is_named_not_failed():
+    state = {"it": 0}  # a module-level counter: every run continues where the last one stopped
+
+    def step(ctx, micro_batches):
+        for g in ctx.optimizer.param_groups:
+            g["lr"] = rl.get_lr(state["it"])
+        tropt.standard_step(ctx, micro_batches)
+        state["it"] += 1
+
+    r = check_scheduler_cadence(_mlp_setup(step=step, accumulation_steps=4))
+    assert r.status is Status.WARN and "outside ctx" in r.summary, r.summary
+
+
 def test_lr_range_skips_a_step_that_sets_its_own_lr_and_an_optimizer_less_step():
     r = tropt.diagnose(rl.nanogpt_setup(), checks=["dynamics.lr_range"], progress=False).results[0]
     assert r.status is Status.SKIP and "sets the learning rate itself" in r.summary

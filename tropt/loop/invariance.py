@@ -581,6 +581,19 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
                                f"steps with K=1 or K={k}: no schedule to check",
                                {"steps": len(batches), "k": k, "lr": float(one["lrs"][0, 0]) if len(one["lrs"]) else float("nan")})
         faster = None
+        if hand_set and not _same_lrs(one["lrs"], many["lrs"]):
+            # A counter kept outside ctx (a module-level global) carries over from run to run: a second fresh K=1 run
+            # then differs from the first, and no comparison between runs means anything.
+            again = _cadence_run(setup, setup.build(accumulation_steps=1), batches, 1)["lrs"]
+            if not _same_lrs(again, one["lrs"]):
+                return CheckResult(
+                    "loop.scheduler_cadence", Status.WARN,
+                    "cannot compare the hand-set learning rate: two fresh runs with K=1 step with different learning rates "
+                    f"({one['lrs'][0, 0]:.3g} vs {again[0, 0]:.3g} at the first step), so the step keeps its schedule state "
+                    "outside ctx (a module-level counter?) and every run continues where the last one stopped",
+                    {"steps": len(batches), "k": k, "schedule": "set by hand in the step", "observed_at": "optimizer.step"},
+                    advice=["Keep the iteration counter on the step context (ctx.it = getattr(ctx, 'it', 0) ... ctx.it += 1), "
+                            "so every run starts from the same state; then rerun this check."])
         if not _same_lrs(one["lrs"], many["lrs"]) and max(one["calls"] + many["calls"]) <= 1:
             # Does the K run's schedule equal the K=1 schedule read every K optimizer steps (advanced per micro-batch)?
             # Any offset: a counter read after its per-micro-batch increments lands on every K-th value from K-1.
