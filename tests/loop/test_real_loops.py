@@ -34,6 +34,9 @@ def accelerate_port():
 PORTS = {
     "nanogpt_hand_set_lr": rl.nanogpt_setup,
     "manual_sgd": rl.manual_sgd_setup,
+    # the same loop with an optimizer in the Setup that the step never uses
+    "manual_sgd_unused_optimizer": lambda: rl.manual_sgd_setup().replace(
+        optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=rl.LR_SGD)),
     "word_lm_time_major_batch_dim": rl.word_lm_setup,
     "word_lm_time_major_split_fn": lambda: rl.word_lm_setup(layout="split_fn", k=2),
     "accelerate_accumulate": accelerate_port,
@@ -60,7 +63,7 @@ def test_healthy_port_gets_no_fail_or_error(port):
         assert results[cid].status is not Status.SKIP, (cid, results[cid].summary)
 
 
-@pytest.mark.parametrize("port", ["manual_sgd", "word_lm_time_major_batch_dim"])
+@pytest.mark.parametrize("port", ["manual_sgd", "manual_sgd_unused_optimizer", "word_lm_time_major_batch_dim"])
 def test_hand_written_updates_are_observed_as_parameter_change(port):
     results = diagnose(PORTS[port](), ["loop.zero_grad", "loop.accumulation", "loop.resume", "model.overfit_batch",
                                        "model.gradient_flow"])
@@ -70,6 +73,7 @@ def test_hand_written_updates_are_observed_as_parameter_change(port):
     assert results["model.overfit_batch"].metrics["observed_at"] == "parameter change"
     assert results["model.gradient_flow"].status is Status.PASS, results["model.gradient_flow"].summary
     assert results["model.gradient_flow"].metrics["observed_at"] == "parameter change"
+    assert results["model.gradient_flow"].metrics["recorded_steps"] == 20  # every call, not only the first
 
 
 def test_native_scaler_wrapper_is_read_through_its_own_gradscaler():

@@ -513,8 +513,9 @@ def _cadence_run(setup: Setup, ctx: object, batches: list, kk: int) -> dict:
             for b in batches:
                 before.append(_schedule_position(ctx.scheduler) - start)
                 lr_before.append(_lr0(ctx.optimizer))
-                n = len(rec.records)
+                n, values = len(rec.records), rec.before_call()
                 setup.run_step(ctx, setup.split(b, kk))
+                rec.after_call(values, len(rec.records) - n)  # a hand-written update shows as a record without LRs
                 calls.append(len(rec.records) - n)
                 after.append(_schedule_position(ctx.scheduler) - start)
                 lr_after.append(_lr0(ctx.optimizer))

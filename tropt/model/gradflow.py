@@ -273,10 +273,12 @@ def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e
         k = setup.accumulation_steps
         with GradientMonitor(ctx.model, optimizer=ctx.optimizer, full_every=1, detail=True, capacity=steps) as mon, \
                 _HandUpdates(ctx.model) as hand:
+            stepped = False  # an optimizer step was seen: from then on no parameter copies are needed
             for i, batch in enumerate(tqdm(setup.batches(steps), total=steps, desc="gradient flow", disable=not progress, leave=False)):
                 seen = mon.steps_seen
-                hand.before(watch=ctx.optimizer is None or seen == 0)
+                hand.before(watch=ctx.optimizer is None or not stepped)
                 setup.run_step(ctx, setup.split(batch, k) if k > 1 else [batch])
+                stepped |= mon.steps_seen > seen
                 if mon.steps_seen == seen:  # no optimizer step: a hand-written update, recorded from the parameters
                     hand.record(mon)
                 if callback is not None:
