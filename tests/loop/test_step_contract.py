@@ -181,3 +181,20 @@ def test_scaler_watch_puts_gradscaler_back_even_on_error():
 def test_steps_per_call_note_names_the_count():
     assert steps_per_call_note([1, 1, 0]) is None
     assert "ran 3 times" in steps_per_call_note([1, 3])
+
+
+def test_setup_without_an_optimizer_argument_needs_only_the_step():
+    x, y = make_classification(n=32, d=8, classes=3)
+
+    def step(ctx, micro_batches):
+        assert ctx.optimizer is None
+        ctx.model.zero_grad()
+        for mb in micro_batches:
+            (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
+        for p in ctx.model.parameters():
+            p.data.add_(p.grad, alpha=-0.1)
+
+    setup = tropt.Setup(nn.Linear(8, 3), ce_loss, train_data=[(x, y)], step=step)
+    assert setup.optimizer is None and setup.validate().describe()["optimizer"] is None
+    r = check_zero_grad(setup)
+    assert r.status is Status.PASS and r.metrics["observed_at"] == "parameter change"
