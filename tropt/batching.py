@@ -7,7 +7,8 @@ split like a tensor; anything else (scalars, None, 0-d tensors, metadata) is cop
 
 With ``batch_dim=d > 0`` (time-major ``(seq, batch)`` language-model batches), a tensor with at most ``d``
 dimensions whose leading size is the product of the other tensors' first ``d + 1`` sizes is a flattened target
-(``target.view(-1)`` of a ``(seq, batch)`` tensor): it is split as that shape. Layouts tropt cannot infer take a
+(``target.view(-1)`` of a ``(seq, batch)`` tensor): it is split as that shape; one whose leading size is the batch
+size holds one value per sample (sequence lengths) and is split along it. Layouts tropt cannot infer take a
 ``split_fn(batch, sizes)`` and ``size_fn(batch)`` pair.
 """
 
@@ -82,6 +83,11 @@ def _is_flat(a: Any, lead: tuple[int, ...] | None, dim: int) -> bool:
     return lead is not None and a.ndim <= dim and int(a.shape[0]) == int(np.prod(lead))
 
 
+def _is_per_sample(a: Any, lead: tuple[int, ...] | None) -> bool:
+    """A tensor without the batch dimension whose first size is the batch size: one value per sample (lengths)."""
+    return lead is not None and int(a.shape[0]) == lead[-1]
+
+
 def batch_size(batch: Any, *, batch_dim: int = 0) -> int:
     """Number of samples in a batch: the size shared by its tensors along ``batch_dim``.
 
@@ -97,7 +103,7 @@ def batch_size(batch: Any, *, batch_dim: int = 0) -> int:
     for a in arrays:
         if a.ndim > batch_dim:
             sizes.append(int(a.shape[batch_dim]))
-        elif not _is_flat(a, lead, batch_dim):
+        elif not (_is_flat(a, lead, batch_dim) or _is_per_sample(a, lead)):
             odd.append(tuple(a.shape))
     if not sizes:
         if _is_plain_sequence(batch):
@@ -165,6 +171,8 @@ def _slice(x: Any, start: int, stop: int, n: int, dim: int = 0, lead: tuple[int,
             shaped = x.reshape(*lead, *x.shape[1:])
             part = shaped[(slice(None),) * dim + (slice(start, stop),)]
             return part.reshape(-1, *x.shape[1:])
+        if _is_per_sample(x, lead):  # one value per sample (e.g. sequence lengths beside time-major data)
+            return x[start:stop]
         return x
     if isinstance(x, Mapping):
         return _rebuild(x, {key: _slice(v, start, stop, n, dim, lead) for key, v in x.items()})

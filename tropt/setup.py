@@ -20,7 +20,7 @@ from torch import nn
 
 from .batching import BatchLayout, to_device
 from .errors import SetupError, StepError, TroptError
-from .training import PRECISION_DTYPES, StepContext, standard_step, tell_accelerate
+from .training import PRECISION_DTYPES, StepContext, standard_step, accelerate_told
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 
@@ -477,9 +477,9 @@ class Setup:
 
     def run_step(self, ctx: StepContext, micro_batches: list) -> Any:
         """Call the step under test; exceptions from the user's step name it and keep the cause."""
-        tell_accelerate(ctx, micro_batches)
         try:
-            return self.step_fn(ctx, micro_batches)
+            with accelerate_told(ctx, micro_batches):
+                return self.step_fn(ctx, micro_batches)
         except TroptError:
             raise
         except Exception as exc:

@@ -149,30 +149,36 @@ def user_state_is_plain(value: Any) -> bool:
     return False
 
 
-def tell_accelerate(ctx: StepContext, micro_batches: list) -> None:
-    """Tell Hugging Face accelerate how many micro-batches this call of the step accumulates over.
+@contextlib.contextmanager
+def accelerate_told(ctx: StepContext, micro_batches: list):
+    """Tell Hugging Face accelerate, for one call of the step, that it accumulates over this call's micro-batches.
 
     ``Accelerator.accumulate()`` decides when to synchronise and step from process-global state (the shared
-    ``GradientState``'s ``num_steps``) and a per-``Accelerator`` counter, not from the micro-batches it is given.
-    tropt runs one step with K = 1 and another with K = 4 in the same process, so before each call it sets
-    ``num_steps`` to this call's number of micro-batches and restarts the counter of every ``Accelerator`` the step
-    keeps on ``ctx``: each call is then exactly one accumulation cycle ending in one optimizer step. A no-op unless
-    accelerate has been imported (tropt never imports it).
+    ``GradientState.num_steps``, fixed by ``Accelerator(gradient_accumulation_steps=...)``) and a per-``Accelerator``
+    counter, not from the micro-batches it is given. tropt runs the same step with K = 1 and K = 4 in one process,
+    so for the duration of each call ``GradientState.num_steps`` reads this call's number of micro-batches, and the
+    counter of every ``Accelerator`` the step keeps on ``ctx`` restarts: each call is one accumulation cycle ending
+    in one optimizer step, whatever the script configured. A no-op unless accelerate is already imported (tropt
+    never imports it).
     """
     import sys
 
     state = sys.modules.get("accelerate.state")
-    shared = getattr(getattr(state, "GradientState", None), "_shared_state", None)
-    if not shared or not isinstance(shared.get("plugin_kwargs"), dict):
+    cls = getattr(state, "GradientState", None)
+    saved = cls.__dict__.get("num_steps") if cls is not None else None
+    if not isinstance(saved, property):
+        yield
         return
-    shared["plugin_kwargs"]["num_steps"] = max(1, len(micro_batches))
-    accelerate = sys.modules.get("accelerate")
-    kind = getattr(accelerate, "Accelerator", None)
-    if kind is None:
-        return
+    n = max(1, len(micro_batches))
+    kind = getattr(sys.modules.get("accelerate"), "Accelerator", None)
     for value in vars(ctx).values():
-        if isinstance(value, kind):
+        if kind is not None and isinstance(value, kind):
             value.step = 0
+    cls.num_steps = property(lambda self: n)
+    try:
+        yield
+    finally:
+        cls.num_steps = saved
 
 
 def needs_metric(scheduler: Any) -> bool:

@@ -211,8 +211,10 @@ def check_lr_range(
                     lr = float(lrs_plan[i])
                     for g, ratio in zip(ctx.optimizer.param_groups, ratios):
                         g["lr"] = lr * ratio
+                    seen = len(stepped_at)
                     loss = runner.step(ctx.split(batch, ctx.accumulation_steps))
-                    if stepped_at and not math.isclose(stepped_at[-1], lr * ratios[0], rel_tol=1e-6):
+                    # Only a step taken in this call counts (a GradScaler skips steps on inf gradients).
+                    if len(stepped_at) > seen and not math.isclose(stepped_at[-1], lr * ratios[0], rel_tol=1e-6):
                         handle.remove()
                         return CheckResult(
                             CHECK_ID, Status.SKIP,

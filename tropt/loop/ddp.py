@@ -38,6 +38,7 @@ from .harness import (
     freeze_batch_stats,
     global_rel_error,
     nonfinite_result,
+    observed_at,
     quiet_randomness,
     require_steps,
     run_steps,
@@ -155,8 +156,9 @@ def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False,
 
 
 def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freeze: bool,
-               find_unused: bool = False) -> tuple[dict, list[tuple]]:
-    """The single-process gradients on the full batch and every DDP rank's result on its share."""
+               find_unused: bool = False) -> tuple[dict, list[tuple], str]:
+    """The single-process gradients on the full batch, every DDP rank's result on its share, and where the
+    single-process update was observed."""
     k = setup.accumulation_steps
     ctx = setup.build()
     quiet_randomness(ctx.model)
@@ -171,7 +173,7 @@ def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freez
                         "the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as ctx.model.module")
     for rank, _, _, _, rank_calls in ranks:
         require_steps(setup, rank_calls, f"DDP rank {rank}")
-    return records[0].grads, ranks
+    return records[0].grads, ranks, observed_at(records)
 
 
 def _rank0_grads(ranks: list[tuple]) -> dict:
@@ -245,7 +247,7 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
         full = setup.split(batch, sizes=[used, n - used])[0] if used < n else batch
         whole = setup.split(full, world_size)
         shares = [setup.split(share, k) for share in whole]
-        single, ranks = _both_runs(setup, full, shares, world_size, freeze=False)
+        single, ranks, where = _both_runs(setup, full, shares, world_size, freeze=False)
         table = compare_tensors(single, _rank0_grads(ranks), labels=("1_process", f"ddp_{world_size}"))
         err = float(table["rel_error"].max())
         # Parameters the single-process step gives no gradient: DDP without find_unused_parameters=True waits for
@@ -254,23 +256,23 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
         unused = [name for name, g in single.items() if g is None and name in trainable]
         utable = None
         if err > tol and unused:
-            _, uranks = _both_runs(setup, full, shares, world_size, freeze=False, find_unused=True)
+            _, uranks, _ = _both_runs(setup, full, shares, world_size, freeze=False, find_unused=True)
             utable = compare_tensors(single, _rank0_grads(uranks), labels=("1_process", f"ddp_{world_size}"))
         bn_layers = batch_dependent_layers(setup.model)
         ftable, per_mean = None, None
         if err > tol and bn_layers:
             # Each process normalises its share with that share's BatchNorm statistics, by design: rerun both with the
             # statistics frozen to see whether the step itself is right.
-            fsingle, franks = _both_runs(setup, full, shares, world_size, freeze=True)
+            fsingle, franks, _ = _both_runs(setup, full, shares, world_size, freeze=True)
             ftable = compare_tensors(fsingle, _rank0_grads(franks), labels=("1_process", f"ddp_{world_size}"))
         frozen_run = ftable is not None
         if float((ftable if frozen_run else table)["rel_error"].max()) > tol:
             per_mean = _per_process_mean(setup, whole, shares, _rank0_grads(franks if frozen_run else ranks), tol, frozen_run)
     syncs_per_step = ranks[0][3][1]
     metrics = {"world_size": world_size, "samples_per_process": per_rank, "micro_batches": k, "max_rel_error": err,
-               "optimizer_steps_per_call": max(int(np.max(c)) if c else 0 for *_, c in ranks),
+               "optimizer_steps_per_call": max(int(np.max(c)) if c else 0 for *_, c in ranks), "observed_at": where,
                "tolerance": tol, "allreduce_buckets": ranks[0][3][0], "synchronised_backward_passes": syncs_per_step,
-               "batch_dependent_layers": len(bn_layers), "observed_at": "optimizer.step"}
+               "batch_dependent_layers": len(bn_layers)}
     tables = {"parameters": table,
               "ranks": pd.DataFrame([{"rank": r, "bucket_allreduces": s[0], "synchronised_backward_passes": s[1],
                                       "optimizer_steps": int(np.sum(c))} for r, _, _, s, c in ranks])}

@@ -328,7 +328,7 @@ def quiet_randomness(model: nn.Module) -> int:
         if isinstance(m, _DROPOUT) and m.p:
             m.p = 0.0
             changed += 1
-        elif isinstance(m, nn.MultiheadAttention) and m.dropout:
+        elif isinstance(m, (nn.MultiheadAttention, nn.RNNBase)) and m.dropout:  # dropout inside attention / between RNN layers
             m.dropout = 0.0
             changed += 1
     return changed

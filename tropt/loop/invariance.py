@@ -595,12 +595,17 @@ def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | Non
 
 
 def _step_scaler(setup: Setup) -> str | None:
-    """The type of an enabled GradScaler the step itself uses to scale the loss (one probe step), or None."""
-    with preserved(setup.model):
+    """The type of an enabled GradScaler the step itself uses to scale the loss (one probe step), or None.
+
+    A probe step that raises counts as no scaler: the checks that need the step report that error themselves.
+    """
+    with preserved(setup.model), ScalerWatch() as watch:
         ctx = setup.build()
         quiet_randomness(ctx.model)
-        with ScalerWatch() as watch:
+        try:
             setup.run_step(ctx, setup.split(setup.sample_batch(), setup.accumulation_steps))
+        except TroptError:
+            pass
     used = [s for s in watch.used if s.is_enabled()]
     return f"the step's own {type(used[-1]).__name__}" if used else None
 
@@ -690,8 +695,9 @@ def _cadence_run(setup: Setup, ctx: object, batches: list, kk: int) -> dict:
             for b in batches:
                 before.append(_schedule_position(ctx.scheduler) - start)
                 lr_before.append(_lr0(ctx.optimizer))
-                n = len(rec.records)
+                n, values = len(rec.records), rec.before_call()
                 setup.run_step(ctx, setup.split(b, kk))
+                rec.after_call(values, len(rec.records) - n)  # a hand-written update shows as a record without LRs
                 calls.append(len(rec.records) - n)
                 after.append(_schedule_position(ctx.scheduler) - start)
                 lr_after.append(_lr0(ctx.optimizer))
@@ -721,8 +727,11 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     stepped before ``optimizer.step()``.
 
     Compares, after every optimizer step, the scheduler's position (``last_epoch``) and each group's learning
-    rate. ``steps`` defaults to 1 when the scheduler reports its position (decisive on its own), else 2 so the
-    learning rates can differ. SKIP without a scheduler.
+    rate. ``steps`` defaults to 1 when the scheduler reports its position (decisive on its own), else 2 (3 for a
+    learning rate the step sets by hand) so the learning rates can differ. Without a scheduler object the learning
+    rate the step writes into ``param_group["lr"]`` (``lr = get_lr(ctx.it)``) is compared the same way; SKIP only
+    when it never changes in either run, or without an optimizer. When the runs differ, a K=1 run over ``steps * k``
+    optimizer steps confirms "advanced per micro-batch" (the K run reads every K-th of its learning rates).
     """
     if setup.optimizer is None:
         return CheckResult("loop.scheduler_cadence", Status.SKIP,
@@ -755,11 +764,25 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
                                f"steps with K=1 or K={k}: no schedule to check",
                                {"steps": len(batches), "k": k, "lr": float(one["lrs"][0, 0]) if len(one["lrs"]) else float("nan")})
         faster = None
+        if hand_set and not _same_lrs(one["lrs"], many["lrs"]):
+            # A counter kept outside ctx (a module-level global) carries over from run to run: a second fresh K=1 run
+            # then differs from the first, and no comparison between runs means anything.
+            again = _cadence_run(setup, setup.build(accumulation_steps=1), batches, 1)["lrs"]
+            if not _same_lrs(again, one["lrs"]):
+                return CheckResult(
+                    "loop.scheduler_cadence", Status.WARN,
+                    "cannot compare the hand-set learning rate: two fresh runs with K=1 step with different learning rates "
+                    f"({one['lrs'][0, 0]:.3g} vs {again[0, 0]:.3g} at the first step), so the step keeps its schedule state "
+                    "outside ctx (a module-level counter?) and every run continues where the last one stopped",
+                    {"steps": len(batches), "k": k, "schedule": "set by hand in the step", "observed_at": "optimizer.step"},
+                    advice=["Keep the iteration counter on the step context (ctx.it = getattr(ctx, 'it', 0) ... ctx.it += 1), "
+                            "so every run starts from the same state; then rerun this check."])
         if not _same_lrs(one["lrs"], many["lrs"]) and max(one["calls"] + many["calls"]) <= 1:
             # Does the K run's schedule equal the K=1 schedule read every K optimizer steps (advanced per micro-batch)?
-            long = list(setup.batches((len(batches) - 1) * k + 1))
-            ref = _cadence_run(setup, setup.build(accumulation_steps=1), long, 1)["lrs"]
-            faster = len(ref) > (len(many["lrs"]) - 1) * k and _same_lrs(ref[::k][: len(many["lrs"])], many["lrs"])
+            # Any offset: a counter read after its per-micro-batch increments lands on every K-th value from K-1.
+            m = len(many["lrs"])
+            ref = _cadence_run(setup, setup.build(accumulation_steps=1), list(setup.batches(m * k)), 1)["lrs"]
+            faster = any(_same_lrs(ref[o::k][:m], many["lrs"]) for o in range(k))
     lr1, pos1, calls1 = one["lrs"], one["positions"], one["calls"]
     lrk, posk, callsk = many["lrs"], many["positions"], many["calls"]
     n = min(len(lr1), len(lrk))
@@ -834,7 +857,8 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     if not (same_lr and same_pos):
         per_micro = bool(faster) or (pos1[-1] > 0 and abs(posk[-1] / pos1[-1] - k) < 0.5)
         metrics["per_micro_batch_confirmed"] = bool(faster)
-        cause = (f"it advances {k}× faster with K={k}: the scheduler is stepped per micro-batch" if per_micro
+        times = f"{k}" if faster or not pos1[-1] > 0 else f"{posk[-1] / pos1[-1]:.0f}"
+        cause = (f"it advances {times}× faster with K={k}: the scheduler is stepped per micro-batch" if per_micro
                  else f"the learning rates differ between K=1 and K={k} (positions {pos1[-1]:.0f} vs {posk[-1]:.0f} after {len(batches)} step{'' if len(batches) == 1 else 's'})")
         return latent_when_unused(setup, result(
             Status.FAIL, f"the schedule depends on accumulation: {cause}",

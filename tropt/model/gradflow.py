@@ -203,6 +203,7 @@ class _HandUpdates:
         self.last: dict[int, Any] = {}
         self.values: list | None = None
         self.handles: list = []
+        self.recorded = 0  # hand-written updates recorded
 
     def __enter__(self) -> "_HandUpdates":
         for i, p in enumerate(self.params):
@@ -228,6 +229,7 @@ class _HandUpdates:
             self.params[i].grad = self.last[i]
         try:
             mon.record()
+            self.recorded += 1
         finally:
             for i in missing:
                 self.params[i].grad = None
@@ -271,13 +273,17 @@ def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e
         k = setup.accumulation_steps
         with GradientMonitor(ctx.model, optimizer=ctx.optimizer, full_every=1, detail=True, capacity=steps) as mon, \
                 _HandUpdates(ctx.model) as hand:
+            stepped = False  # an optimizer step was seen: from then on no parameter copies are needed
             for i, batch in enumerate(tqdm(setup.batches(steps), total=steps, desc="gradient flow", disable=not progress, leave=False)):
                 seen = mon.steps_seen
-                hand.before(watch=ctx.optimizer is None or seen == 0)
+                hand.before(watch=ctx.optimizer is None or not stepped)
                 setup.run_step(ctx, setup.split(batch, k) if k > 1 else [batch])
+                stepped |= mon.steps_seen > seen
                 if mon.steps_seen == seen:  # no optimizer step: a hand-written update, recorded from the parameters
                     hand.record(mon)
                 if callback is not None:
                     callback({"check": CHECK, "step": i + 1, "total": steps, "monitor": mon})
-    return judge_gradient_flow(mon, vanish_ratio=vanish_ratio, vanish_rms=vanish_rms, explode_norm=explode_norm,
-                               grad_clip=setup.grad_clip)
+    result = judge_gradient_flow(mon, vanish_ratio=vanish_ratio, vanish_rms=vanish_rms, explode_norm=explode_norm,
+                                 grad_clip=setup.grad_clip)
+    result.metrics["observed_at"] = "parameter change" if hand.recorded else "optimizer.step"
+    return result

@@ -104,6 +104,7 @@ def _train_ctx(ctx: Any, setup: Any, batch: Any, objective: Any, steps: int, tar
             watch = ctx.optimizer is None or opt_steps[0] == 0
             seen, before = opt_steps[0], ([p.detach().clone() for p in params] if watch else None)
             setup.run_step(ctx, micro)
+            _forget_batch_state(ctx)
             if watch and opt_steps[0] == seen:
                 _hand_update(params, before, got_grad, hand_updates)
             loss, acc, out = _evaluate(setup, ctx, batch, objective)
@@ -127,6 +128,25 @@ def _train_ctx(ctx: Any, setup: Any, batch: Any, objective: Any, steps: int, tar
             "got_grad": [names[i] for i in range(len(params)) if got_grad[i]], "names": names,
             "trainable": [names[i] for i, p in enumerate(params) if p.requires_grad], "changed": changed,
             "optimizer_steps": opt_steps[0], "hand_updates": hand_updates[0], "out": out_final}
+
+
+def _forget_batch_state(ctx: Any) -> None:
+    """Drop the tensors the step carries on ctx from one batch to the next (a recurrent hidden state).
+
+    The batch repeats here, so state carried from its own end is not a continuation: every step starts from the
+    state the loss is evaluated with, as the first did. Counters and other plain numbers stay (a learning-rate
+    schedule goes on).
+    """
+    for name, value in list(ctx._user_attrs().items()):
+        if _tensors_only(value):
+            delattr(ctx, name)
+
+
+def _tensors_only(value: Any) -> bool:
+    """A tensor, or a non-empty (nested) tuple/list of tensors: the shape of a recurrent state."""
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (tuple, list)) and len(value) > 0 and all(_tensors_only(v) for v in value)
 
 
 def _hand_update(params: list, before: list, got_grad: torch.Tensor, count: list[int]) -> None:
