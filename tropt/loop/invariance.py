@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from ..batching import split_sizes
-from ..errors import TroptError
+from ..errors import StepError, TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
@@ -294,8 +294,26 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
     ``loss / K``: a latent note when this Setup's data always splits equally) and FAIL. A step that divides by a
     constant is right only at that K: a latent WARN when it is the configured K. With batch-dependent layers
     (BatchNorm) the comparison is rerun with their batch statistics frozen: WARN when that isolated rerun matches,
-    FAIL when it does not. Non-finite gradients are their own FAIL, never a match.
+    FAIL when it does not. Non-finite gradients are their own FAIL, never a match. A step that cannot run with K micro-batches is a
+    latent WARN while the Setup does not accumulate.
     """
+    try:
+        return _check_accumulation(setup, k=k, tol=tol)
+    except StepError as exc:
+        if setup.accumulation_steps > 1 or not getattr(exc, "in_k_run", False):
+            raise
+        # A step that cannot take smaller micro-batches (e.g. a recurrent state sized for the full batch) is not
+        # wrong while the Setup does not accumulate: a latent note, not an ERROR.
+        return CheckResult("loop.accumulation", Status.WARN,
+                           f"latent (this Setup does not accumulate gradients): the step cannot run with "
+                           f"{k or 4} micro-batches: {exc.message}",
+                           {"latent": True, "k": k or 4, "error_type": type(exc.__cause__ or exc).__name__},
+                           advice=["Nothing to fix while accumulation_steps=1. Before turning accumulation on, make the step "
+                                   "accept micro-batches of any size (size per-batch state such as a recurrent hidden state "
+                                   "from the micro-batch, e.g. init_hidden(len(mb)))." ] + ([exc.fix] if exc.fix else []))
+
+
+def _check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None = None) -> CheckResult:
     setup.validate()
     tol = tolerance_for(setup, tol)
     close = max(10 * tol, 1e-4)
@@ -321,7 +339,11 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
         return _observe(setup, [full], 1, freeze=freeze, what="the 1-micro-batch run")
 
     def many(micro: list, freeze: bool) -> _Run:
-        return _observe(setup, micro, k, freeze=freeze, what=f"the {k}-micro-batch run")
+        try:
+            return _observe(setup, micro, k, freeze=freeze, what=f"the {k}-micro-batch run")
+        except StepError as exc:
+            exc.in_k_run = True  # the only run that differs from normal training: check_accumulation may call it latent
+            raise
 
     def errors(a: _Run, b: _Run) -> tuple[pd.DataFrame, float, float]:
         table = compare_tensors(a.post, b.post, labels=labels)
