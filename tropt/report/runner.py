@@ -38,6 +38,36 @@ def notebook_path(kind: str) -> Path:
     return path
 
 
+def declared_parameters(notebook: Path) -> list[str]:
+    """The names the notebook's ``parameters``-tagged cell assigns at top level (what ``-p NAME`` may set)."""
+    import ast
+
+    nbformat = require("nbformat", "report")
+    nb = nbformat.read(str(notebook), as_version=4)
+    names: list[str] = []
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
+            for node in ast.parse(cell.source).body:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+                names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
+    return names
+
+
+def check_parameters(kind: str, parameters: Mapping[str, Any]) -> None:
+    """Refuse parameter names the notebook does not declare, before any kernel starts.
+
+    papermill writes ``NAME = value`` into the notebook verbatim, so a name that is not a plain identifier would run
+    as code; a declared-but-misspelt name (``lable``) would only warn into the kernel log and leave checks SKIP.
+    """
+    valid = [n for n in declared_parameters(notebook_path(kind)) if n != "output_dir"]
+    for name in parameters:
+        if name == "output_dir":
+            raise TroptError("parameter 'output_dir' is set by tropt report itself", "choose the output directory with -o OUT_DIR")
+        if not (isinstance(name, str) and name.isidentifier() and name in valid):
+            shown = name if isinstance(name, str) and len(name) <= 40 else f"{str(name)[:40]}..."
+            raise TroptError(f"the {kind} report has no parameter {shown!r}", f"valid parameters: {', '.join(valid)}")
+
+
 @contextmanager
 def current_interpreter_kernel() -> Iterator[str]:
     """A kernelspec for *this* interpreter (so a venv runs its own packages), registered for the block only."""
@@ -118,6 +148,7 @@ def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.Pa
                timeout_s: int = 900) -> ReportOutcome:
     """Execute the ``kind`` notebook with ``parameters`` into ``output_dir``; never raises for a failing cell."""
     papermill = require("papermill", "report")
+    check_parameters(kind, parameters)
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     params = dict(parameters)
