@@ -23,6 +23,7 @@ from ..result import Report
 
 NOTEBOOKS = {"diagnose": "diagnose.ipynb", "data": "data_checks.ipynb"}
 KERNEL_NAME = "tropt-python"
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 
 def notebook_path(kind: str) -> Path:
@@ -77,6 +78,9 @@ def current_interpreter_kernel() -> Iterator[str]:
         (spec_dir / "kernel.json").write_text(json.dumps({
             "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": f"tropt ({sys.executable})", "language": "python",
+            # The report's figures must reach the notebook whatever the caller's environment says
+            # (MPLBACKEND=Agg is common on CI and headless servers): the kernel always draws inline.
+            "env": {"MPLBACKEND": INLINE_BACKEND},
         }))
         old = os.environ.get("JUPYTER_PATH")
         os.environ["JUPYTER_PATH"] = tmp + (os.pathsep + old if old else "")
