@@ -64,7 +64,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     if setup is not None and args.seed is not None:
         setup = setup.replace(seed=args.seed)
     report = diagnose(setup, _parse_splits(args.split), label=args.label, group=args.group, time=args.time,
-                      checks=args.checks, progress=not args.no_progress)
+                      checks=args.checks, task=args.task, progress=not args.no_progress)
     print(format_report(report))
     if args.json:
         report.to_json(args.json)
@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", help="group/entity id column of the splits")
     p.add_argument("--time", help="timestamp column of the splits")
     p.add_argument("--checks", help="comma-separated ids, prefixes (loop) or stage numbers; default all")
+    p.add_argument("--task", choices=["classification", "regression"], help="the label's task (default: inferred from the labels)")
     p.add_argument("--seed", type=int, help="override the Setup's seed")
     p.add_argument("--json", metavar="FILE", help="write findings as JSON")
     p.add_argument("--html", metavar="FILE", help="write a standalone HTML report")

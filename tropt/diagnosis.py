@@ -61,6 +61,7 @@ def diagnose(
     group: str | None = None,
     time: str | None = None,  # noqa: A002 - the public parameter name is fixed
     checks: str | list[str] | None = None,
+    task: str | None = None,
     progress: bool = True,
     callback: Any = None,
 ) -> Report:
@@ -76,6 +77,9 @@ def diagnose(
         Column names (or keys/indices) for the data checks.
     checks
         None/"all", or a list of ids, stage prefixes ("loop") or stage numbers ("4").
+    task
+        "classification" or "regression" for the label checks; None infers it from the labels (integer labels with
+        more than 50 distinct values read as regression: pass task="classification" for many classes).
     progress
         Show a progress bar over checks.
     callback
@@ -96,6 +100,8 @@ def diagnose(
     if splits is not None and not isinstance(splits, Mapping):
         raise TroptError(f"diagnose: splits is a {type(splits).__name__}, expected a mapping of split name to data",
                          "pass e.g. {'train': df_train, 'test': df_test}")
+    if task not in (None, "classification", "regression"):
+        raise TroptError(f"diagnose: task={task!r} is not 'classification' or 'regression'", "pass one of those, or None to infer it from the labels")
     specs = select(checks)
     setup_error: Exception | None = None
     if setup is not None and any(s.needs == "setup" for s in specs):
@@ -103,7 +109,7 @@ def diagnose(
             setup.validate()
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported once per setup check, the data checks still run
             setup_error = exc
-    options = {"label": label, "group": group, "time": time, "progress": progress, "callback": callback}
+    options = {"label": label, "group": group, "time": time, "task": task, "progress": progress, "callback": callback}
     results = []
     bar = tqdm(specs, desc="tropt diagnose", disable=not progress, leave=False)
     for index, spec in enumerate(bar):

@@ -275,13 +275,29 @@ def _is_tensor(x: Any) -> bool:
     return t.__module__.startswith("torch") and hasattr(x, "detach")
 
 
-def _to_numpy(x: Any) -> np.ndarray:
+def _to_numpy(x: Any, where: str = "a tensor") -> np.ndarray:
+    """A tensor's values as numpy (``where`` names it in the error for a tensor that holds no values)."""
     if _is_tensor(x):
+        if getattr(x, "is_meta", False):
+            raise DataError(f"{where} is on the meta device (shape {tuple(x.shape)}): it has a shape but no values to check",
+                            "pass the materialised data (a CPU tensor or array), not a meta-device placeholder")
         x = x.detach()
         if str(x.dtype) == "torch.bfloat16" or str(x.dtype) == "torch.float16":
             x = x.float()
         return x.cpu().numpy()
     return np.asarray(x)
+
+
+def _check_column_names(columns: pd.Index, name: str) -> None:
+    """Columns must be addressable by one unique name each (label=, group=, features= and the evidence use them)."""
+    if isinstance(columns, pd.MultiIndex):
+        raise DataError(f"split {name!r} has MultiIndex columns ({columns.nlevels} levels, e.g. {columns[0]!r}), which "
+                        "tropt cannot address by one name", "flatten them first: df.columns = ['_'.join(map(str, c)) for c in df.columns]")
+    dup = columns[columns.duplicated()].unique()
+    if len(dup):
+        shown = ", ".join(repr(c) for c in dup[:10]) + (f" and {len(dup) - 10} more" if len(dup) > 10 else "")
+        raise DataError(f"split {name!r} has duplicate column names: {shown}",
+                        "give every column its own name (df.columns = [...]), or drop the copies: df.loc[:, ~df.columns.duplicated()]")
 
 
 def _is_dataset(x: Any) -> bool:
@@ -312,6 +328,7 @@ class _Reader:
         if isinstance(obj, pd.Series):
             obj = obj.to_frame()
         if isinstance(obj, pd.DataFrame):
+            _check_column_names(obj.columns, name)
             self.kind, self.frame = "frame", obj
             self.columns = list(obj.columns)
         elif _is_path(obj):
@@ -320,15 +337,17 @@ class _Reader:
                 raise DataError(f"split {name!r}: the file {path!r} does not exist", "check the path (relative paths start at the current directory)")
             self.kind, self.path = _file_kind(path, name), path
             self.columns = self._file_columns()
+            _check_column_names(pd.Index(self.columns, tupleize_cols=False), name)
         elif isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(v, np.ndarray) or _is_tensor(v) for v in obj):
-            x, y = _to_numpy(obj[0]), _to_numpy(obj[1])
+            x, y = _to_numpy(obj[0], f"split {name!r}: X of the (X, y) tuple"), _to_numpy(obj[1], f"split {name!r}: y of the (X, y) tuple")
             if len(x) != len(y):
                 raise DataError(f"split {name!r}: (X, y) have different lengths {len(x)} and {len(y)}", "pass arrays with one label per sample")
             self._init_array(x, y)
         elif isinstance(obj, np.ndarray) or _is_tensor(obj):
-            self._init_array(_to_numpy(obj), None)
+            self._init_array(_to_numpy(obj, f"split {name!r}"), None)
         elif isinstance(obj, Mapping) and obj and all(isinstance(v, (np.ndarray, list)) or _is_tensor(v) for v in obj.values()):
-            self.kind, self.frame = "frame", pd.DataFrame({k: _to_numpy(v) if _is_tensor(v) else v for k, v in obj.items()})
+            self.kind, self.frame = "frame", pd.DataFrame({k: _to_numpy(v, f"split {name!r}: column {k!r}") if _is_tensor(v) else v
+                                                 for k, v in obj.items()})
             self.columns = list(self.frame.columns)
         elif _is_dataset(obj):
             self.kind = "dataset"
@@ -387,13 +406,35 @@ class _Reader:
             raise DataError(f"split {self.name!r}: cannot read {self.path!r} as {self.kind}: {type(exc).__name__}: {exc}",
                             "check that the file is a valid CSV/Parquet file") from exc
 
+    def unreadable(self, exc: BaseException) -> DataError:
+        """The error for a file its parser rejects, naming the split, the file and the parser's reason."""
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        return DataError(f"split {self.name!r}: cannot read {self.path!r} as {self.kind}: {reason}",
+                         "fix or re-export the file (an unterminated quote makes the rest of a CSV one field; check the "
+                         "quoting, the delimiter and the encoding)")
+
+    def read_csv(self, read: Any, **kwargs: Any) -> Any:
+        """``read(self.path, **kwargs)`` with parser errors as :meth:`unreadable`."""
+        try:
+            return read(self.path, **kwargs)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise self.unreadable(exc) from exc
+
     def chunks(self, columns: list) -> Iterator[pd.DataFrame]:
         """DataFrame chunks holding ``columns`` (tables only)."""
         if self.kind == "frame":
             yield self.frame  # callers select columns by name; taking a column subset would copy the frame
         elif self.kind == "csv":
             sep = "\t" if self.path.lower().endswith(".tsv") else ","
-            yield from pd.read_csv(self.path, usecols=columns, chunksize=CHUNK_ROWS, sep=sep)
+            chunks = self.read_csv(pd.read_csv, usecols=columns, chunksize=CHUNK_ROWS, sep=sep)
+            while True:  # next() by hand: a malformed row raises while iterating, and must say which file
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    return
+                except (ValueError, UnicodeDecodeError) as exc:  # pandas' ParserError is a ValueError
+                    raise self.unreadable(exc) from exc
+                yield chunk
         else:
             import pyarrow.parquet as pq
 
@@ -585,7 +626,7 @@ def _sample_parts(sample: Any, label: Any, name: str, i: int) -> tuple[list[np.n
     """Split one Dataset sample into its input arrays and its label."""
     def arr(v: Any, where: str) -> np.ndarray:
         if isinstance(v, (np.ndarray, np.generic)) or _is_tensor(v):
-            a = _to_numpy(v)
+            a = _to_numpy(v, f"split {name!r}: sample {i}{where}")
         elif isinstance(v, (bool, int, float)):
             a = np.asarray(v, dtype=np.float64)
         elif isinstance(v, (str, bytes)):
@@ -645,7 +686,8 @@ def _scan_dataset(reader: _Reader, progress: bool) -> SplitData:
         flat = np.concatenate([p.reshape(-1).astype(np.float64) for p in parts]) if parts else np.zeros(0)
         fps[i] = hash_array_rows(flat[None, :])[0] ^ mix(np.asarray([len(flat)], dtype=np.uint64))[0]
         if label is not None:
-            labels.append(_to_numpy(y).item() if (_is_tensor(y) or isinstance(y, np.ndarray)) and np.size(_to_numpy(y)) == 1 else y)
+            yv = _to_numpy(y, f"split {name!r}: the label of sample {i}") if (_is_tensor(y) or isinstance(y, np.ndarray)) else None
+            labels.append(yv.item() if yv is not None and yv.size == 1 else y)
         if rows is not None:
             shape = tuple(parts[0].shape) if len(parts) == 1 else (flat.size,)
             if shape0 is None:
@@ -772,7 +814,7 @@ def _renamed(data: SplitData, name: str) -> SplitData:
 def _head(r: _Reader, cols: list) -> pd.DataFrame | None:
     if r.kind == "csv":
         sep = "\t" if r.path.lower().endswith(".tsv") else ","
-        return pd.read_csv(r.path, usecols=cols, nrows=10_000, sep=sep)
+        return r.read_csv(pd.read_csv, usecols=cols, nrows=10_000, sep=sep)
     return next(iter(r.chunks(cols)), None)
 
 
