@@ -30,6 +30,10 @@ from . import neighbours as nb
 CHUNK_ROWS = 250_000  # rows per chunk when streaming files
 SAMPLE_ROWS = 20_000  # rows kept per split for the single-feature models
 NUMERIC_MAX_CELLS = 200_000_000  # numeric matrix kept for near-duplicate search up to this many cells per split
+# A scan that reads everything once (a diagnose session, a file) keeps the numeric matrix, unasked, only up to this
+# many rows per split: data.near_duplicates' automatic limit. Above it the search is skipped unless asked for, and
+# the matrix (float32, rows x numeric columns: 750 MB at 4M x 47) was most of a large table's peak memory.
+EAGER_NUMERIC_ROWS = 200_000
 TEXT_PREVIEW = 80  # characters of each row's normalised text kept for near-duplicate evidence
 TEXT_MAX_ROWS = 200_000  # text columns are vectorised (uint8 trigram counts) for splits up to this many rows
 _LABEL = "__tropt_label__"
@@ -397,7 +401,11 @@ class _Reader:
             if self.kind == "parquet":
                 import pyarrow.parquet as pq
 
-                return list(pq.ParquetFile(self.path).schema_arrow.names) if os.path.isfile(self.path) else list(pd.read_parquet(self.path).columns)
+                if os.path.isfile(self.path):
+                    return list(pq.ParquetFile(self.path).schema_arrow.names)
+                import pyarrow.dataset as ds
+
+                return list(ds.dataset(self.path, format="parquet").schema.names)  # the schema, not the data
             return list(pd.read_csv(self.path, nrows=0, sep=None if self.path.lower().endswith(".tsv") else ",",
                                     engine="python" if self.path.lower().endswith(".tsv") else "c").columns)
         except DataError:
@@ -439,13 +447,18 @@ class _Reader:
             import pyarrow.parquet as pq
 
             if os.path.isfile(self.path):
-                pf = pq.ParquetFile(self.path)
+                # pre_buffer=False: pre-buffering kept column chunks of the row groups ahead in memory, a peak that
+                # grew with the file (1.9 GB for a 4M x 50 file, against 0.6 GB without, and no slower).
+                pf = pq.ParquetFile(self.path, pre_buffer=False)
                 for batch in pf.iter_batches(batch_size=CHUNK_ROWS, columns=[str(c) for c in columns]):
                     yield batch.to_pandas()
             else:  # pragma: no cover - partitioned datasets are read by pyarrow's dataset API in batches
                 import pyarrow.dataset as ds
 
-                for batch in ds.dataset(self.path, format="parquet").to_batches(columns=[str(c) for c in columns], batch_size=CHUNK_ROWS):
+                scan_options = ds.ParquetFragmentScanOptions(pre_buffer=False)
+                for batch in ds.dataset(self.path, format="parquet").to_batches(
+                        columns=[str(c) for c in columns], batch_size=CHUNK_ROWS, fragment_scan_options=scan_options,
+                        batch_readahead=1, fragment_readahead=1):  # bounded memory: one batch ahead, not 16
                     yield batch.to_pandas()
 
 
@@ -507,10 +520,12 @@ ALL_NEEDS = frozenset({"numeric", "sample"})
 
 
 def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progress: bool = False,
-         needs: frozenset = ALL_NEEDS) -> SplitData:
+         needs: frozenset = ALL_NEEDS, numeric_rows: int | None = None) -> SplitData:
     """Summarise one split (see :class:`SplitData`). ``kinds`` fixes each feature column's comparison kind.
 
     Fingerprints, label, group and time are always read; ``needs`` adds the numeric matrix and/or the row sample.
+    ``numeric_rows`` caps the numeric matrix of a split read for later use: above it the matrix is dropped and the
+    result does not claim it (``has``), so a check that needs it reads the split again.
     """
     reader = obj if isinstance(obj, _Reader) else _Reader(obj, name, opts)
     if reader.kind in ("array", "dataset"):
@@ -549,16 +564,20 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
                 texts.append(np.minimum(nb.text_vectors(normalised), 255).astype(np.uint8))
                 previews.append(normalised.str.slice(0, TEXT_PREVIEW).to_numpy(dtype=object))
         if want_numeric and numeric_ok and numeric_cols:
-            if (n + len(chunk)) * len(numeric_cols) > NUMERIC_MAX_CELLS:
+            if numeric_rows is not None and n + len(chunk) > numeric_rows:
+                numeric_ok, numeric_note, nums, want_numeric = False, f"not kept above {numeric_rows:,} rows", [], False
+            elif (n + len(chunk)) * len(numeric_cols) > NUMERIC_MAX_CELLS:
                 numeric_ok, numeric_note, nums = False, f"more than {NUMERIC_MAX_CELLS:,} numeric cells", []
             else:
                 nums.append(np.column_stack([pd.to_numeric(chunk[c], errors="coerce").to_numpy(dtype=np.float32, na_value=np.nan) for c in numeric_cols]))
+        # Own copies: a column taken from a chunk is a view of the chunk's whole same-dtype block (every int64
+        # column of a 250k-row chunk), which kept about 20 MB per chunk alive, 0.4 GB per 5M rows.
         if label is not None:
-            labels.append(chunk[label])
+            labels.append(chunk[label].copy())
         if group is not None:
-            groups.append(chunk[group])
+            groups.append(chunk[group].copy())
         if time is not None:
-            times.append(chunk[time])
+            times.append(chunk[time].copy())
         if want_sample:
             sample_cols = feats + ([label] if label is not None else [])
             sampler.add(chunk[sample_cols].rename(columns={label: _LABEL}) if label is not None else chunk[sample_cols], n)
@@ -575,7 +594,7 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
 
     numeric = None
     if not want_numeric:
-        numeric_note = "not computed"
+        numeric_note = numeric_note or "not computed"
     elif numeric_ok and numeric_cols:
         numeric = nums[0] if len(nums) == 1 else np.concatenate(nums)
     elif not numeric_cols:
@@ -786,13 +805,14 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
         fkey = _file_key(obj, opts, kinds)
         if key is not None and key in sess and needs <= sess[key][1].has:
             data = sess[key][1]
-        elif fkey is not None and fkey in _FILE_CACHE:
+        elif fkey is not None and fkey in _FILE_CACHE and needs <= _FILE_CACHE[fkey].has:
             _FILE_CACHE.move_to_end(fkey)
             data = _FILE_CACHE[fkey]
         else:
             # Files are read once for everything; inside a session, too. Alone, a check reads what it needs.
             want = ALL_NEEDS if (fkey is not None or key is not None) else frozenset(needs)
-            data = scan(reader, name, opts, kinds if tables else None, progress, want)
+            data = scan(reader, name, opts, kinds if tables else None, progress, want,
+                        numeric_rows=None if "numeric" in needs else EAGER_NUMERIC_ROWS)
             if fkey is not None:
                 _FILE_CACHE[fkey] = data
                 while len(_FILE_CACHE) > _FILE_CACHE_SIZE:
