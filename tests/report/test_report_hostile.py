@@ -176,3 +176,20 @@ def test_interrupted_report_leaves_the_previous_one_and_no_secrets(signame, tmp_
             break
         time.sleep(0.2)
     assert not _alive(kernel)
+
+
+def test_findings_written_before_a_later_cell_failed_are_printed(monkeypatch, tmp_path, capsys):
+    from tropt import CheckResult, Report
+    from tropt.report import runner
+
+    def execute(papermill, source, params, work, **kwargs):  # the notebook wrote its findings, then a display cell failed
+        Report([CheckResult("data.exact_duplicates", "fail", "30 rows of test are in train")]).to_json(str(work / "findings.json"))
+        return "cell 3 ('show_report(report)') failed: ValueError: cannot draw", {}
+
+    monkeypatch.setattr(runner, "_execute", execute)
+    out = tmp_path / "out"
+    assert main(["report", "data", "-p", "splits", SPLITS, "-o", str(out)]) == 2  # a failed cell is still exit 2
+    printed = capsys.readouterr()
+    assert "FAIL   data.exact_duplicates  30 rows of test are in train" in printed.out
+    assert printed.err.strip() == "tropt: report failed: cell 3 ('show_report(report)') failed: ValueError: cannot draw"
+    assert (out / "findings.json").is_file()

@@ -261,7 +261,8 @@ def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.Pa
         with _signals_deferred():
             move_into_place(work, out, OUTPUT_FILES)
     findings = out / "findings.json"
-    report = Report.from_json(str(findings)) if findings.exists() and error is None else None
+    # Findings written before a later cell failed are still this run's (the run had its own directory): show them.
+    report = Report.from_json(str(findings)) if findings.exists() else None
     if report is not None:
         timings["checks_s"] = sum(r.duration_s or 0.0 for r in report)
     return ReportOutcome(out / "report.ipynb", out / "report.html", findings if findings.exists() else None, report, error, timings)
