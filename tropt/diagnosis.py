@@ -103,7 +103,7 @@ def diagnose(
     if task not in (None, "classification", "regression"):
         raise TroptError(f"diagnose: task={task!r} is not 'classification' or 'regression'", "pass one of those, or None to infer it from the labels")
     specs = select(checks)
-    setup_error: Exception | None = None
+    setup_error: BaseException | None = None
     if setup is not None and any(s.needs == "setup" for s in specs):
         try:
             setup.validate()
