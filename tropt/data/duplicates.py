@@ -243,6 +243,11 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     cid = "data.near_duplicates"
     if enabled is False:
         return _skip(cid, "near-duplicate search disabled (near_duplicates=False)")
+    if enabled == "auto":  # decide on the row limit before asking for the numeric matrix (a large table's biggest cost)
+        sized = _load(splits, label, group, time, features, progress)
+        total = sum(d.n for d in sized)
+        if sized[0].tabular and total > max_auto_rows:
+            return _skip(cid, f"table of {total:,} rows is above the automatic limit ({max_auto_rows:,}); pass near_duplicates=True to run it")
     datas = _load(splits, label, group, time, features, progress, needs={"numeric"})
     tabular = datas[0].tabular
     use_text = tabular and all(d.text is not None for d in datas)

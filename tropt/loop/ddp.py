@@ -112,6 +112,16 @@ def _stuck_at(path: str) -> str:
     return frames[0] if frames else ""
 
 
+def _kill(procs: list) -> None:
+    """SIGKILL the workers still alive and reap them (a rank blocked in a gloo collective only notices a peer's
+    exit at the collective's timeout, and a Python-level interrupt cannot reach it inside native code)."""
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join()
+
+
 def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False, find_unused: bool = False) -> list[tuple]:
     import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # noqa: F401 - see _rank_main
     import torch.nn.parallel  # noqa: F401
@@ -145,11 +155,13 @@ def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False,
                     except EOFError:
                         procs[r].join(timeout=5)
                         results[r] = (r, "error", f"the process exited with code {procs[r].exitcode} before reporting", None, None)
+        except BaseException:  # Ctrl-C, a timeout, ...: stop the workers now instead of waiting for them
+            _kill(procs)
+            raise
         finally:
             for p in procs:
                 p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
+            _kill(procs)
             for conn in readers:
                 conn.close()
     return [results[r] for r in range(world)]

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from . import new_axes, register_plot, titled
+from . import new_axes, plain, register_plot, titled
 
 
 @register_plot("perf.throughput")
@@ -33,7 +33,7 @@ def plot_precision(result: Any, ax: Any = None) -> Any:
     names, times, hatches, labels = [], [], [], []
     if table is not None:
         for _, row in table.iterrows():
-            names.append(str(row["precision"]))
+            names.append(plain(row["precision"]))
             measured = row["status"] == "measured"
             t = float(row["step_ms"]) if measured else 0.0
             times.append(t)
