@@ -76,14 +76,58 @@ def layer_heatmap(mon: GradientMonitor, layers: list[str]) -> np.ndarray:
     return out
 
 
+def _explosion(mon: GradientMonitor, gnorm: np.ndarray, max_ratio: float, max_growth: float,
+               max_norm: float | None) -> dict:
+    """Explosion judged against the model's own scale, not an absolute norm.
+
+    A gradient norm means nothing alone: MSE on targets around 100 gives norms in the thousands on a healthy MLP,
+    and Adam's update does not depend on the gradient's scale at all. What explodes is (1) the *update*: a step
+    that moves the parameters by more than ``max_ratio`` times their own norm (the norm after the previous
+    recorded step; the update is what the optimizer did, so this respects its invariances), or (2) the *growth* of
+    the gradient norm within the run: ``max_growth`` times the median of the steps before it."""
+    data = mon.array()
+    metrics: dict[str, Any] = {"explode_update_ratio": max_ratio, "explode_growth": max_growth}
+    if max_norm is not None:
+        metrics["explode_norm"] = max_norm
+    reasons: list[str] = []
+    if data.size:
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            par = np.sqrt(np.nansum(data[:, :, 1] ** 2, axis=1))  # after each recorded step's update
+            upd = np.sqrt(np.nansum(data[:, :, 2] ** 2, axis=1))
+            upd = np.where(np.isnan(data[:, :, 2]).all(axis=1), np.nan, upd)
+            ratio = upd[1:] / np.where(par[:-1] > 0, par[:-1], np.nan)
+        ok = np.isfinite(ratio)
+        if ok.any():
+            i = int(np.nanargmax(np.where(ok, ratio, -np.inf)))
+            metrics["update_ratio_max"] = float(ratio[i])
+            if ratio[i] > max_ratio:
+                reasons.append(f"updates: optimizer step {mon.recorded_steps[i + 1]} moved the parameters by "
+                               f"{fmt(float(ratio[i]))}x their norm (> {fmt(max_ratio)})")
+    growth = [g / np.median(gnorm[:t][np.isfinite(gnorm[:t])]) for t, g in enumerate(gnorm)
+              if t and np.isfinite(g) and np.isfinite(gnorm[:t]).any() and np.median(gnorm[:t][np.isfinite(gnorm[:t])]) > 0]
+    if growth:
+        metrics["grad_norm_growth"] = float(max(growth))
+        if max(growth) > max_growth:
+            reasons.append(f"gradients: the global gradient norm grew {fmt(float(max(growth)))}x the median of the "
+                           f"steps before it (> {fmt(max_growth)})")
+    finite = gnorm[np.isfinite(gnorm)]
+    if max_norm is not None and finite.size and finite.max() > max_norm:
+        reasons.append(f"gradients: global norm up to {fmt(float(finite.max()))} > {fmt(max_norm)}")
+    return {"metrics": metrics, "reasons": reasons}
+
+
 def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, vanish_rms: float = 1e-5,
-                        explode_norm: float = 1e3, grad_clip: float | None = None, check: str = CHECK) -> CheckResult:
+                        explode_update_ratio: float = 1.0, explode_growth: float = 1e3,
+                        explode_norm: float | None = None, grad_clip: float | None = None,
+                        check: str = CHECK) -> CheckResult:
     """The ``model.gradient_flow`` verdict on a monitor's record.
 
     FAIL for parameters that require grad but never get one (or only exact zeros), parameters that get gradients
     but are never updated (not in any optimizer param group), vanishing gradients (first-to-last layer gradient
-    RMS ratio below ``vanish_ratio`` *and* first-layer RMS below ``vanish_rms``), exploding (global norm above
-    ``explode_norm``) or non-finite gradients. Deliberately frozen parameters are reported, not failed.
+    RMS ratio below ``vanish_ratio`` *and* first-layer RMS below ``vanish_rms``), exploding updates or gradients
+    (a step moving the parameters by more than ``explode_update_ratio`` x their norm, or a global gradient norm
+    ``explode_growth`` x the median of the steps before it; ``explode_norm``, off by default, adds an absolute cap)
+    or non-finite gradients. Deliberately frozen parameters are reported, not failed.
     """
     s = parameter_summary(mon)
     layers = layer_table(mon, s)
@@ -91,7 +135,7 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
     gnorm = mon.global_norms()
     metrics: dict[str, Any] = {
         "recorded_steps": steps, "parameters": len(mon.names), "frozen_parameters": len(mon.frozen),
-        "vanish_ratio": vanish_ratio, "vanish_rms": vanish_rms, "explode_norm": explode_norm,
+        "vanish_ratio": vanish_ratio, "vanish_rms": vanish_rms,
     }
     if grad_clip is not None:
         metrics["grad_clip"] = grad_clip
@@ -150,13 +194,15 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
                        f"({names_list(nonfinite['name'])})")
         advice.append("Lower the learning rate, clip gradients (grad_clip=1.0) and check the loss for log(0) or "
                       "division by zero.")
-    finite = gnorm[np.isfinite(gnorm)]
-    if finite.size and finite.max() > explode_norm:
+    explosion = _explosion(mon, gnorm, explode_update_ratio, explode_growth, explode_norm)
+    metrics.update(explosion["metrics"])
+    if explosion["reasons"]:
         big = layers.sort_values("grad_norm_mean", ascending=False).head(3)
         for _, r in big.iterrows():
             problems.append({"name": r["layer"], "problem": "exploding gradient",
-                             "detail": f"mean gradient norm {fmt(r['grad_norm_mean'])}"})
-        reasons.append(f"exploding gradients: global norm up to {fmt(float(finite.max()))} > {fmt(explode_norm)}")
+                             "detail": f"mean gradient norm {fmt(r['grad_norm_mean'])}, mean update/parameter ratio "
+                                       f"{fmt(r['update_ratio_mean'])}"})
+        reasons.append("exploding " + "; ".join(explosion["reasons"]))
         advice.append("Lower the learning rate or the initial weight scale, add normalisation, or clip gradients "
                       "(grad_clip=1.0).")
     rms_col = "grad_rms_active_mean"  # over entries that got a gradient (see layer_table)
@@ -193,7 +239,8 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
 @register(CHECK, title="Gradient flow",
           description="Train a copy for a few steps under GradientMonitor: missing, unused, vanishing or exploding gradients.")
 def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e-3, vanish_rms: float = 1e-5,
-                        explode_norm: float = 1e3, seed: int | None = None, progress: bool = True,
+                        explode_update_ratio: float = 1.0, explode_growth: float = 1e3,
+                        explode_norm: float | None = None, seed: int | None = None, progress: bool = True,
                         callback: Any = None) -> CheckResult:
     """Train a copy for ``steps`` optimizer steps with the user's step and judge its gradients.
 
@@ -206,8 +253,14 @@ def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e
     vanish_ratio, vanish_rms
         Vanishing when the first layer's gradient RMS is below ``vanish_ratio`` x the last layer's and below
         ``vanish_rms`` in absolute terms (AUTOTRAINER's rule, both configurable).
+    explode_update_ratio, explode_growth
+        Exploding when one optimizer step moves the parameters by more than ``explode_update_ratio`` x their norm,
+        or the global gradient norm (as the optimizer sees it, after any clipping) reaches ``explode_growth`` x the
+        median of the steps before it. Judged against the model's own scale: a large gradient norm alone (MSE on
+        targets around 100, or any gradient under Adam, whose update ignores the gradient's scale) is not an
+        explosion.
     explode_norm
-        Exploding when the global gradient norm (as the optimizer sees it, after any clipping) exceeds this.
+        Optional absolute cap on the global gradient norm (None: off).
     seed
         Seed of the copy (the Setup's seed when None).
     progress
@@ -227,5 +280,6 @@ def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e
                 setup.run_step(ctx, split_batch(batch, k) if k > 1 else [batch])
                 if callback is not None:
                     callback({"check": CHECK, "step": i + 1, "total": steps, "monitor": mon})
-    return judge_gradient_flow(mon, vanish_ratio=vanish_ratio, vanish_rms=vanish_rms, explode_norm=explode_norm,
-                               grad_clip=setup.grad_clip)
+    return judge_gradient_flow(mon, vanish_ratio=vanish_ratio, vanish_rms=vanish_rms,
+                               explode_update_ratio=explode_update_ratio, explode_growth=explode_growth,
+                               explode_norm=explode_norm, grad_clip=setup.grad_clip)

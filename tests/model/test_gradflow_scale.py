@@ -1,0 +1,67 @@
+"""model.gradient_flow judges explosion against the model's own scale: a correct MLP with MSE and Adam on targets
+around 100 has gradient norms in the thousands and is healthy; SGD with a learning rate that makes each step move
+the parameters by more than their norm, or a x1e4 initialisation trained with SGD, explodes."""
+
+from __future__ import annotations
+
+import torch
+from _model_fixtures import D, adam, mlp, setup_for
+from torch import nn
+from torch.nn import functional as F
+
+from tropt.model import check_gradient_flow
+from tropt.result import Status
+from tropt.testing import untouched
+
+
+def run(setup, **kw):
+    with untouched(setup):
+        return check_gradient_flow(setup, progress=False, **kw)
+
+
+def regression(offset: float = 100.0):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(256, D, generator=g)
+    y = offset + 10 * x[:, 0]
+    return [(x[i:i + 32], y[i:i + 32]) for i in range(0, 256, 32)]
+
+
+def mse(m, b):
+    return F.mse_loss(m(b[0]).squeeze(-1), b[1])
+
+
+def test_mse_with_adam_on_targets_around_100_passes():
+    r = run(setup_for(mlp(out=1), loss=mse, batches=regression(), opt=adam(1e-2)))
+    assert r.status is Status.PASS, r.summary
+    assert r.metrics["global_grad_norm_max"] > 1e3  # what the old absolute threshold FAILed
+    assert r.metrics["update_ratio_max"] < 0.2 and r.metrics["grad_norm_growth"] < 100
+
+
+def test_tiny_updates_of_large_gradients_are_not_an_explosion():
+    m = mlp(depth=4)
+    with torch.no_grad():
+        for layer in m:
+            if isinstance(layer, nn.Linear):
+                layer.weight.mul_(20.0)
+    r = run(setup_for(m, opt=lambda m: torch.optim.SGD(m.parameters(), lr=1e-9)))
+    assert "exploding" not in r.summary and r.metrics["update_ratio_max"] < 1e-3
+
+
+def test_sgd_with_a_far_too_high_learning_rate_explodes():
+    r = run(setup_for(mlp(out=1), loss=mse, batches=regression(), opt=lambda m: torch.optim.SGD(m.parameters(), lr=0.05)))
+    assert r.status is Status.FAIL and "exploding updates" in r.summary, r.summary
+    assert r.metrics["update_ratio_max"] > 1.0
+
+
+def test_a_x1e4_initialisation_trained_with_sgd_explodes():
+    m = mlp()
+    with torch.no_grad():
+        m[0].weight.mul_(1e4)
+    r = run(setup_for(m, opt=lambda m: torch.optim.SGD(m.parameters(), lr=0.01)))
+    assert r.status is Status.FAIL and "exploding" in r.summary, r.summary
+    assert set(r.tables["problems"]["problem"]) & {"exploding gradient"}
+
+
+def test_an_absolute_cap_is_still_available():
+    r = run(setup_for(mlp(out=1), loss=mse, batches=regression(), opt=adam(1e-2)), explode_norm=1e3)
+    assert r.status is Status.FAIL and "global norm up to" in r.summary
