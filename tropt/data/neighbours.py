@@ -172,6 +172,14 @@ def hamming_self_nearest(bits: np.ndarray, max_queries: int = 2048, device: str 
     return np.count_nonzero(bits[idx] != bits[best], axis=1).astype(np.int64)
 
 
+def standardise_rows(x: np.ndarray) -> np.ndarray:
+    """Each row minus its own mean, L2-normalised (float32, new array): cosines of these are per-sample Pearson
+    correlations, blind to brightness (an added constant) and contrast (a positive factor), like an average hash."""
+    z = np.nan_to_num(np.asarray(x, dtype=np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+    z = z - z.mean(axis=1, keepdims=True)
+    return _unit_rows(z)
+
+
 def thumbnail(x: np.ndarray, shape: tuple, side: int = 48) -> np.ndarray:
     """A small (side, side[, 3]) float image in [0, 1] for plots."""
     import torch
