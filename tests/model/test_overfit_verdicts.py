@@ -49,6 +49,28 @@ def test_a_loss_rising_far_above_its_start_is_diverging():
     assert any("Lower the learning rate" in a for a in r.advice)
 
 
+def climbing_then_descending(n_up: int):
+    """A step that climbs the loss for its first ``n_up`` calls, then descends: the loss blows up, then falls."""
+    calls = [0]
+
+    def step(ctx, micro):
+        calls[0] += 1
+        loss = sum(ctx.loss_fn(ctx.model, mb) for mb in micro) / len(micro)
+        (-loss if calls[0] <= n_up else loss).backward()
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+        return loss
+
+    return step
+
+
+def test_a_loss_that_blew_up_and_is_coming_back_is_not_still_falling():
+    """Start 1.14, a peak of thousands, falling again at the end (main said 'still falling ... 2959% of its start')."""
+    r = run(setup_for(mlp(), opt=adam(1e-2), step=climbing_then_descending(60)))
+    assert r.status is Status.FAIL and "diverge" in r.summary and "still falling" not in r.summary, r.summary
+    assert r.metrics["peak_loss"] > 1000 * r.metrics["start_loss"] and 55 <= r.metrics["peak_step"] <= 80
+
+
 def test_a_healthy_model_does_not_diverge():
     r = run(setup_for(mlp(), opt=adam(1e-2)))
     assert r.status is Status.PASS and "diverge" not in r.summary

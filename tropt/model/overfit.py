@@ -184,7 +184,8 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
     baseline_ratio
         FAIL ("ignores its input") when the final loss is above this fraction of the zeroed-input baseline's.
     diverge_ratio
-        FAIL ("diverges") when the final loss is above this many times its start, whatever the tail's shape.
+        FAIL ("diverges") when the loss rose above this many times its start at any step and the batch was not
+        memorised, whatever the tail's shape.
 
     A model with frozen parameters (``requires_grad=False``) that reaches ``min_accuracy`` and beats the baseline
     PASSes even when its loss stays above ``target_fraction``: the frozen layers impose that floor (noted in the
@@ -264,17 +265,21 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         return fail(f"no parameter changed in {real['optimizer_steps']} optimizer steps: {why}",
                     ["Make the step call optimizer.step(), with a non-zero learning rate, on an optimizer built from "
                      "the model's parameters."])
-    if start > 0 and math.isfinite(best) and final > diverge_ratio * start:
-        # Rising far above where it started is divergence whatever the shape of the tail: never "still falling".
-        peak = int(np.nanargmax(losses))
-        metrics["diverge_ratio"] = diverge_ratio
-        return fail(f"the loss diverges while overfitting one batch of {n}: {fmt(start)} -> {fmt(final)} "
-                    f"({fmt(final / start)}x its start; best {fmt(best)} at step {int(np.nanargmin(losses))}, "
-                    f"highest {fmt(float(losses[peak]))} at step {peak})",
-                    ["Lower the learning rate (3-10x) or clip gradients (grad_clip=1.0).",
-                     "Check that the step descends: it must call backward() on the loss itself (not -loss) and "
-                     "optimizer.step() with a positive learning rate."])
+    peak = int(np.nanargmax(losses)) if np.isfinite(losses).any() else 0
     reached = real["reached"] or (final <= target_fraction * start and (acc is None or acc >= min_accuracy))
+    if start > 0 and math.isfinite(best) and not reached and losses[peak] > diverge_ratio * start:
+        # Rising far above where it started is divergence whatever the shape of the tail: never "still falling".
+        metrics.update(diverge_ratio=diverge_ratio, peak_loss=float(losses[peak]), peak_step=peak)
+        if final > diverge_ratio * start:
+            what = (f"the loss diverges while overfitting one batch of {n}: {fmt(start)} -> {fmt(final)} "
+                    f"({fmt(final / start)}x its start; highest {fmt(float(losses[peak]))} at step {peak})")
+        else:
+            what = (f"the loss diverged while overfitting one batch of {n}: it rose from {fmt(start)} to "
+                    f"{fmt(float(losses[peak]))} at step {peak} ({fmt(float(losses[peak]) / start)}x its start) and "
+                    f"ends at {fmt(final)} without memorising the batch")
+        return fail(what, ["Lower the learning rate (3-10x) or clip gradients (grad_clip=1.0).",
+                           "Check that the step descends: it must call backward() on the loss itself (not -loss) "
+                           "and optimizer.step() with a positive learning rate."])
     frozen = [name for name, p in setup.model.named_parameters() if not p.requires_grad]
     if (not reached and frozen and acc is not None and acc >= min_accuracy and final < start
             and final < baseline_ratio * base_final):
