@@ -94,3 +94,24 @@ def test_correct_compositions_do_not_fail(width, loss):
 def test_healthy_cross_entropy_has_no_composition_finding():
     r = run(healthy())
     assert r.status is Status.PASS and "composition" not in r.metrics
+
+
+class LossInside(nn.Module):
+    """A Hugging Face-style model that computes its loss from labels=, with softmax before cross entropy."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = mlp()
+
+    def forward(self, x, labels=None):
+        logits = self.body(x)
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = F.cross_entropy(logits.softmax(-1), labels)
+        return out
+
+
+def test_softmax_in_a_loss_computed_inside_the_model_names_its_forward_line():
+    r = run(setup_for(LossInside(), loss=lambda m, b: m(b[0], labels=b[1])["loss"]))
+    assert r.status is Status.FAIL and "loss computed in the model's forward" in r.summary
+    assert "F.cross_entropy(logits.softmax(-1), labels)" in r.metrics["double_squash_line"]

@@ -206,11 +206,16 @@ def _squash_finding(setup: Any, model: nn.Module, out: torch.Tensor | None, squa
                   "probabilities at inference)" + ("; or use log_softmax with nll_loss" if what == "softmax" else "")
                   + ".")
     else:
-        line = source_line(setup.loss_fn, _SQUASH_SOURCE)
+        line, holder = source_line(setup.loss_fn, _SQUASH_SOURCE), "loss_fn"
+        if line is None:  # a loss computed inside the model (labels= of a Hugging Face-style model)
+            line = next((found for m in model.modules() if not type(m).__module__.startswith("torch.")
+                         for found in [source_line(m.forward, _SQUASH_SOURCE)] if found), None)
+            holder = "the loss computed in the model's forward" if line else holder
         at = f" ({line})" if line else ""
-        summary = (f"{what} is applied before {loss_name}, which {expects}: loss_fn{at} squashes the model's logits "
+        summary = (f"{what} is applied before {loss_name}, which {expects}: {holder}{at} squashes the model's logits "
                    f"before the loss, so the loss can barely fall")
-        advice = (f"In loss_fn{at}, pass the model's raw output to {loss_name} (drop the {what})"
+        advice = (f"In {'loss_fn' if holder == 'loss_fn' else 'the model forward'}{at}, pass the raw logits to "
+                  f"{loss_name} (drop the {what})"
                   + ("; or use log_softmax with nll_loss" if what == "softmax" and loss_name == "nll_loss" else "")
                   + ".")
     return LossFinding("double_squash", summary, advice, "model" if in_model else "loss_fn", line,
