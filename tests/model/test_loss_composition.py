@@ -115,3 +115,17 @@ def test_softmax_in_a_loss_computed_inside_the_model_names_its_forward_line():
     r = run(setup_for(LossInside(), loss=lambda m, b: m(b[0], labels=b[1])["loss"]))
     assert r.status is Status.FAIL and "loss computed in the model's forward" in r.summary
     assert "F.cross_entropy(logits.softmax(-1), labels)" in r.metrics["double_squash_line"]
+
+
+@pytest.mark.parametrize("case", ["softmax_in_loss_fn", "broadcast"])
+def test_overfit_batch_names_the_composition_as_the_cause_of_its_stall(case):
+    from tropt.model import check_overfit_batch
+
+    setup = (setup_for(mlp(), loss=softmax_then_ce) if case == "softmax_in_loss_fn"
+             else setup_for(mlp(out=1), loss=broadcast_mse, batches=regression_batches()))
+    with untouched(setup), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = check_overfit_batch(setup, progress=False)
+    assert r.status is Status.FAIL, r.summary
+    assert r.metrics["composition"] == ("double_squash" if case == "softmax_in_loss_fn" else "broadcast")
+    assert "not one tropt recognises" not in r.summary and "ignores its input" not in r.summary

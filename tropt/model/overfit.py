@@ -19,6 +19,7 @@ from ..batching import split_batch
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
+from .composition import loss_findings
 from ._common import (
     Capture,
     dropout_off,
@@ -213,6 +214,7 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         # loss never calls the model itself.
         positions = argument_positions(setup, model_probe.model, batch, model_probe)
         inputs = input_paths(setup, model_probe.model, batch, model_probe)
+        composition = loss_findings(setup, model_probe.model, batch, model_probe)  # named causes of a stall
         del model_probe
         real = _train(setup, batch, objective, steps, target_fraction, seed, True, "overfit batch", progress,
                       callback=callback, min_accuracy=min_accuracy)
@@ -304,6 +306,12 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         return fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start): {cause}",
                     ["Return raw logits from the model and let the loss apply softmax/sigmoid (remove the final "
                      "Softmax/Sigmoid, or use NLLLoss on log_softmax outputs)."])
+    if composition:
+        # How loss_fn composes output and loss (softmax before cross entropy, a broadcasting target) explains a
+        # stall better than any guess from the curve (see model.init_loss, which reports the same finding first).
+        metrics["composition"] = ", ".join(f.kind for f in composition)
+        return fail(f"the loss falls only to {fmt(final)} ({final / start:.0%} of its start) in {len(losses) - 1} steps: "
+                    + "; ".join(f.summary for f in composition), [f.advice for f in composition])
     # Slow or stalled: how far the inputs (and a regression target) are from unit scale is part of the evidence,
     # and often the cause.
     tables["input_scale"] = scale_table
