@@ -259,8 +259,8 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     distance to their nearest other hash (exact copies aside). Small or simple images (upscaled 8x8 digits) hash
     alike even when unrelated (median 13 of 256 bits), so a fixed 10 would flag a third of a healthy split. A hash
     match alone is too coarse to decide on small images (different handwriting of one digit on 8x8 images hashes
-    identically), so it must be confirmed: the pair's per-sample correlation (each sample minus its own mean,
-    L2-normalised: blind to brightness and contrast, like the hash) must reach
+    identically), so it must be confirmed: the per-sample correlation of the pair's 16x16 grayscale thumbnails (what
+    the hash thresholds, each minus its own mean: blind to brightness and contrast, like the hash) must reach
     ``max(min_similarity, cos(hash_confirm * median nearest-neighbour angle))`` of those vectors among the earlier
     split's own samples.
     Exact copies in a table whose feature space is too small to judge (see data.exact_duplicates, ``small_space``)
@@ -325,7 +325,10 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     prepared = {name: (b[0] if len(b) == 1 else np.concatenate(b, axis=1) * weight) for name, b in blocks.items()}
     images = all(d.image_shape is not None for d in datas) and len({d.image_shape for d in datas}) == 1
     hashes = {d.name: nb.average_hash(d.numeric, d.image_shape) for d in datas} if images and phash_max_distance >= 0 else None
-    standardised = {d.name: nb.standardise_rows(d.numeric) for d in datas} if hashes is not None else {}
+    # The hash's own thumbnails compared continuously (per-sample correlation): they confirm a hash match. At the
+    # hash's resolution a one-pixel shift of a large image still correlates; on 8x8 images it is the pixels.
+    standardised = ({d.name: nb.standardise_rows(nb.pooled_gray(d.numeric, d.image_shape)) for d in datas}
+                    if hashes is not None else {})
     corr_typical_of: dict[str, float | None] = {}
 
     metrics: dict[str, Any] = {"leaked_rows": 0, "leaked_fraction": 0.0, "max_pair_fraction": 0.0, "dimensions": dim, "device": dev}
