@@ -79,3 +79,11 @@ def test_sequences_of_different_lengths_are_a_warn():
               "test": (torch.randn(40, 2, 24, generator=g), torch.randint(0, 2, (40,), generator=g))}
     r = check_near_duplicates(splits, progress=False)  # (X, y) pairs: y is the label
     assert r.status is Status.WARN and "40 values" in r.summary and "48 values" in r.summary
+
+
+def test_channel_first_train_and_channel_last_test_are_a_shape_finding():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(260, 3, 8, 8, generator=g)
+    splits = {"train": (x[:200], torch.zeros(200)), "test": (x[200:].permute(0, 2, 3, 1).contiguous(), torch.zeros(60))}
+    r = check_near_duplicates(splits, progress=False)
+    assert r.status is Status.FAIL and "3×8×8" in r.summary and "8×8×3" in r.summary, r.summary

@@ -219,11 +219,11 @@ def _shape_mismatch(cid: str, datas: list) -> CheckResult:
     the others compare labels or fingerprints and need not repeat it). Images of different sizes are a FAIL (a
     resize or crop applied to one split only); other samples (sequences of another length) a WARN."""
     first = datas[0]
-    odd = [d for d in datas[1:] if d.numeric.shape[1] != first.numeric.shape[1]]
+    odd = [d for d in datas[1:] if _shape_text(d) != _shape_text(first)]
     images = all(d.image_shape is not None for d in [first, *odd])
     what = "images" if images else "samples"
     table = pd.DataFrame([{"split": d.name, "sample_shape": _shape_text(d), "values": int(d.numeric.shape[1]),
-                           "same_as_first": d.numeric.shape[1] == first.numeric.shape[1]} for d in datas])
+                           "same_as_first": _shape_text(d) == _shape_text(first)} for d in datas])
     summary = (f"{what} of {first.name!r} are {_shape_text(first)} but "
                + ", ".join(f"{d.name!r} {what} are {_shape_text(d)}" for d in odd)
                + ": the splits are not prepared alike (a resize, crop or padding applied to one split only), so the "
@@ -281,7 +281,8 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
         return _skip(cid, f"no vectors to compare in split {missing[0].name!r}: {missing[0].numeric_note or 'not numeric'}"
                           + (" and no free-text columns" if tabular else ""))
     dims = {d.numeric.shape[1] for d in datas} if not missing else set()
-    if len(dims) > 1:
+    layouts = {d.image_shape for d in datas}
+    if len(dims) > 1 or (not missing and None not in layouts and len(layouts) > 1):  # 3x8x8 vs 3x9x9, or 8x8x3
         return _shape_mismatch(cid, datas)
     num_dim = dims.pop() if dims else 0
     # Numeric-only tables need 3 columns (fewer cannot tell rows apart); beside free text any numeric column counts,

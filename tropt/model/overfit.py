@@ -188,9 +188,6 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         FAIL ("diverges") when the loss rose above this many times its start at any step and the batch was not
         memorised, whatever the tail's shape.
 
-    A model with frozen parameters (``requires_grad=False``) that reaches ``min_accuracy`` and beats the baseline
-    PASSes even when its loss stays above ``target_fraction``: the frozen layers impose that floor (noted in the
-    summary, ``metrics["loss_floor"]``).
     seed
         Seed of the copies (the Setup's seed when None).
     progress
@@ -198,6 +195,10 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
     callback
         Optional ``callback({"check", "phase": "model"|"baseline", "step", "total", "loss"})`` at the start and after
         each step (live loss curves); raising :class:`tropt.errors.Cancelled` in it stops the run.
+
+    A model with frozen parameters (``requires_grad=False``) that reaches ``min_accuracy`` and beats the baseline
+    PASSes even when its loss stays above ``target_fraction``: the frozen layers impose that floor (noted in the
+    summary, ``metrics["loss_floor"]``).
     """
     setup.validate()
     seed = setup.seed if seed is None else seed
