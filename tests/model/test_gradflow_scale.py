@@ -65,3 +65,19 @@ def test_a_x1e4_initialisation_trained_with_sgd_explodes():
 def test_an_absolute_cap_is_still_available():
     r = run(setup_for(mlp(out=1), loss=mse, batches=regression(), opt=adam(1e-2)), explode_norm=1e3)
     assert r.status is Status.FAIL and "global norm up to" in r.summary
+
+
+def test_a_zero_initialised_model_moving_by_its_own_norm_is_not_exploding():
+    """Its first updates are as large as its (tiny) parameters, but the gradient shrinks: healthy."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 16, generator=g)
+    y = x @ torch.randn(16, 1, generator=g)
+    model = nn.Linear(16, 1)
+    nn.init.zeros_(model.weight)
+    nn.init.zeros_(model.bias)
+    setup = setup_for(model, loss=lambda m, b: F.mse_loss(m(b[0]), b[1]),
+                      batches=[(x[i:i + 64], y[i:i + 64]) for i in range(0, 1024, 64)],
+                      opt=lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
+    r = run(setup)
+    assert r.status is Status.PASS, r.summary
+    assert r.metrics["update_ratio_max"] > 1.0  # the ratio alone would have called it exploding

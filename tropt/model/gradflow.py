@@ -83,33 +83,41 @@ def _explosion(mon: GradientMonitor, gnorm: np.ndarray, max_ratio: float, max_gr
     A gradient norm means nothing alone: MSE on targets around 100 gives norms in the thousands on a healthy MLP,
     and Adam's update does not depend on the gradient's scale at all. What explodes is (1) the *update*: a step
     that moves the parameters by more than ``max_ratio`` times their own norm (the norm after the previous
-    recorded step; the update is what the optimizer did, so this respects its invariances), or (2) the *growth* of
-    the gradient norm within the run: ``max_growth`` times the median of the steps before it."""
+    recorded step; the update is what the optimizer did, so this respects its invariances) while the gradient norm
+    grows (above 2x the median of the steps before), or (2) the gradient norm itself growing ``max_growth`` times
+    that median."""
     data = mon.array()
     metrics: dict[str, Any] = {"explode_update_ratio": max_ratio, "explode_growth": max_growth}
     if max_norm is not None:
         metrics["explode_norm"] = max_norm
     reasons: list[str] = []
+    # growth[t]: step t's gradient norm over the median of the steps before it
+    growth = np.full(len(gnorm), np.nan)
+    for t in range(1, len(gnorm)):
+        before = gnorm[:t][np.isfinite(gnorm[:t])]
+        if before.size and np.median(before) > 0 and np.isfinite(gnorm[t]):
+            growth[t] = gnorm[t] / np.median(before)
     if data.size:
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             par = np.sqrt(np.nansum(data[:, :, 1] ** 2, axis=1))  # after each recorded step's update
             upd = np.sqrt(np.nansum(data[:, :, 2] ** 2, axis=1))
             upd = np.where(np.isnan(data[:, :, 2]).all(axis=1), np.nan, upd)
-            ratio = upd[1:] / np.where(par[:-1] > 0, par[:-1], np.nan)
-        ok = np.isfinite(ratio)
-        if ok.any():
-            i = int(np.nanargmax(np.where(ok, ratio, -np.inf)))
-            metrics["update_ratio_max"] = float(ratio[i])
-            if ratio[i] > max_ratio:
-                reasons.append(f"updates: optimizer step {mon.recorded_steps[i + 1]} moved the parameters by "
-                               f"{fmt(float(ratio[i]))}x their norm (> {fmt(max_ratio)})")
-    growth = [g / np.median(gnorm[:t][np.isfinite(gnorm[:t])]) for t, g in enumerate(gnorm)
-              if t and np.isfinite(g) and np.isfinite(gnorm[:t]).any() and np.median(gnorm[:t][np.isfinite(gnorm[:t])]) > 0]
-    if growth:
-        metrics["grad_norm_growth"] = float(max(growth))
-        if max(growth) > max_growth:
-            reasons.append(f"gradients: the global gradient norm grew {fmt(float(max(growth)))}x the median of the "
-                           f"steps before it (> {fmt(max_growth)})")
+            ratio = np.r_[np.nan, upd[1:] / np.where(par[:-1] > 0, par[:-1], np.nan)]
+        if np.isfinite(ratio).any():
+            metrics["update_ratio_max"] = float(np.nanmax(ratio))
+        # An update larger than the parameters *and* driven by a growing gradient: a zero-initialised model's first
+        # steps move it by about its whole (tiny) norm too, but with a shrinking gradient.
+        hit = np.flatnonzero((ratio > max_ratio) & (growth > 2.0))
+        if hit.size:
+            i = int(hit[np.argmax(ratio[hit])])
+            reasons.append(f"updates: optimizer step {mon.recorded_steps[i]} moved the parameters by "
+                           f"{fmt(float(ratio[i]))}x their norm (> {fmt(max_ratio)}) as the gradient norm grew "
+                           f"{fmt(float(growth[i]))}x")
+    if np.isfinite(growth).any():
+        metrics["grad_norm_growth"] = float(np.nanmax(growth))
+        if np.nanmax(growth) > max_growth:
+            reasons.append(f"gradients: the global gradient norm grew {fmt(float(np.nanmax(growth)))}x the median of "
+                           f"the steps before it (> {fmt(max_growth)})")
     finite = gnorm[np.isfinite(gnorm)]
     if max_norm is not None and finite.size and finite.max() > max_norm:
         reasons.append(f"gradients: global norm up to {fmt(float(finite.max()))} > {fmt(max_norm)}")
