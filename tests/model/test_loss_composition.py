@@ -129,3 +129,15 @@ def test_overfit_batch_names_the_composition_as_the_cause_of_its_stall(case):
     assert r.status is Status.FAIL, r.summary
     assert r.metrics["composition"] == ("double_squash" if case == "softmax_in_loss_fn" else "broadcast")
     assert "not one tropt recognises" not in r.summary and "ignores its input" not in r.summary
+
+
+def test_a_sigmoid_on_the_target_of_bce_with_logits_is_not_flagged():
+    """Distillation-style soft targets (a teacher's sigmoid, with gradient) are the target, not the prediction."""
+    torch.manual_seed(1)
+    teacher = nn.Linear(D, 1)
+
+    def distil(m, b):
+        return F.binary_cross_entropy_with_logits(m(b[0]).squeeze(1), torch.sigmoid(teacher(b[0])).squeeze(1))
+
+    r = run(setup_for(mlp(out=1), loss=distil, batches=regression_batches()))
+    assert "composition" not in r.metrics, r.summary

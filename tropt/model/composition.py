@@ -54,9 +54,16 @@ def _inputs(node: Any) -> list:
     return [f for f, _ in getattr(node, "next_functions", ()) if f is not None and type(f).__name__ != "AccumulateGrad"]
 
 
-def _through_shapes(node: Any) -> list:
-    """The first non-shape nodes feeding ``node`` (one per branch)."""
-    out, todo, seen = [], list(_inputs(node)), set()
+def _prediction_input(node: Any) -> list:
+    """The node feeding a loss node's first argument, the prediction (not the target: a teacher's softmax as a soft
+    target is fine)."""
+    first = getattr(node, "next_functions", ())[:1]
+    return [f for f, _ in first if f is not None and type(f).__name__ != "AccumulateGrad"]
+
+
+def _through_shapes(node: Any, first_only: bool = False) -> list:
+    """The first non-shape nodes feeding ``node`` (one per branch; only its first argument with ``first_only``)."""
+    out, todo, seen = [], list(_prediction_input(node) if first_only else _inputs(node)), set()
     while todo:
         n = todo.pop()
         if id(n) in seen:
@@ -89,7 +96,7 @@ def _double_squash(loss: torch.Tensor) -> tuple[str, str, Any] | None:
     for node in _walk(loss.grad_fn):
         name = type(node).__name__
         if name.startswith("NllLoss"):
-            for pre in _through_shapes(node):
+            for pre in _through_shapes(node, first_only=True):
                 if type(pre).__name__ == "LogSoftmaxBackward0":
                     for sq in _through_shapes(pre):
                         if type(sq).__name__ in _SQUASH:
@@ -97,7 +104,7 @@ def _double_squash(loss: torch.Tensor) -> tuple[str, str, Any] | None:
                 elif type(pre).__name__ in _SQUASH:  # nll_loss reads log-probabilities, not probabilities
                     return "nll_loss", _SQUASH[type(pre).__name__], pre
         elif name.startswith("BinaryCrossEntropyWithLogits"):
-            for pre in _through_shapes(node):
+            for pre in _through_shapes(node, first_only=True):
                 if type(pre).__name__ in _SQUASH:
                     return "binary_cross_entropy_with_logits", _SQUASH[type(pre).__name__], pre
     return None
