@@ -78,3 +78,9 @@ def test_diagnose_curves_takes_a_baseline():
     assert bad.status is Status.FAIL and bad.metrics["class"] == "not_generalising"
     good = diagnose_curves(train * 2.3, val=np.linspace(2.3, 0.5, 15), val_baseline=2.3)
     assert "not_generalising" not in good.metrics["classes"]
+
+
+def test_the_plot_draws_the_baseline():
+    r = diagnose_curves(np.exp(-np.linspace(0, 3, 200)) * 2.3, val=np.full(15, 2.3), val_baseline=2.3)
+    ax = r.plot()
+    assert "input-independent baseline" in [t.get_text() for t in ax.get_legend().get_texts()]
