@@ -56,12 +56,13 @@ class CurveThresholds:
         Still improving when the last tenth of the run is more than this below the tenth before it.
     significance
         Changes must also exceed this many standard errors of the bin medians to count.
-    baseline_margin
-        Not generalising when no validation loss lies more than this below the input-independent baseline
-        (``val_baseline``) ...
+    baseline_margin, generalise_share
+        Not generalising when no validation loss lies more than ``baseline_margin`` below the input-independent
+        baseline (``val_baseline``), nor more than ``generalise_share`` of the training loss's fall below it ...
     fit_below_baseline
-        ... while the training loss ends more than this below it (log 1.25: the model fits its training data 25%
-        better than the baseline, so it learned something, but nothing that carries over).
+        ... while the training loss (not flat) ends more than this below it (log 1.04: the model fits its training
+        data better than the baseline, so it learned something, but nothing that carries over). Early in a correct
+        run validation falls about as much as training, so a quarter of it is a wide margin.
     """
 
     min_decrease: float = 0.05
@@ -75,7 +76,8 @@ class CurveThresholds:
     improving: float = 0.02
     significance: float = 3.0
     baseline_margin: float = 0.02
-    fit_below_baseline: float = math.log(1.25)
+    generalise_share: float = 0.25
+    fit_below_baseline: float = math.log(1.04)
 
 
 @dataclass
@@ -336,7 +338,9 @@ def classify_curve(
                     metrics["val_below_baseline"] = math.log(val_baseline) - math.log(float(vv.min())) if (vv > 0).all() else math.nan
                     fit = math.log(val_baseline) - end
                     metrics["train_below_baseline"] = fit
-                    if not beats_baseline(vv, val_baseline, th.baseline_margin) and fit > th.fit_below_baseline:
+                    margin = min(th.baseline_margin, th.generalise_share * fit)
+                    if (fit > th.fit_below_baseline and "flat" not in classes
+                            and not beats_baseline(vv, val_baseline, margin)):
                         classes.append("not_generalising")
                 if not np.isfinite(v).all() and "non_finite" not in classes:
                     classes.insert(0, "non_finite")
