@@ -84,3 +84,30 @@ def test_the_plot_draws_the_baseline():
     r = diagnose_curves(np.exp(-np.linspace(0, 3, 200)) * 2.3, val=np.full(15, 2.3), val_baseline=2.3)
     ax = r.plot()
     assert "input-independent baseline" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def cnn_setup(permute: bool) -> tropt.Setup:
+    """A small CNN on 1200 digits at a modest learning rate: with permuted labels its training loss falls only a few
+    percent below the prior in 300 steps (main called it healthy)."""
+    x, y = sklearn.load_digits(return_X_y=True)
+    x, y = torch.tensor(x / 16, dtype=torch.float32).reshape(-1, 1, 8, 8), torch.tensor(y)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    x, y = x[order], y[order]
+    yt = y[:1200][torch.randperm(1200, generator=torch.Generator().manual_seed(1))] if permute else y[:1200]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(32 * 64, 10))
+    train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:1200], yt), batch_size=32, shuffle=True)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[1300:], y[1300:]), batch_size=128)
+    return tropt.Setup(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                       lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), train, val_data=val)
+
+
+@pytest.mark.parametrize("permute", [True, False], ids=["permuted", "correct"])
+def test_a_cnn_whose_training_loss_falls_only_a_little(permute):
+    r = run(cnn_setup(permute))
+    if permute:
+        assert r.status is Status.FAIL and r.metrics["class"] == "not_generalising", r.summary
+        assert r.metrics["train_below_baseline"] < math.log(1.1)  # a small fall, but validation gains nothing
+    else:
+        assert r.status is Status.PASS, r.summary
