@@ -141,3 +141,30 @@ def test_a_sigmoid_on_the_target_of_bce_with_logits_is_not_flagged():
 
     r = run(setup_for(mlp(out=1), loss=distil, batches=regression_batches()))
     assert "composition" not in r.metrics, r.summary
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(D, D)
+
+    def forward(self, x):
+        w = torch.softmax(self.q(x) @ x.T, dim=-1)  # a softmax that is not the output's
+        return w @ x
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(D, 3)
+
+    def forward(self, x):
+        return torch.softmax(self.fc(x), dim=-1)
+
+
+def test_a_softmax_inside_a_submodule_names_that_submodule_not_another_softmax():
+    torch.manual_seed(0)
+    model = nn.Sequential(Attention(), Head())
+    r = run(setup_for(model))
+    assert r.status is Status.FAIL and r.metrics["double_squash_squash_in"] == "model"
+    assert "forward of `1`" in r.summary and "torch.softmax(self.fc(x), dim=-1)" in r.summary, r.summary

@@ -143,16 +143,18 @@ def source_line(fn: Any, pattern: re.Pattern) -> str | None:
 
 
 def _model_squash_site(model: nn.Module, node: Any, squash: str, seen: dict) -> str:
-    """Where in the model the squashing happens: the module whose output carries ``node``, or a forward's line."""
-    for name, grad_fn in seen.items():
-        if grad_fn is node:
-            return f"the model's {type(model.get_submodule(name)).__name__} module `{name}`"
-    for name, m in model.named_modules():
-        if type(m).__module__.startswith("torch."):
-            continue
-        line = source_line(m.forward, _SQUASH_SOURCE)
+    """Where in the model the squashing happens: a Softmax/Sigmoid module whose output carries ``node``, else the
+    line of the deepest user-written module's ``forward`` whose output carries it."""
+    hits = [name for name, grad_fn in seen.items() if grad_fn is not None and _reaches(grad_fn, node)]
+    for name in hits:
+        m = model.get_submodule(name)
+        if isinstance(m, (nn.Softmax, nn.Sigmoid)):
+            return f"the model's {type(m).__name__} module `{name}`"
+    users = [n for n in hits if not type(model.get_submodule(n)).__module__.startswith("torch.")]
+    for name in sorted(users, key=lambda n: -1 if n == "" else n.count("."), reverse=True):
+        line = source_line(model.get_submodule(name).forward, _SQUASH_SOURCE)
         if line:
-            return f"the model's forward ({line})"
+            return f"the model's forward ({line})" if name == "" else f"the forward of `{name}` ({line})"
     return f"the model's last operation ({squash})"
 
 
@@ -166,15 +168,15 @@ def loss_findings(setup: Any, model: nn.Module, batch: Any, ctx: Any = None) -> 
         if t is not None:
             outputs.append(t)
 
-    def squash_hook(name: str):
+    def module_hook(name: str):
         def hook(module: nn.Module, args: Any, out: Any) -> None:
-            if isinstance(out, torch.Tensor):
-                squash_out[name] = out.grad_fn
+            t = output_tensor(out)
+            if t is not None:
+                squash_out[name] = t.grad_fn  # which module's output carries a squashing node (see _model_squash_site)
         return hook
 
     handles = [model.register_forward_hook(root_hook)]
-    handles += [m.register_forward_hook(squash_hook(n)) for n, m in model.named_modules()
-                if isinstance(m, (nn.Softmax, nn.Sigmoid))]
+    handles += [m.register_forward_hook(module_hook(n)) for n, m in model.named_modules()]
     try:
         torch.manual_seed(0)
         with torch.enable_grad(), dropout_off(model), warnings.catch_warnings(record=True) as caught:
