@@ -4,6 +4,7 @@ the parameters by more than their norm, or a x1e4 initialisation trained with SG
 
 from __future__ import annotations
 
+import pytest
 import torch
 from _model_fixtures import D, adam, mlp, setup_for
 from torch import nn
@@ -35,16 +36,30 @@ def test_mse_with_adam_on_targets_around_100_passes():
     assert r.status is Status.PASS, r.summary
     assert r.metrics["global_grad_norm_max"] > 1e3  # what the old absolute threshold FAILed
     assert r.metrics["update_ratio_max"] < 0.2 and r.metrics["grad_norm_growth"] < 100
+    assert r.metrics["init_grad_ratio"] == pytest.approx(1.0, rel=0.5)  # PyTorch's own initialisation
 
 
-def test_tiny_updates_of_large_gradients_are_not_an_explosion():
+def test_tiny_updates_of_huge_initial_weights_are_an_initialisation_explosion_not_an_update_one():
     m = mlp(depth=4)
     with torch.no_grad():
         for layer in m:
             if isinstance(layer, nn.Linear):
                 layer.weight.mul_(20.0)
     r = run(setup_for(m, opt=lambda m: torch.optim.SGD(m.parameters(), lr=1e-9)))
-    assert "exploding" not in r.summary and r.metrics["update_ratio_max"] < 1e-3
+    assert r.status is Status.FAIL and "exploding gradients at initialisation" in r.summary, r.summary
+    assert "exploding updates" not in r.summary and r.metrics["update_ratio_max"] < 1e-3
+    assert r.metrics["init_grad_ratio"] > 1e4  # about 20^4: four scaled layers downstream of the first
+
+
+def test_a_x1e4_initialisation_explodes_whatever_the_optimizer():
+    """Adam's update ignores the gradient's scale, so the update rule cannot see it; the comparison with the same
+    architecture at PyTorch's default initialisation does."""
+    m = mlp()
+    with torch.no_grad():
+        m[0].weight.mul_(1e4)
+    r = run(setup_for(m, opt=adam(1e-2)))
+    assert r.status is Status.FAIL and "exploding gradients at initialisation" in r.summary, r.summary
+    assert r.metrics["init_grad_ratio"] > 1e3
 
 
 def test_sgd_with_a_far_too_high_learning_rate_explodes():

@@ -76,8 +76,41 @@ def layer_heatmap(mon: GradientMonitor, layers: list[str]) -> np.ndarray:
     return out
 
 
+def init_reference(setup: Any, ctx: Any, batch: Any) -> tuple[float, float] | None:
+    """(global gradient norm at the model's own initialisation, at PyTorch's default initialisation of the same
+    architecture) on one batch: every module with ``reset_parameters`` re-initialised on a copy. None when no module
+    can be re-initialised or a norm is not finite. The model's gradients are cleared afterwards; RNGs are restored."""
+    import copy
+
+    import torch
+
+    from ._common import dropout_off
+
+    ref = copy.deepcopy(ctx.model)
+    norms = []
+    with preserved():
+        torch.manual_seed(setup.seed)
+        resettable = [m for m in ref.modules() if callable(getattr(m, "reset_parameters", None))]
+        if not resettable:
+            return None
+        try:
+            for m in resettable:
+                m.reset_parameters()
+        except Exception:  # noqa: BLE001 - a custom reset_parameters with its own arguments: no reference
+            return None
+        for model in (ctx.model, ref):
+            model.zero_grad(set_to_none=True)
+            with dropout_off(model), ctx.autocast():
+                loss = setup.loss(model, batch)
+            loss.float().backward()
+            grads = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
+            norms.append(float(torch.stack(grads).norm()) if grads else math.nan)
+            model.zero_grad(set_to_none=True)
+    return (norms[0], norms[1]) if all(math.isfinite(n) and n > 0 for n in norms) else None
+
+
 def _explosion(mon: GradientMonitor, gnorm: np.ndarray, max_ratio: float, max_growth: float,
-               max_norm: float | None) -> dict:
+               max_norm: float | None, init: tuple[float, float] | None = None, max_init_ratio: float = 1e3) -> dict:
     """Explosion judged against the model's own scale, not an absolute norm.
 
     A gradient norm means nothing alone: MSE on targets around 100 gives norms in the thousands on a healthy MLP,
@@ -118,6 +151,16 @@ def _explosion(mon: GradientMonitor, gnorm: np.ndarray, max_ratio: float, max_gr
         if np.nanmax(growth) > max_growth:
             reasons.append(f"gradients: the global gradient norm grew {fmt(float(np.nanmax(growth)))}x the median of "
                            f"the steps before it (> {fmt(max_growth)})")
+    if init is not None:
+        # The same architecture at PyTorch's default initialisation, on the same batch and loss: a gradient far above
+        # it comes from the initial weight scale, whatever the optimizer then does with it.
+        metrics.update(init_grad_norm=init[0], default_init_grad_norm=init[1], init_grad_ratio=init[0] / init[1],
+                       explode_init_ratio=max_init_ratio)
+        if init[0] / init[1] > max_init_ratio:
+            reasons.append(f"gradients at initialisation: the global gradient norm {fmt(init[0])} is "
+                           f"{fmt(init[0] / init[1])}x that of the same architecture at PyTorch's default "
+                           f"initialisation ({fmt(init[1])}; > {fmt(max_init_ratio)}x): the initial weights are far "
+                           "too large")
     finite = gnorm[np.isfinite(gnorm)]
     if max_norm is not None and finite.size and finite.max() > max_norm:
         reasons.append(f"gradients: global norm up to {fmt(float(finite.max()))} > {fmt(max_norm)}")
@@ -127,6 +170,7 @@ def _explosion(mon: GradientMonitor, gnorm: np.ndarray, max_ratio: float, max_gr
 def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, vanish_rms: float = 1e-5,
                         explode_update_ratio: float = 1.0, explode_growth: float = 1e3,
                         explode_norm: float | None = None, grad_clip: float | None = None,
+                        init_reference: tuple[float, float] | None = None, explode_init_ratio: float = 1e3,
                         check: str = CHECK) -> CheckResult:
     """The ``model.gradient_flow`` verdict on a monitor's record.
 
@@ -134,8 +178,9 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
     but are never updated (not in any optimizer param group), vanishing gradients (first-to-last layer gradient
     RMS ratio below ``vanish_ratio`` *and* first-layer RMS below ``vanish_rms``), exploding updates or gradients
     (a step moving the parameters by more than ``explode_update_ratio`` x their norm, or a global gradient norm
-    ``explode_growth`` x the median of the steps before it; ``explode_norm``, off by default, adds an absolute cap)
-    or non-finite gradients. Deliberately frozen parameters are reported, not failed.
+    ``explode_growth`` x the median of the steps before it; with ``init_reference`` (see :func:`init_reference`), a
+    gradient at initialisation ``explode_init_ratio`` x that of PyTorch's default initialisation; ``explode_norm``,
+    off by default, adds an absolute cap) or non-finite gradients. Deliberately frozen parameters are reported, not failed.
     """
     s = parameter_summary(mon)
     layers = layer_table(mon, s)
@@ -202,7 +247,8 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
                        f"({names_list(nonfinite['name'])})")
         advice.append("Lower the learning rate, clip gradients (grad_clip=1.0) and check the loss for log(0) or "
                       "division by zero.")
-    explosion = _explosion(mon, gnorm, explode_update_ratio, explode_growth, explode_norm)
+    explosion = _explosion(mon, gnorm, explode_update_ratio, explode_growth, explode_norm, init_reference,
+                           explode_init_ratio)
     metrics.update(explosion["metrics"])
     if explosion["reasons"]:
         big = layers.sort_values("grad_norm_mean", ascending=False).head(3)
@@ -248,7 +294,7 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
           description="Train a copy for a few steps under GradientMonitor: missing, unused, vanishing or exploding gradients.")
 def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e-3, vanish_rms: float = 1e-5,
                         explode_update_ratio: float = 1.0, explode_growth: float = 1e3,
-                        explode_norm: float | None = None, seed: int | None = None, progress: bool = True,
+                        explode_init_ratio: float = 1e3, explode_norm: float | None = None, seed: int | None = None, progress: bool = True,
                         callback: Any = None) -> CheckResult:
     """Train a copy for ``steps`` optimizer steps with the user's step and judge its gradients.
 
@@ -267,6 +313,9 @@ def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e
         median of the steps before it. Judged against the model's own scale: a large gradient norm alone (MSE on
         targets around 100, or any gradient under Adam, whose update ignores the gradient's scale) is not an
         explosion.
+    explode_init_ratio
+        Exploding when the gradient at initialisation is this many times that of the same architecture at PyTorch's
+        default initialisation (every module's ``reset_parameters``) on the first batch: the initial weight scale.
     explode_norm
         Optional absolute cap on the global gradient norm (None: off).
     seed
@@ -283,6 +332,7 @@ def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e
     with preserved(setup.model):
         ctx = setup.build(seed=setup.seed if seed is None else seed)
         k = setup.accumulation_steps
+        reference = init_reference(setup, ctx, setup.sample_batch())
         with GradientMonitor(ctx.model, optimizer=ctx.optimizer, full_every=1, detail=True, capacity=steps) as mon:
             for i, batch in enumerate(tqdm(setup.batches(steps), total=steps, desc="gradient flow", disable=not progress, leave=False)):
                 setup.run_step(ctx, split_batch(batch, k) if k > 1 else [batch])
@@ -290,4 +340,5 @@ def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e
                     callback({"check": CHECK, "step": i + 1, "total": steps, "monitor": mon})
     return judge_gradient_flow(mon, vanish_ratio=vanish_ratio, vanish_rms=vanish_rms,
                                explode_update_ratio=explode_update_ratio, explode_growth=explode_growth,
-                               explode_norm=explode_norm, grad_clip=setup.grad_clip)
+                               explode_norm=explode_norm, grad_clip=setup.grad_clip, init_reference=reference,
+                               explode_init_ratio=explode_init_ratio)
