@@ -185,8 +185,8 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
     baseline_ratio
         FAIL ("ignores its input") when the final loss is above this fraction of the zeroed-input baseline's.
     diverge_ratio
-        FAIL ("diverges") when the loss rose above this many times its start at any step and the batch was not
-        memorised, whatever the tail's shape.
+        FAIL ("diverges") when the loss rose above this many times its start (and the zeroed-input baseline's
+        start) at any step and the batch was not memorised, whatever the tail's shape.
 
     seed
         Seed of the copies (the Setup's seed when None).
@@ -270,7 +270,9 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
                      "the model's parameters."])
     peak = int(np.nanargmax(losses)) if np.isfinite(losses).any() else 0
     reached = real["reached"] or (final <= target_fraction * start and (acc is None or acc >= min_accuracy))
-    if start > 0 and math.isfinite(best) and not reached and losses[peak] > diverge_ratio * start:
+    # Above where it started and above the input-independent start (a pretrained model's tiny start is no yardstick).
+    level = max(start, float(base_losses[0])) if math.isfinite(float(base_losses[0])) else start
+    if start > 0 and math.isfinite(best) and not reached and losses[peak] > diverge_ratio * level:
         # Rising far above where it started is divergence whatever the shape of the tail: never "still falling".
         metrics.update(diverge_ratio=diverge_ratio, peak_loss=float(losses[peak]), peak_step=peak)
         if final > diverge_ratio * start:
