@@ -60,7 +60,7 @@ class CurveThresholds:
         Not generalising when no validation loss lies more than ``baseline_margin`` below the input-independent
         baseline (``val_baseline``), nor more than ``generalise_share`` of the training loss's fall below it ...
     fit_below_baseline
-        ... while the training loss (not flat) ends more than this below it (log 1.04: the model fits its training
+        ... while the training loss (not flat) ends more than this below it (log 1.03: the model fits its training
         data better than the baseline, so it learned something, but nothing that carries over). Early in a correct
         run validation falls about as much as training, so a quarter of it is a wide margin.
     """
@@ -77,7 +77,7 @@ class CurveThresholds:
     significance: float = 3.0
     baseline_margin: float = 0.02
     generalise_share: float = 0.25
-    fit_below_baseline: float = math.log(1.04)
+    fit_below_baseline: float = math.log(1.03)
 
 
 @dataclass
