@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..batching import batch_size
+
 from ..model._common import get_leaf, probe
 from ..snapshot import preserved
 
@@ -68,7 +68,7 @@ def input_independent_baseline(setup: Any, ctx: Any, val_batches: int, train_bat
                                objective.num_classes)
         if value is None or not math.isfinite(value):
             return None
-        n = batch_size(b)
+        n = setup.size(b)
         total, count = total + value * n, count + n
     basis = {"cross_entropy": "the training class prior", "nll": "the training class prior",
              "bce": "the training positive rate", "bce_logits": "the training positive rate",

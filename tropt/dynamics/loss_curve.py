@@ -318,13 +318,48 @@ def check_loss_curve(
                     val_losses.append(evaluate(setup, ctx, val_batches))
         values = np.array([float(v) for v in losses])
         norms = [r.grad_norm for r in hook.records]
-    diag = classify_curve(values, np.asarray(loss_steps, dtype=np.float64),
+    x = np.asarray(loss_steps, dtype=np.float64)
+    per_epoch = _epoch_length(setup, len(values))
+    if per_epoch:
+        values, x, lrs = _epoch_means(values, x, np.asarray(lrs, dtype=np.float64), per_epoch)
+    diag = classify_curve(values, x,
                           np.asarray(val_losses) if has_val else None,
                           np.asarray(val_at, dtype=np.float64) if has_val else None,
                           norms or None, thresholds, lrs=lrs, val_baseline=baseline["value"] if baseline else None)
     extra = {"source": "setup run", "steps_run": int(len(loss_steps)), "loss_from": runner.source or "none"}
+    if per_epoch:
+        extra["points"] = f"epoch means ({per_epoch} batches each)"
     if baseline:
         extra["val_baseline_basis"] = f"the loss of predicting {baseline['basis']}"
     if setup.scheduler is not None:
         extra["scheduler"] = "the Setup's scheduler"
     return curve_result(diag, probe_steps=steps, extra_metrics=extra)
+
+
+def _epoch_length(setup: Any, n: int) -> int | None:
+    """Batches per pass over the training data when the probe cycles it many times (>= 20 passes), else None.
+
+    A probe that cycles a few fixed batches sees each batch's own difficulty as a periodic swing in the per-step loss
+    (one hard batch stays high while the others fall), which reads as noise larger than the fall. The mean over one
+    pass covers the same samples every time, so the trend of the data's loss is judged from those means instead.
+    """
+    try:
+        length = len(setup.loader("train"))
+    except TypeError:
+        return None
+    return int(length) if 2 <= length and n // length >= 20 else None
+
+
+def _epoch_means(values: np.ndarray, x: np.ndarray, lrs: np.ndarray, e: int) -> tuple[np.ndarray, np.ndarray, list]:
+    """Mean loss of each full pass of ``e`` steps, at the pass's last step (and its largest learning rate).
+
+    A non-finite loss stays visible: it makes its pass's mean non-finite, and the partial pass it ends is kept.
+    """
+    full = len(values) // e
+    cut = full * e
+    means = values[:cut].reshape(full, e).mean(axis=1)
+    at = x[:cut].reshape(full, e)[:, -1]
+    lr = lrs[:cut].reshape(full, e).max(axis=1) if lrs.size >= cut else np.full(full, np.nan)
+    if cut < len(values) and not np.isfinite(values[cut:]).all():
+        means, at, lr = np.r_[means, values[cut:].mean()], np.r_[at, x[-1]], np.r_[lr, np.nan]
+    return means, at, list(lr)

@@ -36,7 +36,6 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..batching import batch_size, split_batch
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -454,13 +453,15 @@ def _factored_bytes(model: nn.Module) -> int:
     return total
 
 
-def _smaller_batch(batch: Any, k: int) -> tuple[Any, int] | None:
-    """About half the batch (keeping at least ``k`` samples, one per micro-batch), or None when it cannot shrink."""
-    n = batch_size(batch)
+def _smaller_batch(setup: Any, batch: Any, k: int) -> tuple[Any, int] | None:
+    """About half the batch (keeping at least ``k`` samples, one per micro-batch), or None when it cannot shrink.
+
+    Sizes and splits follow the Setup's batch layout (time-major batches, split_fn/size_fn)."""
+    n = setup.size(batch)
     half = n // 2
     if half < k or half < 1:
         return None
-    return split_batch(batch, sizes=[half, n - half])[0], half
+    return setup.split(batch, sizes=[half, n - half])[0], half
 
 
 @dataclass
@@ -509,7 +510,7 @@ def _measure(setup: Any, growth_steps: int, bf16: bool, progress: bool) -> _Meas
         grads_per_step: dict[int, int] = {}
 
         def run(i: int, batch: Any, hooks: bool) -> None:
-            micro = split_batch(batch, k)
+            micro = setup.split(batch, k)
             leaves = _tensor_leaves(batch, [])
             tracker.start(model, {_ptr(t) for t in leaves})
             meter.begin(i)
@@ -534,7 +535,7 @@ def _measure(setup: Any, growth_steps: int, bf16: bool, progress: bool) -> _Meas
                 run(i, batch, hooks=i == 1)
                 bar.update(1)
             state, elements, scalars, per_param = _state_bytes(opt)
-            smaller = _smaller_batch(batches[1], k)
+            smaller = _smaller_batch(setup, batches[1], k)
             half_step = None
             if smaller is not None:
                 half_step = growth_steps
@@ -562,7 +563,7 @@ def _measure(setup: Any, growth_steps: int, bf16: bool, progress: bool) -> _Meas
         factored = _factored_bytes(model)
         del ctx, model, opt
     return _Measurement(meter.ground_truth, meter.steps, params, n_params, state, elements, scalars, per_param,
-                        grads_per_step.get(1, 0), factored, block_params, batch_size(batches[1]),
+                        grads_per_step.get(1, 0), factored, block_params, setup.size(batches[1]),
                         smaller[1] if smaller is not None else None, 1, half_step, bf16_step, bf16_half)
 
 
