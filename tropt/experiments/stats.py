@@ -13,9 +13,11 @@ The test (documented, and the same for every candidate):
   seed noise cannot be measured: **inconclusive**, with that reason.
 
 Decisions (:func:`decide`), in this order: reject for instability (more unstable runs than the baseline plus
-``Guardrails.max_instability_increase``, even if faster), reject for quality (a drop beyond the guardrail *and*
-beyond seed noise), escalate for budget (runs cut short by the seconds cap, or slower than the guardrail's
-per-run limit), adopt (a gain beyond seed noise, inside every guardrail), otherwise inconclusive.
+``Guardrails.max_instability_increase``, even if faster); inconclusive when the baseline failed or a candidate's
+run raised; escalate for budget when runs were cut short by the seconds cap (the comparison is not at the stated
+budget, so quality is not judged); reject for quality (a drop beyond the guardrail *and* beyond seed noise);
+escalate for budget when slower than the guardrail's per-run limit; adopt (a gain beyond seed noise, inside every
+guardrail); otherwise inconclusive.
 """
 
 from __future__ import annotations
@@ -142,16 +144,16 @@ def decide(name: str, cand_runs: list[dict], base_runs: list[dict], stats: Paire
         return verdict(INCONCLUSIVE, f"every baseline run failed ({base_runs[0]['reason']}); there is nothing to compare with")
     if errors:
         return verdict(INCONCLUSIVE, f"{len(errors)}/{n_c} runs raised ({errors[0]['reason']}); fix the candidate and compare again")
+    capped = [r for r in cand_runs + base_runs if r.get("stopped_by") == "seconds"]
+    if capped:
+        mine = sum(r["candidate"] == name for r in capped)
+        r = capped[0]
+        return verdict(ESCALATE, f"{mine}/{n_c} of its runs and {len(capped) - mine}/{n_b} of the baseline's hit the seconds cap before the steps/samples budget "
+                                 f"(e.g. seed {r['seed']} after {r['steps']} steps, {r['samples']} samples, {_g(r['seconds'])} s): "
+                                 "the comparison is not at the stated budget; raise Budget(seconds=...) or lower steps/samples")
     allowed = guardrails.allowed_drop(b_mean) if math.isfinite(b_mean) else 0.0
     if stats.beyond_noise and stats.gain < 0 and -stats.gain > allowed:
         return verdict(REJECT_QUALITY, f"quality dropped by {_g(-stats.gain)} (> guardrail {_g(allowed)}), beyond seed noise: {numbers}")
-    capped = [r for r in cand_runs + base_runs if r.get("stopped_by") == "seconds"]
-    if capped:
-        who = "the baseline's" if any(r["candidate"] != name for r in capped) else "its"
-        r = capped[0]
-        return verdict(ESCALATE, f"{len(capped)} of {who} runs hit the seconds cap before the steps/samples budget "
-                                 f"(e.g. seed {r['seed']} after {r['steps']} steps, {r['samples']} samples, {_g(r['seconds'])} s): "
-                                 "the comparison is not at the stated budget; raise Budget(seconds=...) or lower steps/samples")
     limit = guardrails.max_seconds
     if limit is not None and secs_c > limit:
         return verdict(ESCALATE, f"{_g(secs_c)} s per run exceeds the guardrail's {_g(limit)} s (baseline {_g(secs_b)} s)")
