@@ -247,8 +247,9 @@ def _execute(specs: list[RunSpec], executor: Any, progress: bool, callback: Call
             return records  # type: ignore[return-value]
         import concurrent.futures as cf
 
-        import cloudpickle
+        from ..errors import require
 
+        cloudpickle = require("cloudpickle", "experiments")
         futures = {}
         try:
             for i, spec in enumerate(specs):
