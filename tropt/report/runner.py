@@ -21,15 +21,12 @@ from typing import Any, Iterator, Mapping
 from ..errors import TroptError, require
 from ..result import Report
 
-NOTEBOOKS = {"diagnose": "diagnose.ipynb", "data": "data_checks.ipynb"}
+NOTEBOOKS = {"diagnose": "diagnose.ipynb", "data": "data_checks.ipynb", "compare": "compare.ipynb"}
 KERNEL_NAME = "tropt-python"
 
 
 def notebook_path(kind: str) -> Path:
-    """The shipped notebook for a report kind ("diagnose" or "data")."""
-    if kind == "compare":
-        raise TroptError("the 'compare' report needs experiment comparison (tropt.compare), which this version does not have yet",
-                         "use 'diagnose' or 'data'")
+    """The shipped notebook for a report kind ("diagnose", "data" or "compare")."""
     if kind not in NOTEBOOKS:
         raise TroptError(f"unknown report kind {kind!r}", f"choose one of: {', '.join(NOTEBOOKS)}")
     path = Path(str(resources.files("tropt") / "notebooks" / NOTEBOOKS[kind]))
@@ -84,9 +81,13 @@ class ReportOutcome:
     report: Report | None
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    comparison: Path | None = None  # the compare report's comparison.json
+    escalated: bool = False  # a compare decision said "escalate: budget"
 
     def exit_code(self, fail_on: str = "fail") -> int:
-        """0 ok, 1 the findings fail the gate, 2 the notebook itself failed."""
+        """0 ok, 1 the findings fail the gate (compare: a decision escalates), 2 the notebook itself failed."""
+        if self.error is None and self.comparison is not None:
+            return 1 if self.escalated and fail_on != "never" else 0
         if self.error is not None or self.report is None:
             return 2
         return 1 if self.report.failed(fail_on) else 0
@@ -124,8 +125,10 @@ def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.Pa
     params["output_dir"] = str(out)
     source = notebook_path(kind)
     nb_path, html_path, findings = out / "report.ipynb", out / "report.html", out / "findings.json"
-    if findings.exists():
-        findings.unlink()  # never report a stale result from an earlier run
+    comparison = out / "comparison.json"
+    for stale in (findings, comparison):
+        if stale.exists():
+            stale.unlink()  # never report a stale result from an earlier run
     timings: dict[str, float] = {}
     error = None
     start = time.perf_counter()
@@ -145,4 +148,10 @@ def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.Pa
     report = Report.from_json(str(findings)) if findings.exists() and error is None else None
     if report is not None:
         timings["checks_s"] = sum(r.duration_s or 0.0 for r in report)
-    return ReportOutcome(nb_path, html_path, findings if findings.exists() else None, report, error, timings)
+    outcome = ReportOutcome(nb_path, html_path, findings if findings.exists() else None, report, error, timings)
+    if comparison.exists() and error is None:
+        from ..experiments.comparison import Comparison
+
+        outcome.comparison = comparison
+        outcome.escalated = any(v.startswith("escalate") for v in Comparison.from_json(str(comparison)).decision()["verdict"])
+    return outcome
