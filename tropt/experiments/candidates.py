@@ -125,3 +125,16 @@ def describe_overrides(overrides: Mapping[str, Any]) -> dict[str, str]:
         else:
             out[key] = type(value).__name__
     return out
+
+
+def lr_candidates(setup: Any, factors: tuple[float, ...] = (0.3, 3.0)) -> dict[str, dict[str, Any]]:
+    """Candidates that scale the Setup's learning rate (first param group) by each factor: ``{"lr_x3": {"lr": ...}}``.
+
+    The base LR is read from an optimizer built on a copy of the model (the user's model is not touched).
+    """
+    from ..snapshot import preserved
+
+    with preserved():
+        ctx = setup.build()
+    lr = float(ctx.optimizer.param_groups[0]["lr"])
+    return {f"lr_x{f:g}": {"lr": lr * f} for f in factors}
