@@ -98,7 +98,7 @@ def plot_tradeoff(comparison: Any, ax: Any = None) -> Any:
     ax.scatter(x[ok], y[ok], c=[c for c, k in zip(colours, ok) if k], s=50, zorder=3)
     for name, xi, yi, v, k in zip(frame.index, x, y, frame["verdict"], ok):
         if k:
-            ax.annotate(f"{name}\n{v}", (xi, yi), fontsize=7, xytext=(4, 4), textcoords="offset points")
+            ax.annotate(name if v == "baseline" else f"{name}\n{v}", (xi, yi), fontsize=7, xytext=(4, 4), textcoords="offset points")
     idx = np.flatnonzero(ok)
     if idx.size:
         front = idx[pareto_front(x[ok], y[ok], comparison.higher_is_better)]
