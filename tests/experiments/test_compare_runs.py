@@ -154,3 +154,25 @@ def test_json_round_trip_html_and_plots(tmp_path):
     assert len(ax.lines) >= 2
     ax2 = comp.plot_tradeoff()
     assert len(ax2.collections) >= 1
+
+
+def test_model_factory_is_seeded_per_run_and_best_selection():
+    from torch import nn
+
+    built = []
+
+    def wide():
+        m = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 3))
+        built.append(m[0].weight.detach().clone())
+        return m
+
+    comp = tropt.compare(make_setup(), {"wide": {"model": wide}}, budget=tropt.Budget(steps=20), eval_every=5,
+                         select="best", progress=False)
+    assert len(built) == 3  # one model per seed, built with that seed set: different starts, reproducible
+    assert not torch.equal(built[0], built[1])
+    torch.manual_seed(1)
+    assert torch.equal(wide()[0].weight, built[1])
+    for r in comp.runs.itertuples():
+        c = comp.curves(r.candidate, r.seed)
+        assert r.score == r.best == min(c["val_loss"])
+        assert r.best_step == c["eval_step"][c["val_loss"].index(r.best)]
