@@ -231,7 +231,7 @@ def _sum_or_nan(xs: list) -> float:
     return float(np.sum(v)) if v else math.nan
 
 
-_NUMERIC = ("score", "final", "best", "seconds", "train_seconds", "samples_per_s", "peak_memory_mb")
+_NUMERIC = ("score", "final", "best", "seconds", "train_seconds", "cpu_seconds", "samples_per_s", "peak_memory_mb")
 
 
 def _restore_nan(r: dict) -> dict:

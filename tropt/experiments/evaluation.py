@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..batching import batch_size
+from ..batching import batch_size, to_device
 from ..errors import StepError
 from ..metric import Metric, as_score
 
@@ -50,7 +50,10 @@ def _default_scores(setup: Any, ctx: Any, prefix: str) -> dict[str, float]:
 
     total, count, correct, counted = 0.0, 0, 0, 0
     objective, classify = None, setup.num_classes is not None
-    for i, batch in enumerate(setup.batches(None, which="val", cycle=False)):
+    # The split is read as it is (no reseeding per evaluation: the order does not change a mean, and _EvalMode
+    # puts back whatever RNG state a shuffling loader draws from).
+    for i, raw in enumerate(setup.loader("val")):
+        batch = to_device(raw, ctx.device)
         with Capture(ctx.model) as cap, ctx.autocast():
             loss = float(setup.loss(ctx.model, batch).float())
         n = batch_size(batch)
