@@ -89,6 +89,10 @@ def test_bad_guardrails_and_early_stopping():
         _compare(early_stopping="soon")
     with pytest.raises(TroptError, match="executor"):
         _compare(executor=object())
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(1) as threads, pytest.raises(TroptError, match="share torch's global random state"):
+        _compare(executor=threads)
     with pytest.raises(TroptError, match="tracking"):
         _compare(tracking=42)
 

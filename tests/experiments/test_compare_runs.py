@@ -7,6 +7,7 @@ import json
 import math
 import time
 
+import pytest
 import torch
 from compare_factory import adam, make_setup
 
@@ -147,6 +148,8 @@ def test_json_round_trip_html_and_plots(tmp_path):
     pd.testing.assert_frame_equal(comp.decision(), again.decision())
     runs = comp.runs
     assert (runs["cost"] - runs["seconds"] / 1000).abs().max() < 1e-12  # 3.6 per hour = 0.001 per second
+    d = comp.decision().iloc[0]
+    assert d["cost_per_run"] == pytest.approx(runs.query("candidate == 'adam'")["cost"].mean())
     assert "test_loss" in runs.columns and "never used for selection" in " ".join(comp.notes)
     html = comp._repr_html_()
     assert "adam" in html and comp.decision().iloc[0]["verdict"] in html

@@ -124,10 +124,11 @@ def decide(name: str, cand_runs: list[dict], base_runs: list[dict], stats: Paire
     numbers = (f"{metric} {_g(c_mean)} vs baseline {_g(b_mean)}; paired gain {_g(stats.gain)} "
                f"(95% CI {_g(stats.ci_low)}..{_g(stats.ci_high)}, p={_g(stats.p_value)}, seed noise {_g(stats.noise)}, "
                f"{stats.n} seeds)")
+    costs = [r.get("cost") for r in cand_runs if _finite(r.get("cost"))]
     out = {"candidate": name, "metric": metric, "mean": c_mean, "baseline_mean": b_mean, "gain": stats.gain,
            "p_value": stats.p_value, "noise": stats.noise, "seeds": stats.n, "unstable_runs": unstable_c,
            "baseline_unstable_runs": unstable_b, "failed_runs": sum(r["status"] == "failed" for r in cand_runs),
-           "seconds": secs_c, "baseline_seconds": secs_b}
+           "seconds": secs_c, "baseline_seconds": secs_b, "cost_per_run": float(np.mean(costs)) if costs else math.nan}
 
     def verdict(v: str, reason: str) -> dict[str, Any]:
         return {**out, "verdict": v, "reason": reason}
