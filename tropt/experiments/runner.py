@@ -182,15 +182,12 @@ def _curve_signals(losses: list[float], lrs: list[float]) -> dict[str, Any]:
     return out
 
 
-def _train(spec: RunSpec, run: _Run, callback: Callable[[dict], Any] | None) -> tuple[Any, Any]:
-    """The training loop of one run; fills ``run`` and returns (setup, ctx) for the final evaluations."""
-    from ..dynamics._run import StepRunner, as_loss, sync
-
-    budget = spec.budget
+def _start(spec: RunSpec, run: _Run) -> tuple[Any, Any]:
+    """The run's Setup (its seed) and fresh training objects: the model factory's or a copy, re-initialised on request."""
     setup = spec.setup.replace(seed=spec.seed)
     model = None
     if spec.model_factory is not None:
-        torch.manual_seed(spec.seed)
+        torch.manual_seed(spec.seed)  # the factory's initialisation is the seed's
         model = spec.model_factory()
         if not isinstance(model, torch.nn.Module):
             raise TroptError(f"the model factory returned a {type(model).__name__}, not an nn.Module", "return the module")
@@ -198,30 +195,72 @@ def _train(spec: RunSpec, run: _Run, callback: Callable[[dict], Any] | None) -> 
     if spec.reinit:
         _reinit(ctx.model, spec.seed)
     run.optimizer = _optimizer_label(ctx.optimizer)
-    cuda = ctx.device.type == "cuda"
-    if cuda:
+    if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     else:
         run.peak_mb = _memory_now(ctx.device)
-    runner = StepRunner(setup, ctx)
-    direct = False
-    limit = budget.steps if budget.steps is not None else sys.maxsize
+    return setup, ctx
+
+
+def _cut(batch: Any, n: int, budget: Budget, seen: int) -> tuple[Any, int]:
+    """The batch, cut so a samples budget is met exactly (the last batch of a run may be partial)."""
+    if budget.samples is not None and seen + n > budget.samples:
+        keep = budget.samples - seen
+        return split_batch(batch, sizes=[keep, n - keep])[0], keep
+    return batch, n
+
+
+class _Stepper:
+    """Calls the Setup's step and reads its loss. The first step goes through :class:`StepRunner` (which finds where
+    the loss comes from); once the step is seen to return its loss, later steps call it with no wrapper at all."""
+
+    def __init__(self, setup: Any, ctx: Any) -> None:
+        from ..dynamics._run import StepRunner
+
+        self.setup, self.ctx = setup, ctx
+        self.runner = StepRunner(setup, ctx)
+        self.direct = False
+
+    def __call__(self, micro: list) -> Any:
+        from ..dynamics._run import as_loss
+
+        if self.direct:
+            return as_loss(self.setup.run_step(self.ctx, micro))
+        loss = self.runner.step(micro)
+        if self.runner.source == "step return":
+            self.ctx.loss_fn, self.direct = self.runner.recorder.inner, True
+        return loss
+
+
+def _checkpoint(spec: RunSpec, run: _Run, setup: Any, ctx: Any, callback: Callable | None) -> bool | None:
+    """At an evaluation point: None when the loss went non-finite (the run failed), else whether early stopping
+    says stop. Records the scores and the memory high-water mark."""
+    bad = run.nonfinite_step()
+    if bad is not None:
+        run.fail(f"non-finite training loss at step {run.loss_steps[bad - 1]}", "non_finite")
+        return None
+    early = run.evaluate(setup, ctx)
+    if ctx.device.type != "cuda":
+        run.peak_mb = max(run.peak_mb, _memory_now(ctx.device))
+    if callback is not None:
+        callback({"candidate": spec.candidate, "seed": spec.seed, "step": run.steps, "total": spec.budget.steps,
+                  **{k: v[-1] for k, v in run.evals.items()}})
+    return early
+
+
+def _train(spec: RunSpec, run: _Run, callback: Callable[[dict], Any] | None) -> tuple[Any, Any]:
+    """The training loop of one run; fills ``run`` and returns (setup, ctx) for the final evaluations."""
+    from ..dynamics._run import sync
+
+    budget = spec.budget
+    setup, ctx = _start(spec, run)
+    step = _Stepper(setup, ctx)
     t0, c0 = time.perf_counter(), time.thread_time()
-    eval_time = 0.0
-    stop = None
-    for batch in setup.batches(limit, seed=spec.seed):
-        n = batch_size(batch)
-        if budget.samples is not None and run.samples + n > budget.samples:  # cut the last batch: samples are exact
-            keep = budget.samples - run.samples
-            batch, n = split_batch(batch, sizes=[keep, n - keep])[0], keep
+    eval_time, stop = 0.0, None
+    for batch in setup.batches(budget.steps if budget.steps is not None else sys.maxsize, seed=spec.seed):
+        batch, n = _cut(batch, batch_size(batch), budget, run.samples)
         k = min(ctx.accumulation_steps, n)
-        micro = [batch] if k == 1 else split_batch(batch, k)
-        if direct:  # the step returns its loss: no recording wrapper around loss_fn needed
-            loss = as_loss(setup.run_step(ctx, micro))
-        else:
-            loss = runner.step(micro)
-            if run.steps == 0 and runner.source == "step return":
-                ctx.loss_fn, direct = runner.recorder.inner, True
+        loss = step([batch] if k == 1 else split_batch(batch, k))
         run.steps += 1
         run.samples += n
         if loss is not None:  # None only on the first step of a loop whose loss tropt reads by an extra forward
@@ -230,21 +269,14 @@ def _train(spec: RunSpec, run: _Run, callback: Callable[[dict], Any] | None) -> 
             run.lrs.append(float(ctx.optimizer.param_groups[0]["lr"]) if ctx.optimizer.param_groups else math.nan)
         done = (budget.steps is not None and run.steps >= budget.steps) or (
             budget.samples is not None and run.samples >= budget.samples)
-        if budget.seconds is not None and time.perf_counter() - t0 >= budget.seconds and not done:
+        if budget.seconds is not None and not done and time.perf_counter() - t0 >= budget.seconds:
             stop = "seconds"
         if done or stop or run.steps % spec.eval_every == 0:
-            bad = run.nonfinite_step()
-            if bad is not None:
-                run.fail(f"non-finite training loss at step {run.loss_steps[bad - 1]}", "non_finite")
-                break
             e0 = time.perf_counter()
-            early = run.evaluate(setup, ctx)
+            early = _checkpoint(spec, run, setup, ctx, callback)
             eval_time += time.perf_counter() - e0
-            if not cuda:
-                run.peak_mb = max(run.peak_mb, _memory_now(ctx.device))
-            if callback is not None:
-                callback({"candidate": spec.candidate, "seed": spec.seed, "step": run.steps, "total": budget.steps,
-                          **{k: v[-1] for k, v in run.evals.items()}})
+            if early is None:
+                break
             if early and not done and not stop:
                 stop = "early_stopping"
         if done or stop:
@@ -253,7 +285,7 @@ def _train(spec: RunSpec, run: _Run, callback: Callable[[dict], Any] | None) -> 
     run.seconds = time.perf_counter() - t0
     run.cpu_seconds = time.thread_time() - c0  # this thread's CPU time: wall time minus waiting for a core
     run.train_seconds = max(run.seconds - eval_time, 0.0)
-    if cuda:
+    if ctx.device.type == "cuda":
         run.peak_mb = torch.cuda.max_memory_allocated(ctx.device) / 2**20
     if run.status == "ok":
         run.stopped_by = stop or ("steps" if budget.steps is not None and run.steps >= budget.steps else "samples")
