@@ -29,8 +29,12 @@ _LAZY = {
     "run_identity": "tropt.identity",
     "GradientMonitor": "tropt.model.monitor",
     "dashboard": "tropt.widgets",
+    "Budget": "tropt.experiments.budget",
+    "Guardrails": "tropt.experiments.budget",
+    "compare": "tropt.experiments.orchestration",
+    "Comparison": "tropt.experiments.comparison",
 }
-_SUBMODULES = {"data", "model", "loop", "dynamics", "perf", "plots", "widgets", "report", "testing", "registry"}
+_SUBMODULES = {"data", "model", "loop", "dynamics", "perf", "plots", "widgets", "report", "testing", "registry", "experiments"}
 
 __all__ = sorted(_LAZY) + ["__version__"]
 

@@ -95,6 +95,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if outcome.error:
         print(f"tropt: report failed: {outcome.error}", file=sys.stderr)
     print(f"notebook: {outcome.notebook}\nhtml:     {outcome.html}" + (f"\nfindings: {outcome.findings}" if outcome.findings else ""))
+    if outcome.comparison is not None:
+        from .experiments.comparison import Comparison
+
+        print(f"comparison: {outcome.comparison}\n{Comparison.from_json(str(outcome.comparison)).summary()}")
     return outcome.exit_code(args.fail_on)
 
 

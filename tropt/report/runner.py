@@ -21,16 +21,13 @@ from typing import Any, Iterator, Mapping
 from ..errors import TroptError, require
 from ..result import Report
 
-NOTEBOOKS = {"diagnose": "diagnose.ipynb", "data": "data_checks.ipynb"}
+NOTEBOOKS = {"diagnose": "diagnose.ipynb", "data": "data_checks.ipynb", "compare": "compare.ipynb"}
 KERNEL_NAME = "tropt-python"
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 
 def notebook_path(kind: str) -> Path:
-    """The shipped notebook for a report kind ("diagnose" or "data")."""
-    if kind == "compare":
-        raise TroptError("the 'compare' report needs experiment comparison (tropt.compare), which this version does not have yet",
-                         "use 'diagnose' or 'data'")
+    """The shipped notebook for a report kind ("diagnose", "data" or "compare")."""
     if kind not in NOTEBOOKS:
         raise TroptError(f"unknown report kind {kind!r}", f"choose one of: {', '.join(NOTEBOOKS)}")
     path = Path(str(resources.files("tropt") / "notebooks" / NOTEBOOKS[kind]))
@@ -204,9 +201,13 @@ class ReportOutcome:
     report: Report | None
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    comparison: Path | None = None  # the compare report's comparison.json
+    escalated: bool = False  # a compare decision said "escalate: budget"
 
     def exit_code(self, fail_on: str = "fail") -> int:
-        """0 ok, 1 the findings fail the gate, 2 the notebook itself failed."""
+        """0 ok, 1 the findings fail the gate (compare: a decision escalates), 2 the notebook itself failed."""
+        if self.error is None and self.comparison is not None:
+            return 1 if self.escalated and fail_on != "never" else 0
         if self.error is not None or self.report is None:
             return 2
         return 1 if self.report.failed(fail_on) else 0
@@ -234,7 +235,7 @@ def to_html(notebook: Path, html: Path, *, no_input: bool = False) -> None:
     html.write_text(body, encoding="utf-8")
 
 
-OUTPUT_FILES = ("report.ipynb", "report.html", "findings.json", "kernel.log")
+OUTPUT_FILES = ("report.ipynb", "report.html", "findings.json", "comparison.json", "kernel.log")
 
 
 def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.PathLike, *, no_input: bool = False,
@@ -265,7 +266,14 @@ def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.Pa
     report = Report.from_json(str(findings)) if findings.exists() else None
     if report is not None:
         timings["checks_s"] = sum(r.duration_s or 0.0 for r in report)
-    return ReportOutcome(out / "report.ipynb", out / "report.html", findings if findings.exists() else None, report, error, timings)
+    outcome = ReportOutcome(out / "report.ipynb", out / "report.html", findings if findings.exists() else None, report, error, timings)
+    comparison = out / "comparison.json"
+    if comparison.exists() and error is None:
+        from ..experiments.comparison import Comparison
+
+        outcome.comparison = comparison
+        outcome.escalated = any(v.startswith("escalate") for v in Comparison.from_json(str(comparison)).decision()["verdict"])
+    return outcome
 
 
 def _execute(papermill, source: Path, params: dict, work: Path, *, no_input: bool, timeout_s: int) -> tuple[str | None, dict]:

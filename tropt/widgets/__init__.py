@@ -21,6 +21,7 @@ _LAZY = {
     "GradientFlowPanel": "tropt.widgets.model",
     "LoopPanel": "tropt.widgets.loop",
     "DynamicsPanel": "tropt.widgets.dynamics",
+    "ComparePanel": "tropt.widgets.experiments",
     "Dashboard": "tropt.widgets.board",
     "dashboard": "tropt.widgets.board",
 }

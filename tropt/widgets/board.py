@@ -14,7 +14,8 @@ class Dashboard(W.VBox):
     Parameters
     ----------
     setup
-        A :class:`tropt.Setup` (adds the Overfit, Gradient flow, Loop and Dynamics tabs).
+        A :class:`tropt.Setup` (adds the Overfit, Gradient flow, Loop and Dynamics tabs, and Compare when it has
+        ``val_data``).
     splits
         Data splits (adds the Data tab).
     label, group, time
@@ -28,6 +29,7 @@ class Dashboard(W.VBox):
         from ..errors import TroptError
         from .data import DataPanel
         from .dynamics import DynamicsPanel
+        from .experiments import ComparePanel
         from .loop import LoopPanel
         from .model import GradientFlowPanel, OverfitPanel
 
@@ -44,6 +46,8 @@ class Dashboard(W.VBox):
             self.panels["Gradient flow"] = GradientFlowPanel(setup)
             self.panels["Loop"] = LoopPanel(setup)
             self.panels["Dynamics"] = DynamicsPanel(setup)
+            if setup.val_data is not None:  # compare selects on the validation split only
+                self.panels["Compare"] = ComparePanel(setup)
         self.report: Any = None
         self.action = Action("Diagnose all", self._job, icon="stethoscope")
         what = " and ".join(x for x, v in (("the Setup", setup), ("the splits", splits)) if v is not None)
