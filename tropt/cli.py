@@ -55,12 +55,16 @@ def _cmd_checks(args: argparse.Namespace) -> int:
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from .diagnosis import diagnose
     from .loading import load_setup
+    from .report.outputs import check_output_file
 
+    for flag, path in (("--json", args.json), ("--html", args.html)):
+        if path:
+            check_output_file(path, flag)  # before any check runs: a bad path must not cost the run
     setup = load_setup(args.setup) if args.setup else None
     if setup is not None and args.seed is not None:
         setup = setup.replace(seed=args.seed)
     report = diagnose(setup, _parse_splits(args.split), label=args.label, group=args.group, time=args.time,
-                      checks=args.checks, progress=not args.no_progress)
+                      checks=args.checks, task=args.task, progress=not args.no_progress)
     print(format_report(report))
     if args.json:
         report.to_json(args.json)
@@ -110,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", help="group/entity id column of the splits")
     p.add_argument("--time", help="timestamp column of the splits")
     p.add_argument("--checks", help="comma-separated ids, prefixes (loop) or stage numbers; default all")
+    p.add_argument("--task", choices=["classification", "regression"], help="the label's task (default: inferred from the labels)")
     p.add_argument("--seed", type=int, help="override the Setup's seed")
     p.add_argument("--json", metavar="FILE", help="write findings as JSON")
     p.add_argument("--html", metavar="FILE", help="write a standalone HTML report")
@@ -128,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 1 gate failed, 2 bad input or a failed report notebook)."""
+    """Entry point; returns the exit status (0 ok, 1 gate failed, 2 bad input or a failed report notebook,
+    130/143 interrupted/terminated)."""
     args = build_parser().parse_args(argv)
     try:
         if args.command == "diagnose" and not args.setup and not args.split:
@@ -137,6 +143,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TroptError as exc:
         print(f"tropt: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # writing an output failed: bad input, not a failed gate (exit 1 means only that)
+        print(f"tropt: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        from .report.runner import Terminated
+
+        terminated = isinstance(exc, Terminated)
+        where = f"; {args.output} holds the previous report, unchanged" if args.command == "report" else ""
+        print(f"tropt: {'terminated' if terminated else 'interrupted'}{where}", file=sys.stderr)
+        return 143 if terminated else 130
 
 
 if __name__ == "__main__":  # pragma: no cover

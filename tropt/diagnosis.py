@@ -16,6 +16,10 @@ from .setup import Setup
 
 def error_result(check: str, exc: BaseException, duration_s: float | None = None) -> CheckResult:
     """The ERROR result for a check that raised: the message says why; the fix becomes the advice."""
+    if isinstance(exc, SystemExit):  # sys.exit()/exit() in the user's code: their code stopped, not tropt
+        return CheckResult(check, Status.ERROR, f"could not run: the code under test raised SystemExit({exc.code!r})",
+                           {"error_type": "SystemExit"}, duration_s=duration_s,
+                           advice=["Do not call sys.exit() or exit() in a step, loss_fn or factory: raise an exception that says what went wrong."])
     if isinstance(exc, TroptError):
         return CheckResult(check, Status.ERROR, f"could not run: {exc}", {"error_type": type(exc).__name__},
                            advice=[exc.fix] if exc.fix else [], duration_s=duration_s)
@@ -42,7 +46,7 @@ def run_check(spec: CheckSpec, subject: Any, options: Mapping[str, Any]) -> Chec
             raise TypeError(f"check {spec.id} returned {type(result).__name__}, not a CheckResult")
     except Cancelled:  # a stop request (a callback raised it) ends the run instead of becoming a result
         raise
-    except Exception as exc:  # noqa: BLE001 - a check never crashes the report
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a check never crashes the report; KeyboardInterrupt stops it
         return error_result(spec.id, exc, time.perf_counter() - start)
     if result.duration_s is None:
         object.__setattr__(result, "duration_s", time.perf_counter() - start)
@@ -57,6 +61,7 @@ def diagnose(
     group: str | None = None,
     time: str | None = None,  # noqa: A002 - the public parameter name is fixed
     checks: str | list[str] | None = None,
+    task: str | None = None,
     progress: bool = True,
     callback: Any = None,
 ) -> Report:
@@ -72,6 +77,9 @@ def diagnose(
         Column names (or keys/indices) for the data checks.
     checks
         None/"all", or a list of ids, stage prefixes ("loop") or stage numbers ("4").
+    task
+        "classification" or "regression" for the label checks; None infers it from the labels (integer labels with
+        more than 50 distinct values read as regression: pass task="classification" for many classes).
     progress
         Show a progress bar over checks.
     callback
@@ -92,14 +100,16 @@ def diagnose(
     if splits is not None and not isinstance(splits, Mapping):
         raise TroptError(f"diagnose: splits is a {type(splits).__name__}, expected a mapping of split name to data",
                          "pass e.g. {'train': df_train, 'test': df_test}")
+    if task not in (None, "classification", "regression"):
+        raise TroptError(f"diagnose: task={task!r} is not 'classification' or 'regression'", "pass one of those, or None to infer it from the labels")
     specs = select(checks)
-    setup_error: Exception | None = None
+    setup_error: BaseException | None = None
     if setup is not None and any(s.needs == "setup" for s in specs):
         try:
             setup.validate()
-        except Exception as exc:  # noqa: BLE001 - reported once per setup check, the data checks still run
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported once per setup check, the data checks still run
             setup_error = exc
-    options = {"label": label, "group": group, "time": time, "progress": progress, "callback": callback}
+    options = {"label": label, "group": group, "time": time, "task": task, "progress": progress, "callback": callback}
     results = []
     bar = tqdm(specs, desc="tropt diagnose", disable=not progress, leave=False)
     for index, spec in enumerate(bar):

@@ -46,12 +46,12 @@ PUBLIC_IDS: dict[str, int] = {
         4,
     ),
     **dict.fromkeys(["dynamics.loss_curve", "dynamics.lr_range"], 5),
-    **dict.fromkeys(["perf.throughput", "perf.precision"], 6),
+    **dict.fromkeys(["perf.throughput", "perf.precision", "perf.memory"], 6),
 }
 _ORDER = {check: i for i, check in enumerate(PUBLIC_IDS)}
 
 # Modules holding implemented checks; each issue that lands checks adds its module here.
-CHECK_MODULES: tuple[str, ...] = ("tropt.data", "tropt.loop", "tropt.model", "tropt.dynamics.loss_curve", "tropt.dynamics.lr_range", "tropt.perf.throughput", "tropt.perf.precision")
+CHECK_MODULES: tuple[str, ...] = ("tropt.data", "tropt.loop", "tropt.model", "tropt.dynamics.loss_curve", "tropt.dynamics.lr_range", "tropt.perf.throughput", "tropt.perf.precision", "tropt.perf.memory")
 
 
 @dataclass(frozen=True)

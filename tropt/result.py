@@ -11,6 +11,7 @@ import dataclasses
 import html
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterator, Mapping
@@ -364,19 +365,23 @@ class Report:
         return cls.from_dict(json.loads(text))
 
     def to_markdown(self) -> str:
-        """A Markdown summary: one table row per check, then advice and evidence sizes for non-passing ones."""
+        """A Markdown summary: one table row per check, then advice and evidence sizes for non-passing ones.
+
+        Every piece of text (summaries, advice, table names, cells, column names) is escaped, so a value holding HTML
+        or Markdown renders as that text, never as markup.
+        """
+        t = _md_text
         lines = [f"# tropt report — {self.status.value.upper()}", ""]
         lines += ["| status | check | summary |", "|---|---|---|"]
         for r in self.results:
-            summary = r.summary.replace("|", "\\|")
-            lines.append(f"| {r.status.value.upper()} | `{r.check}` | {summary} |")
+            lines.append(f"| {r.status.value.upper()} | {_md_id(r.check)} | {_md_cell(r.summary)} |")
         for r in self.results:
             if r.ok:
                 continue
-            lines += ["", f"## {r.status.value.upper()} `{r.check}` — {r.title}", "", r.summary]
-            lines += [f"- {a}" for a in r.advice]
+            lines += ["", f"## {r.status.value.upper()} {_md_id(r.check)} — {t(r.title)}", "", t(r.summary)]
+            lines += [f"- {t(a)}" for a in r.advice]
             for name, df in r.tables.items():
-                lines += ["", f"**{name}** ({len(df)} rows)", "", _markdown_table(df.head(HTML_MAX_ROWS))]
+                lines += ["", f"**{t(name)}** ({len(df)} rows)", "", _markdown_table(df.head(HTML_MAX_ROWS))]
                 if len(df) > HTML_MAX_ROWS:
                     lines.append(f"\n_{len(df) - HTML_MAX_ROWS} more rows_")
         return "\n".join(lines) + "\n"
@@ -419,9 +424,31 @@ def _parent_dir(path) -> None:
         os.makedirs(parent, exist_ok=True)
 
 
+# Markdown syntax that could turn text into links, images, code or emphasis; backslash-escaped (renders invisibly).
+_MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_[]"})
+_PLAIN_ID = re.compile(r"[a-z0-9_.]+")
+
+
+def _md_text(value: Any) -> str:
+    """User text as inert Markdown: HTML escaped (``<script>`` shows as text), Markdown syntax backslash-escaped,
+    and line breaks folded so the text cannot start a new block (a heading, a raw HTML block)."""
+    text = html.escape(str(value), quote=False).translate(_MD_SPECIAL)  # quotes matter only inside tags
+    return " ".join(text.splitlines())
+
+
+def _md_id(check: str) -> str:
+    """A check id as inline code when it is a plain id (it may come from an untrusted findings.json)."""
+    return f"`{check}`" if _PLAIN_ID.fullmatch(check) else _md_text(check)
+
+
+def _md_cell(value: Any) -> str:
+    """A table cell: :func:`_md_text` plus escaped pipes, so a value never splits into another column."""
+    return _md_text(value).replace("|", "\\|")
+
+
 def _markdown_table(df: pd.DataFrame) -> str:
     cols = [str(df.index.name or "")] + [str(c) for c in df.columns]
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out = ["| " + " | ".join(_md_cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
     for idx, row in df.iterrows():
-        out.append("| " + " | ".join([_fmt(idx)] + [_fmt(v) for v in row.tolist()]) + " |")
+        out.append("| " + " | ".join(_md_cell(_fmt(v)) for v in [idx, *row.tolist()]) + " |")
     return "\n".join(out)

@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from .batching import batch_size, to_device
+from .batching import BatchLayout, to_device
 from .errors import SetupError, StepError, TroptError
-from .training import PRECISION_DTYPES, StepContext, standard_step
+from .training import PRECISION_DTYPES, StepContext, standard_step, accelerate_told
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 
@@ -82,7 +82,9 @@ class Setup:
         ``loss_fn(model, batch) -> scalar loss tensor`` (covers tuples, dicts, HF-style models).
     optimizer
         ``optimizer(model) -> torch.optim.Optimizer``, a factory so param groups are the user's. An optimizer
-        instance built on ``model`` is accepted too and turned into a factory (its state is not copied).
+        instance built on ``model`` is accepted too and turned into a factory (its state is not copied). None for
+        a step that updates the parameters by hand (``ctx.optimizer`` is then None; checks observe the update as
+        the parameter change around the step).
     train_data
         A DataLoader, a map-style Dataset (batched by ``batch_size``, drawn in a seeded shuffled order), or a list
         of batches.
@@ -99,7 +101,8 @@ class Setup:
     precision
         "fp32", "bf16" or "fp16" (autocast).
     use_scaler
-        Use a ``torch.amp.GradScaler`` (only meaningful with fp16).
+        Use a ``torch.amp.GradScaler`` (only needed with fp16; accepted with fp32/bf16, where loop.loss_scaling warns
+        that it is unnecessary).
     num_classes
         Number of classes, when the objective is classification.
     save_state, load_state
@@ -119,12 +122,18 @@ class Setup:
     distributed
         True when the loop is meant to run under DistributedDataParallel: ``loop.ddp`` then WARNs about wasted
         all-reduces (communication only); otherwise that finding is a latent note.
+    batch_dim
+        The dimension along which every batch tensor holds its samples (1 for time-major ``(seq, batch)``
+        batches; a flattened ``(seq * batch,)`` target beside them is split as ``(seq, batch)``).
+    split_fn, size_fn
+        For layouts tropt cannot infer: ``split_fn(batch, sizes) -> list of micro-batches`` (contiguous, holding
+        ``sizes[i]`` samples each) and ``size_fn(batch) -> number of samples``; given together.
     """
 
     model: nn.Module
     loss_fn: Callable[[nn.Module, Any], torch.Tensor]
-    optimizer: OptimizerFactory
-    train_data: Any
+    optimizer: OptimizerFactory | None = None
+    train_data: Any = None
     val_data: Any = None
     scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
     step: Callable[[StepContext, list], Any] | None = None
@@ -142,6 +151,9 @@ class Setup:
     metric: Any = None
     eval_augmentation: bool = False
     distributed: bool = False
+    batch_dim: int = 0
+    split_fn: Callable[[Any, list[int]], list] | None = None
+    size_fn: Callable[[Any], int] | None = None
     _validated: dict = field(default_factory=dict, init=False, repr=False)
 
     # ------------------------------------------------------------------ construction-time validation
@@ -165,7 +177,15 @@ class Setup:
                 "give it exactly two positional parameters: (model, batch)",
             )
         opt = self.optimizer
-        if isinstance(opt, torch.optim.Optimizer):
+        if opt is None:
+            if self.step is None:
+                raise err("Setup: optimizer=None needs your own step: tropt.standard_step updates through an optimizer",
+                          "pass optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=...), or step=step(ctx, micro_batches) "
+                          "that updates the parameters by hand (ctx.optimizer is then None)")
+            if self.scheduler is not None:
+                raise err("Setup: a scheduler needs an optimizer, but optimizer=None",
+                          "pass the optimizer factory too, or set the learning rate by hand in your step and leave scheduler=None")
+        elif isinstance(opt, torch.optim.Optimizer):
             object.__setattr__(self, "optimizer", optimizer_factory_from(opt, self.model))
         elif isinstance(opt, type) and issubclass(opt, torch.optim.Optimizer):
             raise err(
@@ -205,12 +225,18 @@ class Setup:
                 raise err(f"Setup: grad_clip={self.grad_clip!r}; it must be a positive finite number or None", "e.g. grad_clip=1.0, or None to disable clipping")
         if self.precision not in PRECISION_DTYPES:
             raise err(f"Setup: unknown precision {self.precision!r}", f"use one of {', '.join(PRECISION_DTYPES)}")
-        if self.use_scaler and self.precision != "fp16":
-            raise err(
-                f"Setup: use_scaler=True with precision={self.precision!r}, which needs no loss scaling "
-                "(only fp16's narrow exponent range underflows small gradients)",
-                "set use_scaler=False, or precision='fp16'",
-            )
+        # use_scaler with fp32/bf16 is a legal loop (AMP turned off, scaler kept): loop.loss_scaling warns about it.
+        if isinstance(self.batch_dim, bool) or not isinstance(self.batch_dim, int) or self.batch_dim < 0:
+            raise err(f"Setup: batch_dim={self.batch_dim!r}; it must be an integer >= 0",
+                      "use 0 for (batch, ...) tensors, 1 for time-major (seq, batch, ...) tensors")
+        if (self.split_fn is None) != (self.size_fn is None):
+            raise err("Setup: split_fn and size_fn must be given together",
+                      "pass both: split_fn(batch, sizes) -> list of micro-batches and size_fn(batch) -> number of samples")
+        for name in ("split_fn", "size_fn"):
+            fn = getattr(self, name)
+            if fn is not None and (not callable(fn) or not _positional_arity_ok(fn, 2 if name == "split_fn" else 1)):
+                sig = "split_fn(batch, sizes) -> list" if name == "split_fn" else "size_fn(batch) -> int"
+                raise err(f"Setup: {name} cannot be called as {sig}", f"define it as {sig}")
         try:
             device = torch.device(self.device)
         except (RuntimeError, TypeError) as exc:
@@ -283,6 +309,19 @@ class Setup:
     def replace(self, **changes: Any) -> "Setup":
         """A new Setup with some fields changed (the original is unchanged)."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def layout(self) -> BatchLayout:
+        """Where batches keep their samples (``batch_dim`` or ``split_fn``/``size_fn``)."""
+        return BatchLayout(self.batch_dim, self.split_fn, self.size_fn)
+
+    def size(self, batch: Any) -> int:
+        """The number of samples in ``batch``, by the Setup's layout."""
+        return self.layout.size(batch)
+
+    def split(self, batch: Any, k: int | None = None, *, sizes: list[int] | None = None) -> list:
+        """Split ``batch`` into ``k`` (or ``sizes``) contiguous micro-batches, by the Setup's layout."""
+        return self.layout.split(batch, k, sizes=sizes)
 
     @property
     def step_fn(self) -> Callable[[StepContext, list], Any]:
@@ -375,6 +414,8 @@ class Setup:
         """
         torch.manual_seed(self.seed if seed is None else seed)
         copy_ = copy.deepcopy(self.model if model is None else model).to(self.device)
+        if self.optimizer is None:
+            return self._context(copy_, None, None, init_scale, accumulation_steps)
         try:
             opt = self.optimizer(copy_)
         except Exception as exc:
@@ -413,6 +454,10 @@ class Setup:
                     f"Setup: the scheduler factory returned a {type(sched).__name__}, expected an LR scheduler",
                     "return e.g. torch.optim.lr_scheduler.StepLR(opt, step_size=10)",
                 )
+        return self._context(copy_, opt, sched, init_scale, accumulation_steps)
+
+    def _context(self, copy_: nn.Module, opt: torch.optim.Optimizer | None, sched: Any, init_scale: float | None,
+                 accumulation_steps: int | None) -> StepContext:
         scaler = None
         if self.use_scaler:
             kwargs = {} if init_scale is None else {"init_scale": init_scale}
@@ -427,12 +472,14 @@ class Setup:
             accumulation_steps=self.accumulation_steps if accumulation_steps is None else accumulation_steps,
             device=self.device,
             precision=self.precision,
+            layout=self.layout,
         )
 
     def run_step(self, ctx: StepContext, micro_batches: list) -> Any:
         """Call the step under test; exceptions from the user's step name it and keep the cause."""
         try:
-            return self.step_fn(ctx, micro_batches)
+            with accelerate_told(ctx, micro_batches):
+                return self.step_fn(ctx, micro_batches)
         except TroptError:
             raise
         except Exception as exc:
@@ -451,7 +498,7 @@ class Setup:
         with preserved(self.model):
             ctx = self.build()
             batch = self.sample_batch()
-            n = batch_size(batch)
+            n = self.size(batch)
             if self.accumulation_steps > n:
                 raise SetupError(
                     f"Setup: accumulation_steps={self.accumulation_steps} but a batch holds only {n} samples",
@@ -469,8 +516,10 @@ class Setup:
                     "Setup: the loss does not depend on any parameter that requires grad (no gradient can flow)",
                     "do not call .item(), .detach() or torch.no_grad() inside loss_fn; check requires_grad on the model",
                 )
-            self._validated.update(ok=True, batch_size=n, optimizer=type(ctx.optimizer).__name__,
-                                   optimizer_defaults={k: v for k, v in ctx.optimizer.defaults.items() if isinstance(v, (int, float, str, bool, tuple))},
+            opt = ctx.optimizer
+            self._validated.update(ok=True, batch_size=n, optimizer=type(opt).__name__ if opt is not None else None,
+                                   optimizer_defaults={k: v for k, v in opt.defaults.items() if isinstance(v, (int, float, str, bool, tuple))}
+                                   if opt is not None else {},
                                    scheduler=type(ctx.scheduler).__name__ if ctx.scheduler is not None else None)
         return self
 
@@ -490,6 +539,8 @@ class Setup:
             "device": str(self.device),
             "seed": self.seed,
         }
+        if self.batch_dim or self.split_fn is not None:  # only when set, so existing identities keep their hash
+            info["batch_layout"] = f"batch_dim={self.batch_dim}" if self.split_fn is None else _describe_callable(self.split_fn)
         for key in ("optimizer", "optimizer_defaults", "scheduler"):
             if key in self._validated:
                 info[key] = self._validated[key]

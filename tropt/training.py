@@ -8,13 +8,15 @@ and may return the step's loss (a tensor or float) or None.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import copy
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from .batching import batch_size
+from .batching import BatchLayout
 
 PRECISION_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -27,7 +29,8 @@ class StepContext:
     ----------
     model, optimizer, scheduler, scaler
         Live training objects (tropt's copies when a check builds them). ``scaler`` is a
-        ``torch.amp.GradScaler`` or None; ``scheduler`` may be None.
+        ``torch.amp.GradScaler`` or None; ``scheduler`` may be None; ``optimizer`` is None for loops that update
+        the parameters by hand (``Setup(optimizer=None)``).
     loss_fn
         ``loss_fn(model, batch) -> scalar tensor``.
     grad_clip
@@ -38,10 +41,17 @@ class StepContext:
         The torch device batches are on.
     precision
         "fp32", "bf16" or "fp16"; :meth:`autocast` gives its context manager.
+    layout
+        Where a batch keeps its samples (:class:`tropt.batching.BatchLayout`); :meth:`batch_size` and
+        :meth:`split` follow it.
+
+    State the step carries from one call to the next (an iteration counter ``ctx.it``, a recurrent hidden state
+    ``ctx.hidden``) belongs on the context as an attribute of the step's own choosing: tropt's checks copy, restore
+    and checkpoint these attributes with the rest of the training state (:meth:`user_state`).
     """
 
     model: nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | None
     scheduler: Any
     scaler: Any
     loss_fn: Callable[[nn.Module, Any], torch.Tensor]
@@ -49,6 +59,50 @@ class StepContext:
     accumulation_steps: int
     device: torch.device
     precision: str = "fp32"
+    layout: BatchLayout = field(default_factory=BatchLayout)
+
+    def batch_size(self, batch: Any) -> int:
+        """The number of samples in ``batch`` (along the Setup's batch dimension, or by its ``size_fn``)."""
+        return self.layout.size(batch)
+
+    def split(self, batch: Any, k: int | None = None, *, sizes: list[int] | None = None) -> list:
+        """Split ``batch`` into ``k`` (or ``sizes``) micro-batches the way the Setup's layout says."""
+        return self.layout.split(batch, k, sizes=sizes)
+
+    def user_state(self) -> dict[str, Any]:
+        """A copy of the attributes the step set on this context (its own state across calls), by name.
+
+        Plain data (numbers, strings, tensors, arrays and containers of them: counters, hidden states) is copied,
+        tensors as detached clones. An object with ``state_dict``/``load_state_dict`` (a scaler wrapper, an EMA
+        model) keeps its identity: its state dict is copied and loaded back in place. Any other object (an
+        ``accelerate.Accelerator``, a logger) is kept by reference: copying it could cut its links to the live
+        training objects or to process-global state.
+        """
+        out: dict[str, Any] = {}
+        for name, value in self._user_attrs().items():
+            if user_state_is_plain(value):
+                out[name] = _copy_plain(value)
+            elif _stateful(value):
+                out[name] = _Stateful(value, copy.deepcopy(value.state_dict()))
+            else:
+                out[name] = value
+        return out
+
+    def load_user_state(self, state: dict[str, Any]) -> None:
+        """Put the step's own attributes back as :meth:`user_state` saw them (attributes set since are removed)."""
+        for name in list(self._user_attrs()):
+            if name not in state:
+                delattr(self, name)
+        for name, value in state.items():
+            if isinstance(value, _Stateful):
+                value.obj.load_state_dict(copy.deepcopy(value.state))
+                setattr(self, name, value.obj)
+            else:
+                setattr(self, name, _copy_plain(value) if user_state_is_plain(value) else value)
+
+    def _user_attrs(self) -> dict[str, Any]:
+        own = {f.name for f in dataclasses.fields(self)}
+        return {k: v for k, v in vars(self).items() if k not in own and not k.startswith("_tropt")}
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The precision's autocast context manager (a no-op for fp32)."""
@@ -56,6 +110,75 @@ class StepContext:
         if dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+
+@dataclass
+class _Stateful:
+    """A step attribute restored in place through its ``load_state_dict``."""
+
+    obj: Any
+    state: Any
+
+
+def _stateful(value: Any) -> bool:
+    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
+
+
+def _copy_plain(value: Any) -> Any:
+    """A copy of plain step state: tensors detached and cloned, containers rebuilt, the rest deep-copied."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copy_plain(v) for k, v in value.items()}
+    return copy.deepcopy(value)
+
+
+def user_state_is_plain(value: Any) -> bool:
+    """Whether a step attribute is plain data (numbers, strings, tensors, arrays and containers of them)
+    that a checkpoint can hold."""
+    import numpy as np
+
+    if value is None or isinstance(value, (bool, int, float, str, bytes, torch.Tensor, np.ndarray, np.generic)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(user_state_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int)) and user_state_is_plain(v) for k, v in value.items())
+    return False
+
+
+@contextlib.contextmanager
+def accelerate_told(ctx: StepContext, micro_batches: list):
+    """Tell Hugging Face accelerate, for one call of the step, that it accumulates over this call's micro-batches.
+
+    ``Accelerator.accumulate()`` decides when to synchronise and step from process-global state (the shared
+    ``GradientState.num_steps``, fixed by ``Accelerator(gradient_accumulation_steps=...)``) and a per-``Accelerator``
+    counter, not from the micro-batches it is given. tropt runs the same step with K = 1 and K = 4 in one process,
+    so for the duration of each call ``GradientState.num_steps`` reads this call's number of micro-batches, and the
+    counter of every ``Accelerator`` the step keeps on ``ctx`` restarts: each call is one accumulation cycle ending
+    in one optimizer step, whatever the script configured. A no-op unless accelerate is already imported (tropt
+    never imports it).
+    """
+    import sys
+
+    state = sys.modules.get("accelerate.state")
+    cls = getattr(state, "GradientState", None)
+    saved = cls.__dict__.get("num_steps") if cls is not None else None
+    if not isinstance(saved, property):
+        yield
+        return
+    n = max(1, len(micro_batches))
+    kind = getattr(sys.modules.get("accelerate"), "Accelerator", None)
+    for value in vars(ctx).values():
+        if kind is not None and isinstance(value, kind):
+            value.step = 0
+    cls.num_steps = property(lambda self: n)
+    try:
+        yield
+    finally:
+        cls.num_steps = saved
 
 
 def needs_metric(scheduler: Any) -> bool:
@@ -78,6 +201,13 @@ def standard_step(ctx: StepContext, micro_batches: list) -> torch.Tensor:
     micro-batches give exactly the gradient of the whole batch; then unscale -> clip -> step -> update ->
     zero_grad, and the scheduler once per optimizer step. Returns the step's loss (detached, sample-weighted).
     """
+    if ctx.optimizer is None:
+        from .errors import SetupError
+
+        raise SetupError(
+            "Setup: optimizer=None but no step function: tropt.standard_step needs an optimizer to step",
+            "pass optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=...), or your own step=step(ctx, micro_batches) "
+            "that updates the parameters by hand")
     if ctx.scheduler is not None and needs_metric(ctx.scheduler):  # fail before any update, not at scheduler.step()
         from .errors import SetupError
 
@@ -86,7 +216,7 @@ def standard_step(ctx: StepContext, micro_batches: list) -> torch.Tensor:
             "tropt.standard_step steps the scheduler once per optimizer step with no argument, so it cannot drive it",
             "pass your own step=step(ctx, micro_batches) that calls ctx.scheduler.step(metric) (e.g. with the step's loss), "
             "or leave the scheduler out of the Setup")
-    sizes = [batch_size(mb) for mb in micro_batches]
+    sizes = [ctx.batch_size(mb) for mb in micro_batches]
     total = sum(sizes)
     step_loss = torch.zeros((), device=ctx.device)
     no_sync = getattr(ctx.model, "no_sync", None)  # DistributedDataParallel: all-reduce once, on the last micro-batch

@@ -138,3 +138,18 @@ def test_non_finite_gradients_never_pass_and_name_no_other_cause(check):
     assert len(r.tables["nonfinite"]) > 0 and r.metrics["nonfinite_step"] >= 1
     # The same Setup with a finite loss: no such finding.
     assert "non-finite" not in check(mlp_setup(k=2, scheduler=False)).summary
+
+
+def test_a_step_that_cannot_take_smaller_micro_batches_is_latent_without_accumulation():
+    def step(ctx, micro_batches):  # a per-batch state sized for the full batch, as a naive recurrent loop keeps
+        if not hasattr(ctx, "state"):
+            ctx.state = torch.zeros(24, 4)
+        for x, y in micro_batches:
+            F.cross_entropy(ctx.model(x) + ctx.state, y).backward()
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+
+    r = check_accumulation(mlp_setup(step, k=1, scheduler=False))
+    assert r.status is Status.WARN and r.metrics["latent"] and "cannot run with 4 micro-batches" in r.summary, r.summary
+    report = tropt.diagnose(mlp_setup(step, k=2, scheduler=False), checks=["loop.accumulation"], progress=False)
+    assert report["loop.accumulation"].status is Status.ERROR  # with accumulation on, the step is broken where it is used

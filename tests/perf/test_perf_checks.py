@@ -199,7 +199,7 @@ def test_registered_and_run_by_diagnose(sample_module):
     s = sample_module.make_setup()
     with untouched(s):
         rep = tropt.diagnose(s, checks=["perf"], progress=False)
-    assert rep.checks == ["perf.throughput", "perf.precision"]
+    assert rep.checks == ["perf.throughput", "perf.precision", "perf.memory"]
     assert all(r.status in (Status.PASS, Status.WARN) for r in rep), [r.summary for r in rep]
 
 

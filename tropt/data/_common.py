@@ -100,9 +100,11 @@ def _class_keys(s: pd.Series) -> pd.Series:
     """Class values comparable across splits: numbers as floats → ints where integral, else as they are."""
     if _is_num(s):
         v = _numeric_values(s)
-        out = pd.Series(v)
-        if np.all(v[np.isfinite(v)] == np.round(v[np.isfinite(v)])):
-            return out.astype("Int64") if np.isnan(v).any() else out.astype(np.int64)
+        finite = np.isfinite(v)
+        # ±inf is no class: it counts as missing here (data.label_sanity reports it as an infinite label)
+        out = pd.Series(np.where(finite, v, np.nan))
+        if np.all(v[finite] == np.round(v[finite])):
+            return out.astype("Int64") if not finite.all() else out.astype(np.int64)
         return out
     return s.astype(object).where(s.notna(), None)
 

@@ -210,12 +210,37 @@ def _fmt_sim(x: float) -> str:
     return f"{x:.{digits}f}"
 
 
+def _shape_text(d: Any) -> str:
+    return "×".join(map(str, d.image_shape)) if d.image_shape is not None else f"{d.numeric.shape[1]} values"
+
+
+def _shape_mismatch(cid: str, datas: list) -> CheckResult:
+    """Splits whose samples differ in shape: evaluation data not prepared like training data (this check's finding;
+    the others compare labels or fingerprints and need not repeat it). Images of different sizes are a FAIL (a
+    resize or crop applied to one split only); other samples (sequences of another length) a WARN."""
+    first = datas[0]
+    odd = [d for d in datas[1:] if _shape_text(d) != _shape_text(first)]
+    images = all(d.image_shape is not None for d in [first, *odd])
+    what = "images" if images else "samples"
+    table = pd.DataFrame([{"split": d.name, "sample_shape": _shape_text(d), "values": int(d.numeric.shape[1]),
+                           "same_as_first": _shape_text(d) == _shape_text(first)} for d in datas])
+    summary = (f"{what} of {first.name!r} are {_shape_text(first)} but "
+               + ", ".join(f"{d.name!r} {what} are {_shape_text(d)}" for d in odd)
+               + ": the splits are not prepared alike (a resize, crop or padding applied to one split only), so the "
+                 "model is evaluated on inputs unlike those it trains on; near duplicates cannot be compared across them")
+    advice = [f"Give every split the same preprocessing as {first.name!r} (the same resize/crop, e.g. "
+              f"transforms.Resize and CenterCrop to {_shape_text(first)}, or the same padding length) and rerun."]
+    metrics = {"shape_mismatch": True, **{f"sample_shape.{d.name}": _shape_text(d) for d in datas}}
+    return CheckResult(cid, Status.FAIL if images else Status.WARN, summary, metrics, {"sample_shapes": table}, advice)
+
+
 @register("data.near_duplicates", title="Near duplicates across splits",
           description="rows/samples of a later split nearly identical (cosine) to one in an earlier split", needs="splits")
 def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
                           enabled: bool | str = "auto", threshold: float | None = None, calibration: float = 0.05,
                           min_similarity: float = 0.95, phash_max_distance: int = 10,
-                          hash_calibration: float = 0.1, max_fraction: float = 0.01, small_space: float = 10.0,
+                          hash_calibration: float = 0.1, hash_confirm: float = 0.3, max_fraction: float = 0.01,
+                          small_space: float = 10.0,
                           max_auto_rows: int = 200_000, max_auto_cost: float = 2e11, device: str | None = None,
                           max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
     """Exact cosine nearest neighbour of every later-split row among each earlier split's rows.
@@ -232,7 +257,12 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     Images additionally get a 16x16 average hash; a Hamming distance up to the hash threshold also counts:
     ``min(phash_max_distance, floor(hash_calibration * median))``, the median being the earlier split's own hashes'
     distance to their nearest other hash (exact copies aside). Small or simple images (upscaled 8x8 digits) hash
-    alike even when unrelated (median 13 of 256 bits), so a fixed 10 would flag a third of a healthy split.
+    alike even when unrelated (median 13 of 256 bits), so a fixed 10 would flag a third of a healthy split. A hash
+    match alone is too coarse to decide on small images (different handwriting of one digit on 8x8 images hashes
+    identically), so it must be confirmed: the per-sample correlation of the pair's 16x16 grayscale thumbnails (what
+    the hash thresholds, each minus its own mean: blind to brightness and contrast, like the hash) must reach
+    ``max(min_similarity, cos(hash_confirm * median nearest-neighbour angle))`` of those vectors among the earlier
+    split's own samples.
     Exact copies in a table whose feature space is too small to judge (see data.exact_duplicates, ``small_space``)
     happen by chance: they are counted and listed, but only the other near duplicates can make a FAIL.
     ``enabled="auto"`` runs for tensors/images and numeric tables up to ``max_auto_rows`` rows and an estimated
@@ -243,6 +273,11 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     cid = "data.near_duplicates"
     if enabled is False:
         return _skip(cid, "near-duplicate search disabled (near_duplicates=False)")
+    if enabled == "auto":  # decide on the row limit before asking for the numeric matrix (a large table's biggest cost)
+        sized = _load(splits, label, group, time, features, progress)
+        total = sum(d.n for d in sized)
+        if sized[0].tabular and total > max_auto_rows:
+            return _skip(cid, f"table of {total:,} rows is above the automatic limit ({max_auto_rows:,}); pass near_duplicates=True to run it")
     datas = _load(splits, label, group, time, features, progress, needs={"numeric"})
     tabular = datas[0].tabular
     use_text = tabular and all(d.text is not None for d in datas)
@@ -251,8 +286,9 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
         return _skip(cid, f"no vectors to compare in split {missing[0].name!r}: {missing[0].numeric_note or 'not numeric'}"
                           + (" and no free-text columns" if tabular else ""))
     dims = {d.numeric.shape[1] for d in datas} if not missing else set()
-    if len(dims) > 1:
-        return _skip(cid, f"samples have different sizes across splits ({sorted(dims)} values)")
+    layouts = {d.image_shape for d in datas}
+    if len(dims) > 1 or (not missing and None not in layouts and len(layouts) > 1):  # 3x8x8 vs 3x9x9, or 8x8x3
+        return _shape_mismatch(cid, datas)
     num_dim = dims.pop() if dims else 0
     # Numeric-only tables need 3 columns (fewer cannot tell rows apart); beside free text any numeric column counts,
     # else rows with the same text and different numbers would score 1.0.
@@ -295,6 +331,11 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     prepared = {name: (b[0] if len(b) == 1 else np.concatenate(b, axis=1) * weight) for name, b in blocks.items()}
     images = all(d.image_shape is not None for d in datas) and len({d.image_shape for d in datas}) == 1
     hashes = {d.name: nb.average_hash(d.numeric, d.image_shape) for d in datas} if images and phash_max_distance >= 0 else None
+    # The hash's own thumbnails compared continuously (per-sample correlation): they confirm a hash match. At the
+    # hash's resolution a one-pixel shift of a large image still correlates; on 8x8 images it is the pixels.
+    standardised = ({d.name: nb.standardise_rows(nb.pooled_gray(d.numeric, d.image_shape)) for d in datas}
+                    if hashes is not None else {})
+    corr_typical_of: dict[str, float | None] = {}
 
     metrics: dict[str, Any] = {"leaked_rows": 0, "leaked_fraction": 0.0, "max_pair_fraction": 0.0, "dimensions": dim, "device": dev}
     if use_text:
@@ -338,10 +379,25 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
                 typical_h = float(np.median(ham[ham > 0]))
             hthr = phash_max_distance if typical_h is None else min(phash_max_distance, int(np.floor(hash_calibration * typical_h)))
             metrics[f"hash_threshold.{_pkey(later, earlier)}"] = hthr
-            by_hash = (ham <= hthr) & ~flagged
+            cand = np.flatnonzero((ham <= hthr) & ~flagged)
+            # A hash of a small image is too coarse to decide alone (different handwriting of one digit on 8x8
+            # images hashes identically): a hash match counts only when the pair's per-sample correlation, which
+            # is blind to brightness and contrast like the hash, is also far closer than the earlier split's own
+            # nearest neighbours are.
+            if earlier.name not in corr_typical_of:
+                own_c = np.arccos(nb.self_nearest(standardised[earlier.name], device=dev))
+                own_c = own_c[own_c > 1e-3]
+                corr_typical_of[earlier.name] = float(np.median(own_c)) if own_c.size else None
+            typical_c = corr_typical_of[earlier.name]
+            cthr = max(min_similarity, float(np.cos(hash_confirm * typical_c))) if typical_c is not None else min_similarity
+            corr = nb.pair_similarity(standardised[later.name][cand], standardised[earlier.name][harg[cand]])
+            metrics[f"hash_confirm_threshold.{_pkey(later, earlier)}"] = cthr
+            metrics[f"hash_only_rejected.{_pkey(later, earlier)}"] = int(np.sum(corr < cthr))
+            by_hash = np.zeros(len(ham), dtype=bool)
+            by_hash[cand[corr >= cthr]] = True
             match[by_hash] = harg[by_hash]
             flagged = flagged | by_hash
-            pair_extra = {"hash_threshold": hthr}
+            pair_extra = {"hash_threshold": hthr, "hash_confirm_threshold": cthr}
         else:
             pair_extra = {}
         hit = np.flatnonzero(flagged)

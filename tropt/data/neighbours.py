@@ -138,8 +138,9 @@ def _self_nearest_rows(ref: np.ndarray, max_queries: int, device: str) -> tuple[
     return idx, best
 
 
-def average_hash(x: np.ndarray, shape: tuple, side: int = 16) -> np.ndarray:
-    """±1 average-hash bits (side*side) of flattened images with per-sample ``shape`` ((H,W), (C,H,W) or (H,W,C))."""
+def pooled_gray(x: np.ndarray, shape: tuple, side: int = 16) -> np.ndarray:
+    """Grayscale ``side x side`` average-pooled thumbnails (float32 ``(n, side*side)``) of flattened images with
+    per-sample ``shape`` ((H,W), (C,H,W) or (H,W,C)): what the average hash thresholds."""
     import torch
     from torch.nn import functional as F
 
@@ -151,9 +152,14 @@ def average_hash(x: np.ndarray, shape: tuple, side: int = 16) -> np.ndarray:
     out = []
     for a in range(0, len(t), 4096):
         g = t[a:a + 4096].mean(dim=1, keepdim=True)
-        small = F.adaptive_avg_pool2d(g, side).flatten(1)
-        out.append(torch.where(small > small.mean(dim=1, keepdim=True), 1.0, -1.0))
-    return torch.cat(out).numpy()
+        out.append(F.adaptive_avg_pool2d(g, side).flatten(1))
+    return torch.cat(out).numpy() if out else np.zeros((0, side * side), dtype=np.float32)
+
+
+def average_hash(x: np.ndarray, shape: tuple, side: int = 16) -> np.ndarray:
+    """±1 average-hash bits (side*side) of flattened images with per-sample ``shape`` ((H,W), (C,H,W) or (H,W,C))."""
+    small = pooled_gray(x, shape, side)
+    return np.where(small > small.mean(axis=1, keepdims=True), 1.0, -1.0).astype(np.float32)
 
 
 def hamming_nearest(query_bits: np.ndarray, ref_bits: np.ndarray, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
@@ -170,6 +176,14 @@ def hamming_self_nearest(bits: np.ndarray, max_queries: int = 2048, device: str 
     of ``bits``: how close unrelated samples of one split typically hash, measured without the later split."""
     idx, best = _self_nearest_rows(bits, max_queries, device)
     return np.count_nonzero(bits[idx] != bits[best], axis=1).astype(np.int64)
+
+
+def standardise_rows(x: np.ndarray) -> np.ndarray:
+    """Each row minus its own mean, L2-normalised (float32, new array): cosines of these are per-sample Pearson
+    correlations, blind to brightness (an added constant) and contrast (a positive factor), like an average hash."""
+    z = np.nan_to_num(np.asarray(x, dtype=np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+    z = z - z.mean(axis=1, keepdims=True)
+    return _unit_rows(z)
 
 
 def thumbnail(x: np.ndarray, shape: tuple, side: int = 48) -> np.ndarray:

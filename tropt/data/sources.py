@@ -30,6 +30,10 @@ from . import neighbours as nb
 CHUNK_ROWS = 250_000  # rows per chunk when streaming files
 SAMPLE_ROWS = 20_000  # rows kept per split for the single-feature models
 NUMERIC_MAX_CELLS = 200_000_000  # numeric matrix kept for near-duplicate search up to this many cells per split
+# A scan that reads everything once (a diagnose session, a file) keeps the numeric matrix, unasked, only up to this
+# many rows per split: data.near_duplicates' automatic limit. Above it the search is skipped unless asked for, and
+# the matrix (float32, rows x numeric columns: 750 MB at 4M x 47) was most of a large table's peak memory.
+EAGER_NUMERIC_ROWS = 200_000
 TEXT_PREVIEW = 80  # characters of each row's normalised text kept for near-duplicate evidence
 TEXT_MAX_ROWS = 200_000  # text columns are vectorised (uint8 trigram counts) for splits up to this many rows
 _LABEL = "__tropt_label__"
@@ -275,13 +279,29 @@ def _is_tensor(x: Any) -> bool:
     return t.__module__.startswith("torch") and hasattr(x, "detach")
 
 
-def _to_numpy(x: Any) -> np.ndarray:
+def _to_numpy(x: Any, where: str = "a tensor") -> np.ndarray:
+    """A tensor's values as numpy (``where`` names it in the error for a tensor that holds no values)."""
     if _is_tensor(x):
+        if getattr(x, "is_meta", False):
+            raise DataError(f"{where} is on the meta device (shape {tuple(x.shape)}): it has a shape but no values to check",
+                            "pass the materialised data (a CPU tensor or array), not a meta-device placeholder")
         x = x.detach()
         if str(x.dtype) == "torch.bfloat16" or str(x.dtype) == "torch.float16":
             x = x.float()
         return x.cpu().numpy()
     return np.asarray(x)
+
+
+def _check_column_names(columns: pd.Index, name: str) -> None:
+    """Columns must be addressable by one unique name each (label=, group=, features= and the evidence use them)."""
+    if isinstance(columns, pd.MultiIndex):
+        raise DataError(f"split {name!r} has MultiIndex columns ({columns.nlevels} levels, e.g. {columns[0]!r}), which "
+                        "tropt cannot address by one name", "flatten them first: df.columns = ['_'.join(map(str, c)) for c in df.columns]")
+    dup = columns[columns.duplicated()].unique()
+    if len(dup):
+        shown = ", ".join(repr(c) for c in dup[:10]) + (f" and {len(dup) - 10} more" if len(dup) > 10 else "")
+        raise DataError(f"split {name!r} has duplicate column names: {shown}",
+                        "give every column its own name (df.columns = [...]), or drop the copies: df.loc[:, ~df.columns.duplicated()]")
 
 
 def _is_dataset(x: Any) -> bool:
@@ -312,6 +332,7 @@ class _Reader:
         if isinstance(obj, pd.Series):
             obj = obj.to_frame()
         if isinstance(obj, pd.DataFrame):
+            _check_column_names(obj.columns, name)
             self.kind, self.frame = "frame", obj
             self.columns = list(obj.columns)
         elif _is_path(obj):
@@ -320,15 +341,17 @@ class _Reader:
                 raise DataError(f"split {name!r}: the file {path!r} does not exist", "check the path (relative paths start at the current directory)")
             self.kind, self.path = _file_kind(path, name), path
             self.columns = self._file_columns()
+            _check_column_names(pd.Index(self.columns, tupleize_cols=False), name)
         elif isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(v, np.ndarray) or _is_tensor(v) for v in obj):
-            x, y = _to_numpy(obj[0]), _to_numpy(obj[1])
+            x, y = _to_numpy(obj[0], f"split {name!r}: X of the (X, y) tuple"), _to_numpy(obj[1], f"split {name!r}: y of the (X, y) tuple")
             if len(x) != len(y):
                 raise DataError(f"split {name!r}: (X, y) have different lengths {len(x)} and {len(y)}", "pass arrays with one label per sample")
             self._init_array(x, y)
         elif isinstance(obj, np.ndarray) or _is_tensor(obj):
-            self._init_array(_to_numpy(obj), None)
+            self._init_array(_to_numpy(obj, f"split {name!r}"), None)
         elif isinstance(obj, Mapping) and obj and all(isinstance(v, (np.ndarray, list)) or _is_tensor(v) for v in obj.values()):
-            self.kind, self.frame = "frame", pd.DataFrame({k: _to_numpy(v) if _is_tensor(v) else v for k, v in obj.items()})
+            self.kind, self.frame = "frame", pd.DataFrame({k: _to_numpy(v, f"split {name!r}: column {k!r}") if _is_tensor(v) else v
+                                                 for k, v in obj.items()})
             self.columns = list(self.frame.columns)
         elif _is_dataset(obj):
             self.kind = "dataset"
@@ -378,7 +401,11 @@ class _Reader:
             if self.kind == "parquet":
                 import pyarrow.parquet as pq
 
-                return list(pq.ParquetFile(self.path).schema_arrow.names) if os.path.isfile(self.path) else list(pd.read_parquet(self.path).columns)
+                if os.path.isfile(self.path):
+                    return list(pq.ParquetFile(self.path).schema_arrow.names)
+                import pyarrow.dataset as ds
+
+                return list(ds.dataset(self.path, format="parquet").schema.names)  # the schema, not the data
             return list(pd.read_csv(self.path, nrows=0, sep=None if self.path.lower().endswith(".tsv") else ",",
                                     engine="python" if self.path.lower().endswith(".tsv") else "c").columns)
         except DataError:
@@ -387,24 +414,51 @@ class _Reader:
             raise DataError(f"split {self.name!r}: cannot read {self.path!r} as {self.kind}: {type(exc).__name__}: {exc}",
                             "check that the file is a valid CSV/Parquet file") from exc
 
+    def unreadable(self, exc: BaseException) -> DataError:
+        """The error for a file its parser rejects, naming the split, the file and the parser's reason."""
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        return DataError(f"split {self.name!r}: cannot read {self.path!r} as {self.kind}: {reason}",
+                         "fix or re-export the file (an unterminated quote makes the rest of a CSV one field; check the "
+                         "quoting, the delimiter and the encoding)")
+
+    def read_csv(self, read: Any, **kwargs: Any) -> Any:
+        """``read(self.path, **kwargs)`` with parser errors as :meth:`unreadable`."""
+        try:
+            return read(self.path, **kwargs)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise self.unreadable(exc) from exc
+
     def chunks(self, columns: list) -> Iterator[pd.DataFrame]:
         """DataFrame chunks holding ``columns`` (tables only)."""
         if self.kind == "frame":
             yield self.frame  # callers select columns by name; taking a column subset would copy the frame
         elif self.kind == "csv":
             sep = "\t" if self.path.lower().endswith(".tsv") else ","
-            yield from pd.read_csv(self.path, usecols=columns, chunksize=CHUNK_ROWS, sep=sep)
+            chunks = self.read_csv(pd.read_csv, usecols=columns, chunksize=CHUNK_ROWS, sep=sep)
+            while True:  # next() by hand: a malformed row raises while iterating, and must say which file
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    return
+                except (ValueError, UnicodeDecodeError) as exc:  # pandas' ParserError is a ValueError
+                    raise self.unreadable(exc) from exc
+                yield chunk
         else:
             import pyarrow.parquet as pq
 
             if os.path.isfile(self.path):
-                pf = pq.ParquetFile(self.path)
+                # pre_buffer=False: pre-buffering kept column chunks of the row groups ahead in memory, a peak that
+                # grew with the file (1.9 GB for a 4M x 50 file, against 0.6 GB without, and no slower).
+                pf = pq.ParquetFile(self.path, pre_buffer=False)
                 for batch in pf.iter_batches(batch_size=CHUNK_ROWS, columns=[str(c) for c in columns]):
                     yield batch.to_pandas()
             else:  # pragma: no cover - partitioned datasets are read by pyarrow's dataset API in batches
                 import pyarrow.dataset as ds
 
-                for batch in ds.dataset(self.path, format="parquet").to_batches(columns=[str(c) for c in columns], batch_size=CHUNK_ROWS):
+                scan_options = ds.ParquetFragmentScanOptions(pre_buffer=False)
+                for batch in ds.dataset(self.path, format="parquet").to_batches(
+                        columns=[str(c) for c in columns], batch_size=CHUNK_ROWS, fragment_scan_options=scan_options,
+                        batch_readahead=1, fragment_readahead=1):  # bounded memory: one batch ahead, not 16
                     yield batch.to_pandas()
 
 
@@ -466,10 +520,12 @@ ALL_NEEDS = frozenset({"numeric", "sample"})
 
 
 def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progress: bool = False,
-         needs: frozenset = ALL_NEEDS) -> SplitData:
+         needs: frozenset = ALL_NEEDS, numeric_rows: int | None = None) -> SplitData:
     """Summarise one split (see :class:`SplitData`). ``kinds`` fixes each feature column's comparison kind.
 
     Fingerprints, label, group and time are always read; ``needs`` adds the numeric matrix and/or the row sample.
+    ``numeric_rows`` caps the numeric matrix of a split read for later use: above it the matrix is dropped and the
+    result does not claim it (``has``), so a check that needs it reads the split again.
     """
     reader = obj if isinstance(obj, _Reader) else _Reader(obj, name, opts)
     if reader.kind in ("array", "dataset"):
@@ -508,16 +564,20 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
                 texts.append(np.minimum(nb.text_vectors(normalised), 255).astype(np.uint8))
                 previews.append(normalised.str.slice(0, TEXT_PREVIEW).to_numpy(dtype=object))
         if want_numeric and numeric_ok and numeric_cols:
-            if (n + len(chunk)) * len(numeric_cols) > NUMERIC_MAX_CELLS:
+            if numeric_rows is not None and n + len(chunk) > numeric_rows:
+                numeric_ok, numeric_note, nums, want_numeric = False, f"not kept above {numeric_rows:,} rows", [], False
+            elif (n + len(chunk)) * len(numeric_cols) > NUMERIC_MAX_CELLS:
                 numeric_ok, numeric_note, nums = False, f"more than {NUMERIC_MAX_CELLS:,} numeric cells", []
             else:
                 nums.append(np.column_stack([pd.to_numeric(chunk[c], errors="coerce").to_numpy(dtype=np.float32, na_value=np.nan) for c in numeric_cols]))
+        # Own copies: a column taken from a chunk is a view of the chunk's whole same-dtype block (every int64
+        # column of a 250k-row chunk), which kept about 20 MB per chunk alive, 0.4 GB per 5M rows.
         if label is not None:
-            labels.append(chunk[label])
+            labels.append(chunk[label].copy())
         if group is not None:
-            groups.append(chunk[group])
+            groups.append(chunk[group].copy())
         if time is not None:
-            times.append(chunk[time])
+            times.append(chunk[time].copy())
         if want_sample:
             sample_cols = feats + ([label] if label is not None else [])
             sampler.add(chunk[sample_cols].rename(columns={label: _LABEL}) if label is not None else chunk[sample_cols], n)
@@ -534,7 +594,7 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
 
     numeric = None
     if not want_numeric:
-        numeric_note = "not computed"
+        numeric_note = numeric_note or "not computed"
     elif numeric_ok and numeric_cols:
         numeric = nums[0] if len(nums) == 1 else np.concatenate(nums)
     elif not numeric_cols:
@@ -585,7 +645,7 @@ def _sample_parts(sample: Any, label: Any, name: str, i: int) -> tuple[list[np.n
     """Split one Dataset sample into its input arrays and its label."""
     def arr(v: Any, where: str) -> np.ndarray:
         if isinstance(v, (np.ndarray, np.generic)) or _is_tensor(v):
-            a = _to_numpy(v)
+            a = _to_numpy(v, f"split {name!r}: sample {i}{where}")
         elif isinstance(v, (bool, int, float)):
             a = np.asarray(v, dtype=np.float64)
         elif isinstance(v, (str, bytes)):
@@ -645,7 +705,8 @@ def _scan_dataset(reader: _Reader, progress: bool) -> SplitData:
         flat = np.concatenate([p.reshape(-1).astype(np.float64) for p in parts]) if parts else np.zeros(0)
         fps[i] = hash_array_rows(flat[None, :])[0] ^ mix(np.asarray([len(flat)], dtype=np.uint64))[0]
         if label is not None:
-            labels.append(_to_numpy(y).item() if (_is_tensor(y) or isinstance(y, np.ndarray)) and np.size(_to_numpy(y)) == 1 else y)
+            yv = _to_numpy(y, f"split {name!r}: the label of sample {i}") if (_is_tensor(y) or isinstance(y, np.ndarray)) else None
+            labels.append(yv.item() if yv is not None and yv.size == 1 else y)
         if rows is not None:
             shape = tuple(parts[0].shape) if len(parts) == 1 else (flat.size,)
             if shape0 is None:
@@ -744,13 +805,14 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
         fkey = _file_key(obj, opts, kinds)
         if key is not None and key in sess and needs <= sess[key][1].has:
             data = sess[key][1]
-        elif fkey is not None and fkey in _FILE_CACHE:
+        elif fkey is not None and fkey in _FILE_CACHE and needs <= _FILE_CACHE[fkey].has:
             _FILE_CACHE.move_to_end(fkey)
             data = _FILE_CACHE[fkey]
         else:
             # Files are read once for everything; inside a session, too. Alone, a check reads what it needs.
             want = ALL_NEEDS if (fkey is not None or key is not None) else frozenset(needs)
-            data = scan(reader, name, opts, kinds if tables else None, progress, want)
+            data = scan(reader, name, opts, kinds if tables else None, progress, want,
+                        numeric_rows=None if "numeric" in needs else EAGER_NUMERIC_ROWS)
             if fkey is not None:
                 _FILE_CACHE[fkey] = data
                 while len(_FILE_CACHE) > _FILE_CACHE_SIZE:
@@ -772,7 +834,7 @@ def _renamed(data: SplitData, name: str) -> SplitData:
 def _head(r: _Reader, cols: list) -> pd.DataFrame | None:
     if r.kind == "csv":
         sep = "\t" if r.path.lower().endswith(".tsv") else ","
-        return pd.read_csv(r.path, usecols=cols, nrows=10_000, sep=sep)
+        return r.read_csv(pd.read_csv, usecols=cols, nrows=10_000, sep=sep)
     return next(iter(r.chunks(cols)), None)
 
 

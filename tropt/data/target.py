@@ -169,13 +169,36 @@ def _gap_z(pred: np.ndarray, y: np.ndarray, fold: np.ndarray, later: np.ndarray,
     return (a - b) / se if se > 0 else float("inf") * np.sign(a - b)
 
 
+def _rest_power(preds: list[np.ndarray], t: np.ndarray, y: np.ndarray, fold: np.ndarray, power,
+                ridge: float = 1e-2) -> float:
+    """Cross-validated power of the other features *combined*: a linear stack (ridge least squares onto the one-hot
+    classes, or the value) of their out-of-fold one-feature predictions, fitted on the other folds and scored on each
+    held-out fold alone, like the one-feature models (see :func:`_fold_powers`). ``preds`` come strongest first and
+    are cut to about one stacked column per 10 rows, so the stack cannot overfit a small split."""
+    if not preds:
+        return float("nan")
+    per = preds[0].reshape(len(t), -1).shape[1]
+    preds = preds[:max(1, len(t) // (10 * per))]
+    x = np.concatenate([np.ones((len(t), 1))] + [p.reshape(len(t), -1) for p in preds], axis=1)
+    x[~np.isfinite(x)] = 0.0
+    out = np.empty(t.shape)
+    for k in range(int(fold.max()) + 1):
+        fit, app = fold != k, fold == k
+        a = x[fit]
+        reg = ridge * len(a) * np.eye(a.shape[1])
+        reg[0, 0] = 0.0  # the intercept is not shrunk
+        w = np.linalg.solve(a.T @ a + reg, a.T @ t[fit])
+        out[app] = x[app] @ w
+    return float(np.nanmean([power(out[fold == k], y[fold == k]) for k in range(int(fold.max()) + 1)]))
+
+
 @register("data.target_leakage", title="Target leakage (single-feature power)",
           description="a single feature that predicts the label almost perfectly, or far better in one split", needs="splits")
 def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
                          max_power: float = 0.995, warn_power: float = 0.98, max_gap: float = 0.15, min_power_for_gap: float = 0.6,
                          gap_alpha: float = 0.01, task: str | None = None, bins: int = 64, rows_per_bin: int = 10,
                          folds: int = 5, seed: int = 0, bootstrap: int = 200, max_features: int = 1000,
-                         progress: bool = True) -> CheckResult:
+                         rest_gap: float = 0.1, rest_features: int = 50, progress: bool = True) -> CheckResult:
     """Cross-validated predictive power of each feature alone: a one-feature model (target encoding per value for
     categories and numbers with few values; a nearest-neighbour smoother over the value for other numbers).
 
@@ -190,6 +213,14 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
     more than ``max_gap`` (one of them at least ``min_power_for_gap``) and the difference is significant: its
     bootstrap z-score (``bootstrap`` resamples of both splits' rows) beyond the two-sided ``gap_alpha`` level,
     Bonferroni-corrected for the features checked.
+
+    A feature with power ``>= warn_power`` is also a FAIL when it is *far beyond the rest combined*: the other features
+    (its ``rest_features`` strongest) stacked into one small joint model (ridge least squares on their out-of-fold
+    one-feature predictions, cross-validated on the same folds) reach a power at least ``rest_gap`` lower (0.1 AUC or
+    R²). A value recorded after the outcome predicts it alone while the inputs a model should use cannot; a strong
+    feature on an easy task (iris petal width, AUC 0.98) has company (petal length and the sepals together reach the
+    same), so it stays a WARN. The rest's power is ``tables["features"]["rest_power"]`` for the features it was
+    measured for.
     """
     from tqdm.auto import tqdm
 
@@ -303,10 +334,28 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
     for d in datas[1:]:
         pc = table[f"power_{d.name}"]
         perfect &= (pc >= max_power) | pc.isna()
+    # Near-perfect alone and far beyond all the other features together: recorded after the outcome, not a strong
+    # input. The rest is scored by one joint model of the others' one-feature predictions.
+    table["rest_power"] = np.nan
+    by_name = {r["feature"]: i for i, r in enumerate(rows)}
+    for j in np.flatnonzero(((table[base] >= warn_power) & ~perfect).to_numpy()):
+        name = table["feature"].iloc[j]
+        others = [f for f in table["feature"] if f != name][:rest_features]  # the table is sorted by power
+        # A joint model of the others is at least as good as the best of them: that bound guards the stack.
+        stacked = _rest_power([preds[by_name[f]][0] for f in others], t_tr, y_tr, fold, power)
+        best_other = float(table.loc[table["feature"] != name, base].max()) if len(others) else float("nan")
+        table.loc[table.index[j], "rest_power"] = np.nanmax([stacked, best_other]) if others else np.nan
+    alone = ((table[base] >= warn_power) & (table["rest_power"] <= table[base] - rest_gap)).fillna(False)
+    for d in datas[1:]:
+        pc = table[f"power_{d.name}"]
+        alone &= (pc >= warn_power) | pc.isna()
+    after_outcome = alone & ~perfect
+    perfect |= alone
     leaky = table[perfect]
     strong = table[(table[base] >= warn_power) & ~perfect]
     metrics: dict[str, Any] = {"task": task, "metric": metric, "features_checked": len(feats), "rows_used": len(tr),
                                "leaky_features": len(leaky), "strong_features": len(strong), "gap_features": len(gapped),
+                               "beyond_rest_features": int(after_outcome.sum()),
                                "bins": nbins,
                                "max_power": float(top[base]) if top is not None and np.isfinite(top[base]) else float("nan"),
                                "top_feature": _label_of(table["feature"].iloc[0]) if top is not None else ""}
@@ -315,7 +364,12 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
     advice = []
     if len(leaky):
         names = ", ".join(repr(f) for f in leaky["feature"][:5])
-        summary = (f"{len(leaky)} feature(s) alone predict {label!r} almost perfectly ({metric} >= {max_power} in every split): {names}")
+        summary = (f"{len(leaky)} feature(s) alone predict {label!r} almost perfectly ({metric} >= {max_power} in every "
+                   f"split, or >= {warn_power} and at least {rest_gap} above all the other features combined): {names}")
+        if after_outcome.any():
+            r0 = table[after_outcome].iloc[0]
+            summary += (f"; {r0['feature']!r} reaches {metric} {r0[base]:.3f} alone while every other feature together "
+                        f"reaches {r0['rest_power']:.3f}: a value recorded after the outcome")
         advice.append(f"Remove {names} from the features unless it is legitimately known at prediction time "
                       "(a feature computed from the label or recorded after the outcome leaks the target).")
         status = Status.FAIL

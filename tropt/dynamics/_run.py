@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from ..batching import batch_size
 
 
 class LossRecorder:
@@ -21,6 +20,7 @@ class LossRecorder:
 
     def __init__(self, ctx: Any) -> None:
         self.inner = ctx.loss_fn
+        self.size = ctx.batch_size
         self.values: list[torch.Tensor] = []
         self.sizes: list[int] = []
         ctx.loss_fn = self
@@ -29,7 +29,7 @@ class LossRecorder:
         loss = self.inner(model, batch)
         self.values.append(loss.detach().float().reshape(()))
         try:
-            self.sizes.append(batch_size(batch))
+            self.sizes.append(self.size(batch))
         except Exception:  # noqa: BLE001 - an unusual batch: weight it 1
             self.sizes.append(1)
         return loss
@@ -65,7 +65,7 @@ class StepRunner:
 
     def _forward_loss(self, micro: list) -> torch.Tensor:
         ctx = self.ctx
-        sizes = [batch_size(mb) for mb in micro]
+        sizes = [ctx.batch_size(mb) for mb in micro]
         total = float(sum(sizes))
         with torch.no_grad(), ctx.autocast():
             return sum(self.recorder.inner(ctx.model, mb).detach().float() * (n / total) for mb, n in zip(micro, sizes))
@@ -103,7 +103,7 @@ def evaluate(setup: Any, ctx: Any, n_batches: int) -> float:
             for batch in setup.batches(n_batches, which="val", cycle=False):
                 with ctx.autocast():
                     loss = setup.loss(model, batch)
-                n = batch_size(batch)
+                n = setup.size(batch)
                 total += float(loss.float()) * n
                 count += n
     finally:

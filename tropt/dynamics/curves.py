@@ -17,14 +17,16 @@ import numpy as np
 import pandas as pd
 
 from ..errors import TroptError
+from .baseline import beats_baseline
 
 MAX_BINS = 50
 MIN_POINTS = 10
 LR_WINDOW = 5  # a spike within this many steps after a learning-rate increase is the schedule's (warm restart, warm-up)
 
 # Classes in order of severity (the primary class is the first that applies).
-CLASSES = ("non_finite", "diverging", "flat", "overfitting", "unstable", "noisy_late", "still_improving", "healthy")
-FAIL_CLASSES = frozenset({"non_finite", "diverging", "flat"})
+CLASSES = ("non_finite", "diverging", "flat", "not_generalising", "overfitting", "unstable", "noisy_late",
+           "still_improving", "healthy")
+FAIL_CLASSES = frozenset({"non_finite", "diverging", "flat", "not_generalising"})
 
 
 @dataclass
@@ -54,6 +56,13 @@ class CurveThresholds:
         Still improving when the last tenth of the run is more than this below the tenth before it.
     significance
         Changes must also exceed this many standard errors of the bin medians to count.
+    baseline_margin, generalise_share
+        Not generalising when no validation loss lies more than ``baseline_margin`` below the input-independent
+        baseline (``val_baseline``), nor more than ``generalise_share`` of the training loss's fall below it ...
+    fit_below_baseline
+        ... while the training loss (not flat) ends more than this below it (log 1.03: the model fits its training
+        data better than the baseline, so it learned something, but nothing that carries over). Early in a correct
+        run validation falls about as much as training, so a quarter of it is a wide margin.
     """
 
     min_decrease: float = 0.05
@@ -66,6 +75,9 @@ class CurveThresholds:
     overfit_rise: float = 0.05
     improving: float = 0.02
     significance: float = 3.0
+    baseline_margin: float = 0.02
+    generalise_share: float = 0.25
+    fit_below_baseline: float = math.log(1.03)
 
 
 @dataclass
@@ -111,6 +123,7 @@ def classify_curve(
     grad_norms: Any = None,
     thresholds: CurveThresholds | None = None,
     lrs: Any = None,
+    val_baseline: float | None = None,
 ) -> CurveDiagnosis:
     """Classify a training-loss curve (and optionally a validation curve).
 
@@ -130,6 +143,10 @@ def classify_curve(
         Optional learning rate of the optimizer step that followed each training value. A spike within
         ``LR_WINDOW`` steps after the learning rate rose (a warm restart, a warm-up) is listed but not counted as
         instability.
+    val_baseline
+        Optional validation loss of the best input-independent prediction (e.g. the training class prior, see
+        :func:`tropt.dynamics.baseline.input_independent_baseline`). "Not generalising" when the validation loss
+        never beats it while the training loss ends well below it.
 
     Returns
     -------
@@ -316,6 +333,15 @@ def classify_curve(
                 if v_end - float(vz_s[bi]) > th.overfit_rise and bi < vz_s.size - v_tail and train_falls:
                     classes.append("overfitting")
                     metrics["val_rise"] = v_end - float(vz_s[bi])
+                if val_baseline is not None and positive and val_baseline > 0 and math.isfinite(val_baseline):
+                    metrics["val_baseline"] = float(val_baseline)
+                    metrics["val_below_baseline"] = math.log(val_baseline) - math.log(float(vv.min())) if (vv > 0).all() else math.nan
+                    fit = math.log(val_baseline) - end
+                    metrics["train_below_baseline"] = fit
+                    margin = min(th.baseline_margin, th.generalise_share * fit)
+                    if (fit > th.fit_below_baseline and "flat" not in classes
+                            and not beats_baseline(vv, val_baseline, margin)):
+                        classes.append("not_generalising")
                 if not np.isfinite(v).all() and "non_finite" not in classes:
                     classes.insert(0, "non_finite")
                     metrics["val_non_finite"] = int((~np.isfinite(v)).sum())

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..batching import split_batch
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -27,6 +26,7 @@ _LABEL = {
     "flat": "flat",
     "unstable": "unstable",
     "noisy_late": "noisy late in training",
+    "not_generalising": "the model learns nothing that generalises",
     "overfitting": "overfitting",
     "still_improving": "still improving at the end",
     "healthy": "healthy",
@@ -70,6 +70,11 @@ def _describe(cls: str, m: dict) -> str:
     if cls == "noisy_late":
         return (f"step-to-step noise grew from {_g(m['early_noise_abs'])} to {_g(m['late_noise_abs'])} "
                 f"(±{m['late_noise']:.0%} of the loss) in the last quarter")
+    if cls == "not_generalising":
+        basis = f" ({m['val_baseline_basis']})" if "val_baseline_basis" in m else ""
+        return (f"labels may not match inputs: the validation loss never beat {_g(m['val_baseline'])}, what a "
+                f"prediction that ignores the input scores{basis} (best {_g(m['val_best_loss'])}), while the training "
+                f"loss fell to {_g(m['end_loss'])}")
     if cls == "overfitting":
         return (f"validation was best at step {_step(m['val_best_step'])} ({_g(m['val_best_loss'])}) and rose to "
                 f"{_g(m['val_end_loss'])} while training kept falling")
@@ -94,6 +99,11 @@ def _advice(cls: str, m: dict) -> list[str]:
         return ["Add a learning-rate warm-up and lower the peak learning rate.", _clip_advice(m)]
     if cls == "noisy_late":
         return ["Decay the learning rate towards the end (cosine or step schedule) or increase the batch size."]
+    if cls == "not_generalising":
+        return ["Check that each label is paired with its own input: a shuffle, sort or filter applied to the inputs "
+                "or the labels alone, a misaligned join, or an augmentation that changes what the label means. The "
+                "model memorises its training data but learns nothing that holds on validation data; a run with "
+                "deliberately shuffled labels that reaches the same training loss confirms it."]
     if cls == "overfitting":
         return [f"Regularise (weight decay, dropout, augmentation, more data) or stop at step "
                 f"{_step(m['val_best_step'])}, where validation was best."]
@@ -155,6 +165,7 @@ def diagnose_curves(
     grad_norms: Any = None,
     lrs: Any = None,
     thresholds: CurveThresholds | None = None,
+    val_baseline: float | None = None,
 ) -> CheckResult:
     """Classify loss curves you already have (no Setup needed); returns the ``dynamics.loss_curve`` result.
 
@@ -179,6 +190,10 @@ def diagnose_curves(
         learning rate rose (warm restarts, a warm-up) is then listed but not counted as instability.
     thresholds
         :class:`tropt.dynamics.CurveThresholds` to change the classifier's sensitivity.
+    val_baseline
+        Optional validation loss of a prediction that ignores the input (the training class prior's cross entropy,
+        the variance of the targets around the training mean): a validation loss that never beats it while the
+        training loss ends well below it is "not generalising" (FAIL).
 
     Returns
     -------
@@ -206,7 +221,8 @@ def diagnose_curves(
         t_steps, t_values = t_steps[order], t_values[order]
         if lrs is not None and np.size(lrs) == order.size:
             lrs = np.asarray(lrs, dtype=np.float64).reshape(-1)[order]
-    diag = classify_curve(t_values, t_steps, v_values, v_steps, grad_norms, thresholds, lrs=lrs)
+    diag = classify_curve(t_values, t_steps, v_values, v_steps, grad_norms, thresholds, lrs=lrs,
+                          val_baseline=val_baseline)
     return curve_result(diag, extra_metrics={"source": "logs"})
 
 
@@ -252,6 +268,7 @@ def check_loss_curve(
     from ..loop.harness import StepRecorder
     from ..snapshot import preserved
     from ._run import StepRunner, evaluate
+    from .baseline import input_independent_baseline
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 10:
         raise TroptError(f"steps={steps!r}; the loss-curve probe needs an integer >= 10", "use e.g. steps=300")
@@ -277,6 +294,7 @@ def check_loss_curve(
         lrs: list[float] = []  # the LR of each loss's optimizer step: spikes right after an LR increase are scheduled
         val_losses: list[float] = []
         val_at: list[int] = []
+        baseline = input_independent_baseline(setup, ctx, val_batches) if has_val else None
         if has_val:
             val_at.append(0)
             val_losses.append(evaluate(setup, ctx, val_batches))
@@ -284,7 +302,7 @@ def check_loss_curve(
         with bar, StepRecorder(ctx, "norm") as hook:  # the gradient norm at each optimizer.step()
             for i, batch in enumerate(setup.batches(steps)):
                 before = len(hook.records)
-                loss = runner.step(split_batch(batch, ctx.accumulation_steps))
+                loss = runner.step(ctx.split(batch, ctx.accumulation_steps))
                 stepped = hook.records[before:]
                 bar.update(1)
                 if callback is not None:
@@ -300,11 +318,48 @@ def check_loss_curve(
                     val_losses.append(evaluate(setup, ctx, val_batches))
         values = np.array([float(v) for v in losses])
         norms = [r.grad_norm for r in hook.records]
-    diag = classify_curve(values, np.asarray(loss_steps, dtype=np.float64),
+    x = np.asarray(loss_steps, dtype=np.float64)
+    per_epoch = _epoch_length(setup, len(values))
+    if per_epoch:
+        values, x, lrs = _epoch_means(values, x, np.asarray(lrs, dtype=np.float64), per_epoch)
+    diag = classify_curve(values, x,
                           np.asarray(val_losses) if has_val else None,
                           np.asarray(val_at, dtype=np.float64) if has_val else None,
-                          norms or None, thresholds, lrs=lrs)
+                          norms or None, thresholds, lrs=lrs, val_baseline=baseline["value"] if baseline else None)
     extra = {"source": "setup run", "steps_run": int(len(loss_steps)), "loss_from": runner.source or "none"}
+    if per_epoch:
+        extra["points"] = f"epoch means ({per_epoch} batches each)"
+    if baseline:
+        extra["val_baseline_basis"] = f"the loss of predicting {baseline['basis']}"
     if setup.scheduler is not None:
         extra["scheduler"] = "the Setup's scheduler"
     return curve_result(diag, probe_steps=steps, extra_metrics=extra)
+
+
+def _epoch_length(setup: Any, n: int) -> int | None:
+    """Batches per pass over the training data when the probe cycles it many times (>= 20 passes), else None.
+
+    A probe that cycles a few fixed batches sees each batch's own difficulty as a periodic swing in the per-step loss
+    (one hard batch stays high while the others fall), which reads as noise larger than the fall. The mean over one
+    pass covers the same samples every time, so the trend of the data's loss is judged from those means instead.
+    """
+    try:
+        length = len(setup.loader("train"))
+    except TypeError:
+        return None
+    return int(length) if 2 <= length and n // length >= 20 else None
+
+
+def _epoch_means(values: np.ndarray, x: np.ndarray, lrs: np.ndarray, e: int) -> tuple[np.ndarray, np.ndarray, list]:
+    """Mean loss of each full pass of ``e`` steps, at the pass's last step (and its largest learning rate).
+
+    A non-finite loss stays visible: it makes its pass's mean non-finite, and the partial pass it ends is kept.
+    """
+    full = len(values) // e
+    cut = full * e
+    means = values[:cut].reshape(full, e).mean(axis=1)
+    at = x[:cut].reshape(full, e)[:, -1]
+    lr = lrs[:cut].reshape(full, e).max(axis=1) if lrs.size >= cut else np.full(full, np.nan)
+    if cut < len(values) and not np.isfinite(values[cut:]).all():
+        means, at, lr = np.r_[means, values[cut:].mean()], np.r_[at, x[-1]], np.r_[lr, np.nan]
+    return means, at, list(lr)

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..batching import split_batch
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -180,6 +179,11 @@ def check_lr_range(
         raise TroptError(f"repeats={repeats!r}; it must be an integer >= 1", "use repeats=1 for a single sweep")
     if not (0 <= beta < 1):
         raise TroptError(f"beta={beta!r}; the EMA factor must be in [0, 1)", "use e.g. beta=0.98")
+    if setup.optimizer is None:
+        return CheckResult(CHECK_ID, Status.SKIP, "no optimizer in this Setup (optimizer=None): the sweep sets the optimizer's "
+                           "learning rate, which a hand-written update does not read",
+                           advice=["To sweep the learning rate of a hand-written update, give it an optimizer "
+                                   "(torch.optim.SGD does p -= lr * grad) or run the sweep in your own loop."])
     setup.validate()
     sweep_setup = setup.replace(scheduler=None)
     lrs_plan = start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1))
@@ -198,6 +202,8 @@ def check_lr_range(
                 ref = group_lrs[0] if group_lrs[0] > 0 else (max(group_lrs) or 1.0)
                 ratios = [g / ref for g in group_lrs]
                 runner = StepRunner(sweep_setup, ctx)
+                stepped_at: list[float] = []  # group 0's LR at each optimizer.step(): a step that sets its own LR shows here
+                handle = ctx.optimizer.register_step_pre_hook(lambda o, a, k: stepped_at.append(float(o.param_groups[0]["lr"])))
                 raw: list[float] = []
                 used: list[float] = []
                 best, avg = math.inf, 0.0
@@ -205,7 +211,18 @@ def check_lr_range(
                     lr = float(lrs_plan[i])
                     for g, ratio in zip(ctx.optimizer.param_groups, ratios):
                         g["lr"] = lr * ratio
-                    loss = runner.step(split_batch(batch, ctx.accumulation_steps))
+                    seen = len(stepped_at)
+                    loss = runner.step(ctx.split(batch, ctx.accumulation_steps))
+                    # Only a step taken in this call counts (a GradScaler skips steps on inf gradients).
+                    if len(stepped_at) > seen and not math.isclose(stepped_at[-1], lr * ratios[0], rel_tol=1e-6):
+                        handle.remove()
+                        return CheckResult(
+                            CHECK_ID, Status.SKIP,
+                            f"the step sets the learning rate itself (the optimizer stepped with {stepped_at[-1]:.3g} where the "
+                            f"sweep set {lr * ratios[0]:.3g}), so a sweep cannot control it",
+                            {"lr_set_by_sweep": lr * ratios[0], "lr_at_optimizer_step": stepped_at[-1]},
+                            advice=["Run the sweep in your own loop (set the learning rate schedule to an exponential ramp), "
+                                    "or make the step read its peak learning rate from the optimizer's param group."])
                     bar.update(1)
                     if callback is not None:
                         callback({"check": CHECK_ID, "step": r * num_steps + i + 1, "total": num_steps * repeats,
@@ -222,6 +239,7 @@ def check_lr_range(
                     best = min(best, smooth_now)
                     if len(raw) > 1 and smooth_now > stop_factor * best:
                         break
+                handle.remove()
                 loss_from = runner.source
                 raw_arr = np.asarray(raw)
                 finite = np.isfinite(raw_arr)

@@ -26,18 +26,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..batching import batch_size, split_batch
 from ..errors import StepError, TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
 from .harness import (
+    defer_multi_step,
     batch_dependent_layers,
     compare_tensors,
     freeze_batch_stats,
     global_rel_error,
     nonfinite_result,
+    observed_at,
     quiet_randomness,
     require_steps,
     run_steps,
@@ -111,6 +112,16 @@ def _stuck_at(path: str) -> str:
     return frames[0] if frames else ""
 
 
+def _kill(procs: list) -> None:
+    """SIGKILL the workers still alive and reap them (a rank blocked in a gloo collective only notices a peer's
+    exit at the collective's timeout, and a Python-level interrupt cannot reach it inside native code)."""
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join()
+
+
 def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False, find_unused: bool = False) -> list[tuple]:
     import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # noqa: F401 - see _rank_main
     import torch.nn.parallel  # noqa: F401
@@ -144,25 +155,28 @@ def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False,
                     except EOFError:
                         procs[r].join(timeout=5)
                         results[r] = (r, "error", f"the process exited with code {procs[r].exitcode} before reporting", None, None)
+        except BaseException:  # Ctrl-C, a timeout, ...: stop the workers now instead of waiting for them
+            _kill(procs)
+            raise
         finally:
             for p in procs:
                 p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
+            _kill(procs)
             for conn in readers:
                 conn.close()
     return [results[r] for r in range(world)]
 
 
 def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freeze: bool,
-               find_unused: bool = False) -> tuple[dict, list[tuple]]:
-    """The single-process gradients on the full batch and every DDP rank's result on its share."""
+               find_unused: bool = False) -> tuple[dict, list[tuple], str]:
+    """The single-process gradients on the full batch, every DDP rank's result on its share, and where the
+    single-process update was observed."""
     k = setup.accumulation_steps
     ctx = setup.build()
     quiet_randomness(ctx.model)
     if freeze:
         freeze_batch_stats(ctx.model)
-    records, calls = run_steps(setup, ctx, [split_batch(full, k)])
+    records, calls = run_steps(setup, ctx, [setup.split(full, k)])
     require_steps(setup, calls, "the single-process run")
     ranks = _run_ddp(setup, shares, world, freeze=freeze, find_unused=find_unused)
     errors = [r for r in ranks if r[1] != "ok"]
@@ -171,7 +185,7 @@ def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freez
                         "the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as ctx.model.module")
     for rank, _, _, _, rank_calls in ranks:
         require_steps(setup, rank_calls, f"DDP rank {rank}")
-    return records[0].grads, ranks
+    return records[0].grads, ranks, observed_at(records)
 
 
 def _rank0_grads(ranks: list[tuple]) -> dict:
@@ -212,7 +226,13 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
     """FAIL when the step's gradients change under DDP; WARN when it all-reduces more than once per optimizer step.
 
     SKIP where forking gloo processes is not possible (no torch.distributed, no ``fork``, or a non-CPU Setup).
+    A step that updates more than once per call gets a WARN pointing to loop.accumulation, which owns that finding.
     """
+    result = _check_ddp(setup, world_size=world_size, tol=tol)
+    return defer_multi_step(result, [int(result.metrics.get("optimizer_steps_per_call", 0))])
+
+
+def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -> CheckResult:
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
@@ -230,16 +250,16 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
     k = setup.accumulation_steps
     with preserved(setup.model):
         batch = setup.sample_batch()
-        n = batch_size(batch)
+        n = setup.size(batch)
         per_rank = n // world_size
         if per_rank < k:
             raise TroptError(f"a batch of {n} samples gives {per_rank} per process, fewer than the {k} micro-batches",
                              f"use batches of at least {world_size * k} samples")
         used = per_rank * world_size
-        full = split_batch(batch, sizes=[used, n - used])[0] if used < n else batch
-        whole = split_batch(full, world_size)
-        shares = [split_batch(share, k) for share in whole]
-        single, ranks = _both_runs(setup, full, shares, world_size, freeze=False)
+        full = setup.split(batch, sizes=[used, n - used])[0] if used < n else batch
+        whole = setup.split(full, world_size)
+        shares = [setup.split(share, k) for share in whole]
+        single, ranks, where = _both_runs(setup, full, shares, world_size, freeze=False)
         table = compare_tensors(single, _rank0_grads(ranks), labels=("1_process", f"ddp_{world_size}"))
         err = float(table["rel_error"].max())
         # Parameters the single-process step gives no gradient: DDP without find_unused_parameters=True waits for
@@ -248,22 +268,23 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
         unused = [name for name, g in single.items() if g is None and name in trainable]
         utable = None
         if err > tol and unused:
-            _, uranks = _both_runs(setup, full, shares, world_size, freeze=False, find_unused=True)
+            _, uranks, _ = _both_runs(setup, full, shares, world_size, freeze=False, find_unused=True)
             utable = compare_tensors(single, _rank0_grads(uranks), labels=("1_process", f"ddp_{world_size}"))
         bn_layers = batch_dependent_layers(setup.model)
         ftable, per_mean = None, None
         if err > tol and bn_layers:
             # Each process normalises its share with that share's BatchNorm statistics, by design: rerun both with the
             # statistics frozen to see whether the step itself is right.
-            fsingle, franks = _both_runs(setup, full, shares, world_size, freeze=True)
+            fsingle, franks, _ = _both_runs(setup, full, shares, world_size, freeze=True)
             ftable = compare_tensors(fsingle, _rank0_grads(franks), labels=("1_process", f"ddp_{world_size}"))
         frozen_run = ftable is not None
         if float((ftable if frozen_run else table)["rel_error"].max()) > tol:
             per_mean = _per_process_mean(setup, whole, shares, _rank0_grads(franks if frozen_run else ranks), tol, frozen_run)
     syncs_per_step = ranks[0][3][1]
     metrics = {"world_size": world_size, "samples_per_process": per_rank, "micro_batches": k, "max_rel_error": err,
+               "optimizer_steps_per_call": max(int(np.max(c)) if c else 0 for *_, c in ranks), "observed_at": where,
                "tolerance": tol, "allreduce_buckets": ranks[0][3][0], "synchronised_backward_passes": syncs_per_step,
-               "batch_dependent_layers": len(bn_layers), "observed_at": "optimizer.step"}
+               "batch_dependent_layers": len(bn_layers)}
     tables = {"parameters": table,
               "ranks": pd.DataFrame([{"rank": r, "bucket_allreduces": s[0], "synchronised_backward_passes": s[1],
                                       "optimizer_steps": int(np.sum(c))} for r, _, _, s, c in ranks])}

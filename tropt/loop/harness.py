@@ -4,12 +4,17 @@ Capture uses ``Optimizer.register_step_pre_hook`` (never monkey-patching ``step`
 at each optimizer step we record every parameter's gradient (by name), each group's learning rate, the
 GradScaler's scale and the global gradient norm. ``GradScaler.step`` unscales before it calls ``optimizer.step``,
 so captured gradients are always the true (unscaled) ones.
+
+A step that updates the parameters by hand (no optimizer, or an optimizer it never steps) is observed as the
+parameter change around each call instead: the record then holds the update (after - before) under ``grads`` and
+says ``observed_at="parameter change"``. Updates are linear in the gradient for plain SGD, so the invariance
+comparisons hold for them as they do for gradients.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,14 +38,20 @@ def tolerance_for(setup: Setup, tol: float | None = None) -> float:
     return float(tol) if tol is not None else TOLERANCE[setup.precision]
 
 
+OPTIMIZER_STEP = "optimizer.step"
+PARAMETER_CHANGE = "parameter change"
+
+
 @dataclass
 class StepRecord:
-    """What reached one ``optimizer.step()`` call.
+    """What reached one ``optimizer.step()`` call, or one hand-written update (``observed_at="parameter change"``).
 
     ``grads`` are read at ``optimizer.step()``, after whatever the user's step did to them (unscale, clip).
-    ``pre_clip`` is each parameter's gradient summed over the backward passes since the previous optimizer step,
-    taken as autograd hands it over (before it is accumulated into ``.grad``) and divided by the GradScaler's scale
-    at that moment: what the losses asked for, whatever clipping or ``zero_grad`` did afterwards.
+    For a parameter-change record ``grads`` holds each parameter's update (value after the call minus before),
+    ``grad_norm`` its global norm and ``lrs`` is empty (a hand-written update has no param groups).
+    ``pre_clip`` is each parameter's gradient summed over the backward passes since the previous update, taken as
+    autograd hands it over (before it is accumulated into ``.grad``) and divided by the scale of the GradScaler that
+    scaled the loss: what the losses asked for, whatever clipping or ``zero_grad`` did afterwards.
     ``last_backward`` is the last backward pass's share of it.
     """
 
@@ -50,6 +61,7 @@ class StepRecord:
     grad_norm: float  # global norm of the gradients the optimizer stepped with (NaN when not captured)
     pre_clip: dict[str, torch.Tensor | None] = field(default_factory=dict)
     last_backward: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    observed_at: str = OPTIMIZER_STEP
 
 
 CAPTURES = ("grads", "norm", "lr")
@@ -67,6 +79,7 @@ class StepRecorder:
     ctx: StepContext
     capture: str = "grads"
     records: list[StepRecord] = field(default_factory=list)
+    scalers: "ScalerWatch | None" = None
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURES:
@@ -83,15 +96,20 @@ class StepRecorder:
             if grad is None:  # DDP's reducer may hand over no gradient for a parameter
                 return
             g = grad.detach().float()
-            scaler = self.ctx.scaler
-            if scaler is not None and getattr(scaler, "is_enabled", lambda: True)():
-                g = g / float(scaler.get_scale())
+            scale = self._scale()  # the scaler that scaled this loss: ctx.scaler or one the step owns
+            if scale is not None:
+                g = g / scale
             self._last[name] = g.clone()
             self._pending[name] = self._pending[name] + g if name in self._pending else g.clone()
         return hook
 
+    def _scale(self) -> float | None:
+        """The scale of the GradScaler that scaled the loss last (the step's own, or ``ctx.scaler``)."""
+        scaler = self.scalers.current if self.scalers is not None and self.scalers.current is not None else self.ctx.scaler
+        return float(scaler.get_scale()) if scaler is not None else None
+
     def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        scale = float(self.ctx.scaler.get_scale()) if self.ctx.scaler is not None else None
+        scale = self._scale()
         lrs = [float(g["lr"]) for g in optimizer.param_groups]
         grads: dict[str, torch.Tensor | None] = {}
         norm = float("nan")
@@ -105,51 +123,180 @@ class StepRecorder:
                     if self.capture == "grads":
                         grads[self._names.get(id(p), f"unnamed_{len(grads)}")] = None if g is None else g.float().clone()
             norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
-        pre, last = {}, {}
-        if self.capture == "grads":
-            names = list(grads)
-            pre = {n: self._pending.get(n) for n in names}
-            last = {n: self._last.get(n) for n in names}
-        self._pending, self._last = {}, {}
+        pre, last = self._take_backward_sums(list(grads))
         self.records.append(StepRecord(grads, lrs, scale, norm, pre, last))
 
     def __enter__(self) -> "StepRecorder":
-        self._handle = self.ctx.optimizer.register_step_pre_hook(self._hook)
+        if self.ctx.optimizer is not None:
+            self._handle = self.ctx.optimizer.register_step_pre_hook(self._hook)
         if self.capture == "grads":
             self._grad_handles = [p.register_hook(self._backward_hook(n))
                                   for n, p in self.ctx.model.named_parameters() if p.requires_grad]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._handle.remove()
+        if self._handle is not None:
+            self._handle.remove()
         for h in self._grad_handles:
             h.remove()
         self._grad_handles = []
 
+    def _take_backward_sums(self, names: list[str]) -> tuple[dict, dict]:
+        """The pending pre-clip sums and last backward shares for ``names``; then start the next update afresh."""
+        pre = {n: self._pending.get(n) for n in names} if self.capture == "grads" else {}
+        last = {n: self._last.get(n) for n in names} if self.capture == "grads" else {}
+        self._pending, self._last = {}, {}
+        return pre, last
 
-def run_steps(setup: Setup, ctx: StepContext, steps: list[list], *, capture: str = "grads") -> tuple[list[StepRecord], list[int]]:
+    # ---------------------------------------------------------------- hand-written updates
+    def before_call(self) -> dict[str, torch.Tensor]:
+        """The parameters' values before one call of the step (to observe a hand-written update)."""
+        return {n: p.detach().clone() for n, p in self.ctx.model.named_parameters()}
+
+    def after_call(self, before: dict[str, torch.Tensor], stepped: int) -> None:
+        """Record the parameter change of a call that made no optimizer step: always without an optimizer (a zero
+        change is then an update that did nothing), else only when the parameters moved."""
+        if stepped:
+            return
+        deltas = {n: (p.detach().float() - before[n].float()) if p.shape == before[n].shape else None
+                  for n, p in self.ctx.model.named_parameters() if n in before}
+        present = [d for d in deltas.values() if d is not None]
+        norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
+        if self.ctx.optimizer is not None and norm == 0.0:
+            return
+        grads = deltas if self.capture == "grads" else {}
+        pre, last = self._take_backward_sums(list(deltas))
+        self.records.append(StepRecord(grads, [], self._scale(), norm if self.capture != "lr" else float("nan"),
+                                       pre, last, PARAMETER_CHANGE))
+
+
+class ScalerWatch:
+    """Context manager noting which ``torch.amp.GradScaler`` objects scale a loss while it is active.
+
+    A step may scale with ``ctx.scaler`` or with a scaler it built itself (a native-scaler wrapper owning its own
+    ``GradScaler``); the loss-scaling check must read and set whichever one actually scaled the loss. ``scale`` is
+    wrapped on the class for the duration only (the optimizer is never patched), and put back on exit.
+    With ``init_scale``, every scaler seen starts (or restarts) at that scale.
+    """
+
+    def __init__(self, init_scale: float | None = None) -> None:
+        self.init_scale = init_scale
+        self.used: list[Any] = []
+        self._saved: Any = None
+
+    @property
+    def current(self) -> Any:
+        """The scaler that scaled a loss last, or None."""
+        return self.used[-1] if self.used else None
+
+    def _saw(self, scaler: Any) -> None:
+        if any(u is scaler for u in self.used):
+            if self.used[-1] is not scaler:
+                self.used = [u for u in self.used if u is not scaler] + [scaler]
+            return
+        self.used.append(scaler)
+        if self.init_scale is not None and scaler.is_enabled():
+            if getattr(scaler, "_scale", None) is None:
+                scaler._init_scale = float(self.init_scale)
+            else:
+                scaler._scale.fill_(float(self.init_scale))
+
+    def __enter__(self) -> "ScalerWatch":
+        cls = torch.amp.GradScaler
+        self._saved = cls.__dict__["scale"]
+        original, watch = self._saved, self
+
+        def scale(scaler: Any, outputs: Any) -> Any:
+            watch._saw(scaler)
+            return original(scaler, outputs)
+
+        cls.scale = scale
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.amp.GradScaler.scale = self._saved
+
+
+def run_steps(setup: Setup, ctx: StepContext, steps: list[list], *, capture: str = "grads",
+              init_scale: float | None = None) -> tuple[list[StepRecord], list[int]]:
     """Run the step under test once per entry of ``steps`` (each a list of micro-batches).
 
-    Returns the optimizer-step records and, per call, how many times ``optimizer.step()`` ran.
+    Returns the update records and, per call, how many updates it made: the number of ``optimizer.step()`` calls,
+    or 1 for a call that made none but changed the parameters (a hand-written update; always 1 without an
+    optimizer). Any ``GradScaler`` that scales a loss is watched (see :class:`ScalerWatch`; ``init_scale`` sets its
+    starting scale).
     """
     calls = []
-    with StepRecorder(ctx, capture) as rec:
+    with ScalerWatch(init_scale) as scalers, StepRecorder(ctx, capture, scalers=scalers) as rec:
         for micro_batches in steps:
             before = len(rec.records)
+            values = rec.before_call()
             setup.run_step(ctx, micro_batches)
+            rec.after_call(values, len(rec.records) - before)
             calls.append(len(rec.records) - before)
     return rec.records, calls
 
 
+class TrainingState:
+    """A restorable snapshot of a context's whole training state: model, optimizer, scheduler, scaler, the RNGs and
+    the attributes the step keeps on ``ctx`` (its iteration counter, a recurrent hidden state, a scaler wrapper)."""
+
+    def __init__(self, ctx: StepContext) -> None:
+        from ..snapshot import Snapshot
+
+        self.ctx = ctx
+        self.snapshot = Snapshot.take([ctx.model, ctx.optimizer, ctx.scheduler, ctx.scaler])
+        self.user = ctx.user_state()
+
+    def restore(self) -> None:
+        self.snapshot.restore()
+        self.ctx.load_user_state(self.user)
+
+
+def observed_at(records: list[StepRecord]) -> str:
+    """Where the compared updates were observed: "optimizer.step", "parameter change" or both (", "-joined)."""
+    seen = list(dict.fromkeys(r.observed_at for r in records))
+    return ", ".join(seen) if seen else OPTIMIZER_STEP
+
+
 def require_steps(setup: Setup, calls: list[int], what: str) -> None:
-    """Raise a clear StepError when the step under test never reached ``optimizer.step()``."""
+    """Raise a clear StepError when the step under test neither reached ``optimizer.step()`` nor changed a parameter."""
     if sum(calls) == 0:
         who = "tropt.standard_step" if setup.uses_standard_step else "your step function"
         raise StepError(
-            f"{who} never called optimizer.step() during {what}"
+            f"{who} never called optimizer.step() and changed no parameter during {what}"
             + (" (or the GradScaler skipped every step because the gradients were inf/NaN)" if setup.use_scaler else ""),
-            "call ctx.optimizer.step() (or ctx.scaler.step(ctx.optimizer)) once per call of step(ctx, micro_batches)",
+            "call ctx.optimizer.step() (or ctx.scaler.step(ctx.optimizer)) once per call of step(ctx, micro_batches), "
+            "or update the parameters by hand in it",
         )
+
+
+def steps_per_call_note(calls: list[int]) -> str | None:
+    """None when no call of the step made more than one update; else a note with the count.
+
+    A step must update once per call. Exactly one check owns this finding (``loop.accumulation``, which FAILs with
+    the count); every other loop check attaches this note (see :func:`defer_multi_step`) instead of failing for it.
+    """
+    many = [c for c in calls if c > 1]
+    if not many:
+        return None
+    return f"optimizer.step() ran {max(many)} times in one call of the step (it must run once per call)"
+
+
+def defer_multi_step(result: Any, calls: list[int]) -> Any:
+    """A non-owner check's result when the step updated more than once per call: PASS or FAIL becomes WARN naming
+    the count (this check's comparison is not meaningful then), with ``optimizer_steps_per_call`` in metrics."""
+    from ..result import Status
+
+    note = steps_per_call_note(calls)
+    if note is None or result.status not in (Status.PASS, Status.FAIL):
+        return result
+    was = result.status.value.upper()
+    return dataclasses.replace(
+        result, status=Status.WARN, summary=f"{note} (this check's own comparison: {was}: {result.summary})",
+        metrics={**result.metrics, "optimizer_steps_per_call": int(max(calls)), "see_also": "loop.accumulation"},
+        advice=["Call optimizer.step() exactly once per call of step(ctx, micro_batches), after the last micro-batch's "
+                "backward; then rerun this check."] + list(result.advice))
 
 
 def latent_when_unused(setup: Setup, result: Any) -> Any:
@@ -181,7 +328,7 @@ def quiet_randomness(model: nn.Module) -> int:
         if isinstance(m, _DROPOUT) and m.p:
             m.p = 0.0
             changed += 1
-        elif isinstance(m, nn.MultiheadAttention) and m.dropout:
+        elif isinstance(m, (nn.MultiheadAttention, nn.RNNBase)) and m.dropout:  # dropout inside attention / between RNN layers
             m.dropout = 0.0
             changed += 1
     return changed

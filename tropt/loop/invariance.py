@@ -17,26 +17,32 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..batching import batch_size, split_batch, split_sizes
-from ..errors import TroptError
+from ..batching import split_sizes
+from ..errors import StepError, TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
-from ..snapshot import Snapshot, preserved
+from ..snapshot import preserved
 from .harness import (
+    PARAMETER_CHANGE,
     TOLERANCE,
+    ScalerWatch,
     StepRecorder,
+    TrainingState,
     batch_dependent_layers,
     compare_tensors,
     freeze_batch_stats,
     global_rel_error,
+    defer_multi_step,
     latent_when_unused,
     max_rel_error,
     nonfinite_result,
     nonfinite_tensors,
+    observed_at,
     quiet_randomness,
     require_steps,
     run_steps,
+    steps_per_call_note,
     tolerance_for,
 )
 
@@ -77,10 +83,10 @@ def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progr
     with preserved(setup.model):
         ctx = setup.build()
         quiet_randomness(ctx.model)
-        steps = [split_batch(b, k) for b in setup.batches(t)]
+        steps = [setup.split(b, k) for b in setup.batches(t)]
         earlier, calls = run_steps(setup, ctx, steps[:-1])
         require_steps(setup, calls, f"the first {t - 1} step(s)")
-        state = Snapshot.take([ctx.model, ctx.optimizer, ctx.scheduler, ctx.scaler])
+        state = TrainingState(ctx)  # the step's own attributes on ctx (counters, hidden state) too
         leftover = {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in ctx.model.named_parameters()}
         rec_a, calls_a = run_steps(setup, ctx, [steps[-1]])
         state.restore()
@@ -88,32 +94,42 @@ def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progr
             p.grad = None
         rec_b, calls_b = run_steps(setup, ctx, [steps[-1]])
     require_steps(setup, calls_a + calls_b, f"step {t}")
+    result = _zero_grad_verdict(t, tol, earlier, rec_a, rec_b, leftover)
+    return defer_multi_step(result, calls + calls_a + calls_b)
+
+
+def _zero_grad_verdict(t: int, tol: float, earlier: list, rec_a: list, rec_b: list, leftover: dict) -> CheckResult:
     a, b = rec_a[0].grads, rec_b[0].grads
     # NaN against NaN is no match: a loss that went non-finite is the finding, whatever the zero_grad placement.
     earlier_bad = next(((i + 1, r.grads) for i, r in enumerate(earlier) if nonfinite_tensors(r.grads)), None)
     bad = nonfinite_result("loop.zero_grad", {"straight": earlier_bad or (t, a), "fresh": (t, b)})
     if bad is not None:
         return bad
+    where = observed_at(rec_a + rec_b)
+    by_hand = where == PARAMETER_CHANGE
+    what = "update (parameter change)" if by_hand else "gradient"
     table = compare_tensors(a, b, labels=("step_t", "fresh"))
     worst = float(table["rel_error"].max())
     leftover_norm = _norm(leftover)
     metrics = {"t": t, "max_rel_error": worst, "global_rel_error": global_rel_error(a, b), "tolerance": tol,
-               "grad_norm_step_t": _norm(a), "grad_norm_fresh": _norm(b), "leftover_grad_norm_before_step_t": leftover_norm}
+               "grad_norm_step_t": _norm(a), "grad_norm_fresh": _norm(b), "leftover_grad_norm_before_step_t": leftover_norm,
+               "observed_at": where}
     tables = {"parameters": table}
     if _norm(a) == 0.0 and _norm(b) == 0.0:
         return CheckResult(
             "loop.zero_grad", Status.FAIL,
+            "the step changes no parameter: every gradient is zero or None when it updates" if by_hand else
             "no gradient reaches optimizer.step(): every gradient is zero or None when the optimizer steps",
             metrics, tables,
             advice=["Call optimizer.zero_grad() after optimizer.step() (or before the first backward of the next step), "
                     "never between backward() and step().", _STANDARD_STEP_ADVICE])
     if worst <= tol:
         return CheckResult("loop.zero_grad", Status.PASS,
-                           f"step {t}'s gradient equals a fresh gradient (max relative error {worst:.1e} ≤ {tol:.0e})", metrics, tables)
+                           f"step {t}'s {what} equals a fresh one (max relative error {worst:.1e} ≤ {tol:.0e})", metrics, tables)
     # Evidence: is the extra exactly what the earlier step left behind?
     expected = {n: (b[n] if b.get(n) is not None else 0) + (leftover[n] if leftover.get(n) is not None else 0) for n in b}
     expected = {n: (v if isinstance(v, torch.Tensor) else None) for n, v in expected.items()}
-    explained = global_rel_error(a, expected) <= max(tol, 1e-4) if leftover_norm > 0 else False
+    explained = global_rel_error(a, expected) <= max(tol, 1e-4) if leftover_norm > 0 and not by_hand else False
     metrics["leak_equals_leftover_gradient"] = bool(explained)
     last = earlier[-1].grads if earlier else {}
     metrics["previous_step_grad_norm"] = _norm(last)
@@ -121,7 +137,7 @@ def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progr
            else "gradients from earlier steps leak into it")
     return CheckResult(
         "loop.zero_grad", Status.FAIL,
-        f"step {t}'s gradient differs from a fresh gradient by {worst:.1%} (max over parameters): {why}",
+        f"step {t}'s {what} differs from a fresh one by {worst:.1%} (max over parameters): {why}",
         metrics, tables,
         advice=["Call optimizer.zero_grad(set_to_none=True) once per optimizer step: right after optimizer.step() "
                 "(or before the first backward of the next step).", _STANDARD_STEP_ADVICE])
@@ -154,6 +170,7 @@ class _Run:
     pre: dict
     last: dict
     calls: int
+    where: str = "optimizer.step"
 
 
 def _observe(setup: Setup, micro_batches: list, k: int, *, freeze: bool, what: str) -> _Run:
@@ -165,7 +182,7 @@ def _observe(setup: Setup, micro_batches: list, k: int, *, freeze: bool, what: s
     records, calls = run_steps(setup, ctx, [micro_batches])
     require_steps(setup, calls, what)
     r = records[0]
-    return _Run(r.grads, r.pre_clip or r.grads, r.last_backward, calls[0])
+    return _Run(r.grads, r.pre_clip or r.grads, r.last_backward, calls[0], r.observed_at)
 
 
 def _scaled(g: dict, c: float) -> dict:
@@ -277,8 +294,26 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
     ``loss / K``: a latent note when this Setup's data always splits equally) and FAIL. A step that divides by a
     constant is right only at that K: a latent WARN when it is the configured K. With batch-dependent layers
     (BatchNorm) the comparison is rerun with their batch statistics frozen: WARN when that isolated rerun matches,
-    FAIL when it does not. Non-finite gradients are their own FAIL, never a match.
+    FAIL when it does not. Non-finite gradients are their own FAIL, never a match. A step that cannot run with K micro-batches is a
+    latent WARN while the Setup does not accumulate.
     """
+    try:
+        return _check_accumulation(setup, k=k, tol=tol)
+    except StepError as exc:
+        if setup.accumulation_steps > 1 or not getattr(exc, "in_k_run", False):
+            raise
+        # A step that cannot take smaller micro-batches (e.g. a recurrent state sized for the full batch) is not
+        # wrong while the Setup does not accumulate: a latent note, not an ERROR.
+        return CheckResult("loop.accumulation", Status.WARN,
+                           f"latent (this Setup does not accumulate gradients): the step cannot run with "
+                           f"{k or 4} micro-batches: {exc.message}",
+                           {"latent": True, "k": k or 4, "error_type": type(exc.__cause__ or exc).__name__},
+                           advice=["Nothing to fix while accumulation_steps=1. Before turning accumulation on, make the step "
+                                   "accept micro-batches of any size (size per-batch state such as a recurrent hidden state "
+                                   "from the micro-batch, e.g. init_hidden(len(mb)))." ] + ([exc.fix] if exc.fix else []))
+
+
+def _check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None = None) -> CheckResult:
     setup.validate()
     tol = tolerance_for(setup, tol)
     close = max(10 * tol, 1e-4)
@@ -287,16 +322,16 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
         raise TroptError(f"check_accumulation needs k >= 2 micro-batches (got {k})", "use k=4")
     with preserved(setup.model):  # reading a shuffling DataLoader draws from the global RNG
         batch = setup.sample_batch()
-    n = batch_size(batch)
+    n = setup.size(batch)
     if n < 2 * k:
         raise TroptError(f"the first batch holds {n} samples, too few to split into {k} and then uneven micro-batches",
                          f"use batches of at least {2 * k} samples for this check (or pass a smaller k)")
     n_even = n - n % k
-    even_batch = split_batch(batch, sizes=[n_even, n - n_even])[0] if n_even < n else batch
+    even_batch = setup.split(batch, sizes=[n_even, n - n_even])[0] if n_even < n else batch
     # One large micro-batch and K-1 small ones: clearly unequal for every K (a loop that divides by K is off by a lot).
     small = max(1, n // (2 * k))
     uneven_sizes = [n - (k - 1) * small] + [small] * (k - 1)
-    uneven_micro = split_batch(batch, sizes=uneven_sizes)
+    uneven_micro = setup.split(batch, sizes=uneven_sizes)
     bn_layers = batch_dependent_layers(setup.model)
     labels = ("1x", f"{k}x")
 
@@ -304,7 +339,11 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
         return _observe(setup, [full], 1, freeze=freeze, what="the 1-micro-batch run")
 
     def many(micro: list, freeze: bool) -> _Run:
-        return _observe(setup, micro, k, freeze=freeze, what=f"the {k}-micro-batch run")
+        try:
+            return _observe(setup, micro, k, freeze=freeze, what=f"the {k}-micro-batch run")
+        except StepError as exc:
+            exc.in_k_run = True  # the only run that differs from normal training: check_accumulation may call it latent
+            raise
 
     def errors(a: _Run, b: _Run) -> tuple[pd.DataFrame, float, float]:
         table = compare_tensors(a.post, b.post, labels=labels)
@@ -363,7 +402,8 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
             metrics = {"k": k, "batch_size": n, "uneven_sizes": "+".join(map(str, uneven_sizes)), "max_rel_error": uerr,
                        "uneven_max_rel_error": uerr, "pre_clip_max_rel_error": upre,
                        "global_rel_error": global_rel_error(a.post, ub.post), "tolerance": tol,
-                       "optimizer_steps_in_k_run": ub.calls, "batch_dependent_layers": 0, "observed_at": "optimizer.step"}
+                       "optimizer_steps_in_k_run": ub.calls, "batch_dependent_layers": 0,
+                       "observed_at": f"{a.where} (and before clipping)"}
             if (bad := broken(a, ub, metrics, {"parameters": utable})) is not None:
                 return bad
             if uerr <= tol and upre <= tol and ub.calls == 1:
@@ -373,7 +413,7 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
                                    metrics, {"parameters": utable})
         if a is not None and a.calls > 1:
             return _steps_per_call_result(a.calls, metrics, {"parameters": utable})
-        even_micro = split_batch(even_batch, k)
+        even_micro = setup.split(even_batch, k)
         if a is None or n_even != n:
             a = one(even_batch, False)
         b = many(even_micro, False)
@@ -384,7 +424,7 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
                    "grad_norm_ratio": _norm(b.post) / _norm(a.post) if _norm(a.post) else float("nan"),
                    "pre_clip_norm_ratio": _norm(b.pre) / _norm(a.pre) if _norm(a.pre) else float("nan"),
                    "grad_cosine": _cosine(a.post, b.post), "batch_dependent_layers": len(bn_layers),
-                   "observed_at": "optimizer.step (and before clipping)"}
+                   "observed_at": f"{a.where} (and before clipping)"}
         tables = {"parameters": table}
         if a.calls > 1:
             return _steps_per_call_result(a.calls, metrics, tables)
@@ -504,7 +544,7 @@ def _batch_sizes_of(setup: Setup) -> list[int] | None:
             m, bs = len(data), setup.batch_size
             return [bs] * (m // bs) + ([m % bs] if m % bs else [])
         if isinstance(data, (list, tuple)) and len(data) <= 10_000:
-            return [batch_size(b) for b in data]
+            return [setup.size(b) for b in data]
     except Exception:  # noqa: BLE001 - unknown layouts: assume unequal sizes can happen (keep the WARN)
         return None
     return None
@@ -538,32 +578,67 @@ def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | Non
     scale: clipped by norm; entries piled at one magnitude: clipped by value). If the
     large scale overflows on the first step, smaller scales (2^12, 2^8) are tried and reported. SKIP without a scaler.
     """
-    if not setup.use_scaler:
-        return CheckResult("loop.loss_scaling", Status.SKIP, "no GradScaler in this Setup (use_scaler=False): nothing to check")
     setup.validate()
+    owner = "ctx.scaler"
+    if not setup.use_scaler:
+        owner = _step_scaler(setup)
+        if owner is None:
+            return CheckResult("loop.loss_scaling", Status.SKIP,
+                               "no GradScaler in this Setup (use_scaler=False) and the step scales no loss with one of its "
+                               "own: nothing to check")
     tol = tolerance_for(setup, tol)
     with preserved(setup.model):
-        micro = split_batch(setup.sample_batch(), setup.accumulation_steps)
+        micro = setup.split(setup.sample_batch(), setup.accumulation_steps)
         ctx = setup.build(init_scale=1.0)
         quiet_randomness(ctx.model)
-        rec_a, calls_a = run_steps(setup, ctx, [micro])
+        # Whichever GradScaler scales the loss (ctx.scaler, or one the step builds itself) starts at the scale under test.
+        rec_a, calls_a = run_steps(setup, ctx, [micro], init_scale=1.0)
         require_steps(setup, calls_a, "the scale-1 run")
         rec_b, used = [], None
         for big in (scale, 2.0**12, 2.0**8):
             ctx = setup.build(init_scale=big)
             quiet_randomness(ctx.model)
-            rec_b, _ = run_steps(setup, ctx, [micro])
+            rec_b, _ = run_steps(setup, ctx, [micro], init_scale=big)
             if rec_b:
                 used = big
                 break
     if not rec_b:
         raise TroptError("every large loss scale (2^16, 2^12, 2^8) overflowed on the first step, so no step ran to compare",
                          "check the loss for huge values; fp16 overflows above 65504")
+    result = _loss_scaling_verdict(setup, rec_a, rec_b, used, tol, owner)
+    if setup.precision != "fp16" and result.status is Status.PASS:
+        result = dataclasses.replace(
+            result, status=Status.WARN,
+            summary=f"{result.summary}; but with precision={setup.precision!r} loss scaling is unnecessary (only fp16's narrow "
+                    "exponent range underflows small gradients)",
+            advice=["Drop the GradScaler (use_scaler=False, plain loss.backward() and optimizer.step()), or train in fp16 "
+                    "if that is what the scaler was kept for."])
+    return defer_multi_step(result, calls_a)
+
+
+def _step_scaler(setup: Setup) -> str | None:
+    """The type of an enabled GradScaler the step itself uses to scale the loss (one probe step), or None.
+
+    A probe step that raises counts as no scaler: the checks that need the step report that error themselves.
+    """
+    with preserved(setup.model), ScalerWatch() as watch:
+        ctx = setup.build()
+        quiet_randomness(ctx.model)
+        try:
+            setup.run_step(ctx, setup.split(setup.sample_batch(), setup.accumulation_steps))
+        except TroptError:
+            pass
+    used = [s for s in watch.used if s.is_enabled()]
+    return f"the step's own {type(used[-1]).__name__}" if used else None
+
+
+def _loss_scaling_verdict(setup: Setup, rec_a: list, rec_b: list, used: float, tol: float, owner: str) -> CheckResult:
     a, b = rec_a[0].grads, rec_b[0].grads
     table = compare_tensors(a, b, labels=("scale_1", f"scale_{int(used)}"))
     err = float(table["rel_error"].max())
     norm_a, norm_b = rec_a[0].grad_norm, rec_b[0].grad_norm
-    metrics = {"scale_small": 1.0, "scale_large": used, "max_rel_error": err, "tolerance": tol,
+    metrics = {"scale_small": 1.0, "scale_large": used, "max_rel_error": err, "tolerance": tol, "scaler": owner,
+               "observed_at": observed_at(rec_a + rec_b),
                "clipped_norm_scale_1": norm_a, "clipped_norm_large_scale": norm_b, "grad_clip": setup.grad_clip or float("nan")}
     tables = {"parameters": table}
     if err <= tol and abs(norm_a - norm_b) <= tol * max(norm_a, norm_b, 1e-30):
@@ -604,6 +679,19 @@ def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | Non
 
 
 # --------------------------------------------------------------------------------------------- scheduler cadence
+def _lr_changes(lrs: np.ndarray) -> bool:
+    """Whether any group's learning rate takes more than one value over the recorded optimizer steps."""
+    return bool(len(lrs) > 1 and not np.allclose(lrs, lrs[:1], rtol=1e-9, atol=0))
+
+
+def _same_lrs(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=1e-6, atol=0))
+
+
+class _HandUpdate(Exception):
+    """A call updated the parameters by hand: no learning rate reached an optimizer to compare."""
+
+
 def _schedule_position(sched: object) -> float:
     pos = getattr(sched, "last_epoch", None)
     return float(pos) if isinstance(pos, (int, float)) else float("nan")
@@ -629,14 +717,17 @@ def _cadence_run(setup: Setup, ctx: object, batches: list, kk: int) -> dict:
             for b in batches:
                 before.append(_schedule_position(ctx.scheduler) - start)
                 lr_before.append(_lr0(ctx.optimizer))
-                n = len(rec.records)
-                setup.run_step(ctx, split_batch(b, kk))
+                n, values = len(rec.records), rec.before_call()
+                setup.run_step(ctx, setup.split(b, kk))
+                rec.after_call(values, len(rec.records) - n)  # a hand-written update shows as a record without LRs
                 calls.append(len(rec.records) - n)
                 after.append(_schedule_position(ctx.scheduler) - start)
                 lr_after.append(_lr0(ctx.optimizer))
     finally:
         handle.remove()
     require_steps(setup, calls, f"the K={kk} run")
+    if any(not r.lrs for r in rec.records):
+        raise _HandUpdate()
     first = np.cumsum([0] + calls[:-1])  # index of each call's first optimizer step
     stepped = [i for i, c in enumerate(calls) if c > 0]
     lrs = np.array([r.lrs for r in rec.records])
@@ -658,26 +749,62 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     stepped before ``optimizer.step()``.
 
     Compares, after every optimizer step, the scheduler's position (``last_epoch``) and each group's learning
-    rate. ``steps`` defaults to 1 when the scheduler reports its position (decisive on its own), else 2 so the
-    learning rates can differ. SKIP without a scheduler.
+    rate. ``steps`` defaults to 1 when the scheduler reports its position (decisive on its own), else 2 (3 for a
+    learning rate the step sets by hand) so the learning rates can differ. Without a scheduler object the learning
+    rate the step writes into ``param_group["lr"]`` (``lr = get_lr(ctx.it)``) is compared the same way; SKIP only
+    when it never changes in either run, or without an optimizer. When the runs differ, a K=1 run over ``steps * k``
+    optimizer steps confirms "advanced per micro-batch" (the K run reads every K-th of its learning rates).
     """
-    if setup.scheduler is None:
-        return CheckResult("loop.scheduler_cadence", Status.SKIP, "no scheduler in this Setup: nothing to check")
+    if setup.optimizer is None:
+        return CheckResult("loop.scheduler_cadence", Status.SKIP,
+                           "no optimizer in this Setup (optimizer=None): a hand-written update has no learning rate tropt can "
+                           "read, so the schedule cannot be compared")
     setup.validate()
     if steps is not None and steps < 1:
         raise TroptError(f"check_scheduler_cadence needs steps >= 1 (got {steps})", "use steps=2")
+    hand_set = setup.scheduler is None  # a step that writes param_group["lr"] itself (e.g. lr = get_lr(ctx.it))
     with preserved(setup.model):
         first = setup.build(accumulation_steps=1)
         has_position = not math.isnan(_schedule_position(first.scheduler))
         # ReduceLROnPlateau counts metric evaluations: stepping it before optimizer.step() shifts no schedule.
         plateau = isinstance(first.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         if steps is None:
-            steps = 1 if has_position else 2
+            steps = 1 if has_position else 3 if hand_set else 2
         batches = list(setup.batches(steps))
-        if min(batch_size(b) for b in batches) < k:
+        if min(setup.size(b) for b in batches) < k:
             raise TroptError(f"batches must hold at least K={k} samples to compare K=1 with K={k}", "use bigger batches or k=2")
-        one = _cadence_run(setup, first, batches, 1)
-        many = _cadence_run(setup, setup.build(accumulation_steps=k), batches, k)
+        try:
+            one = _cadence_run(setup, first, batches, 1)
+            many = _cadence_run(setup, setup.build(accumulation_steps=k), batches, k)
+        except _HandUpdate:
+            return CheckResult("loop.scheduler_cadence", Status.SKIP,
+                               "the step updates the parameters by hand (no optimizer.step()), so no learning rate reaches an "
+                               "optimizer to compare", {"observed_at": PARAMETER_CHANGE})
+        if hand_set and not (_lr_changes(one["lrs"]) or _lr_changes(many["lrs"])):
+            return CheckResult("loop.scheduler_cadence", Status.SKIP,
+                               f"no scheduler in this Setup and the learning rate never changed over {len(batches)} optimizer "
+                               f"steps with K=1 or K={k}: no schedule to check",
+                               {"steps": len(batches), "k": k, "lr": float(one["lrs"][0, 0]) if len(one["lrs"]) else float("nan")})
+        faster = None
+        if hand_set and not _same_lrs(one["lrs"], many["lrs"]):
+            # A counter kept outside ctx (a module-level global) carries over from run to run: a second fresh K=1 run
+            # then differs from the first, and no comparison between runs means anything.
+            again = _cadence_run(setup, setup.build(accumulation_steps=1), batches, 1)["lrs"]
+            if not _same_lrs(again, one["lrs"]):
+                return CheckResult(
+                    "loop.scheduler_cadence", Status.WARN,
+                    "cannot compare the hand-set learning rate: two fresh runs with K=1 step with different learning rates "
+                    f"({one['lrs'][0, 0]:.3g} vs {again[0, 0]:.3g} at the first step), so the step keeps its schedule state "
+                    "outside ctx (a module-level counter?) and every run continues where the last one stopped",
+                    {"steps": len(batches), "k": k, "schedule": "set by hand in the step", "observed_at": "optimizer.step"},
+                    advice=["Keep the iteration counter on the step context (ctx.it = getattr(ctx, 'it', 0) ... ctx.it += 1), "
+                            "so every run starts from the same state; then rerun this check."])
+        if not _same_lrs(one["lrs"], many["lrs"]) and max(one["calls"] + many["calls"]) <= 1:
+            # Does the K run's schedule equal the K=1 schedule read every K optimizer steps (advanced per micro-batch)?
+            # Any offset: a counter read after its per-micro-batch increments lands on every K-th value from K-1.
+            m = len(many["lrs"])
+            ref = _cadence_run(setup, setup.build(accumulation_steps=1), list(setup.batches(m * k)), 1)["lrs"]
+            faster = any(_same_lrs(ref[o::k][:m], many["lrs"]) for o in range(k))
     lr1, pos1, calls1 = one["lrs"], one["positions"], one["calls"]
     lrk, posk, callsk = many["lrs"], many["positions"], many["calls"]
     n = min(len(lr1), len(lrk))
@@ -691,6 +818,8 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     same_lr = len(lr1) == len(lrk) and np.allclose(lr1[:n], lrk[:n], rtol=1e-6, atol=0)
     same_pos = np.allclose(pos1, posk, equal_nan=True)
     metrics = {"steps": len(batches), "k": k, "position_after_k1": float(pos1[-1]), f"position_after_k{k}": float(posk[-1]),
+               "schedule": "set by hand in the step" if hand_set else type(first.scheduler).__name__,
+               "observed_at": "optimizer.step",
                "optimizer_steps_k1": int(sum(calls1)), f"optimizer_steps_k{k}": int(sum(callsk)),
                "max_lr_rel_diff": float(np.max(np.abs(lr1[:n] - lrk[:n]) / np.maximum(np.abs(lr1[:n]), 1e-30))) if n else float("nan")}
     series = {"lr_k1": lr1[:, 0], f"lr_k{k}": lrk[:, 0]}
@@ -730,9 +859,28 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
                       f"call{' (once per micro-batch?)' if per and max(per) == k else ''}",
                       [f"Call optimizer.step() once per call of the step function, after the backward of the last of the "
                        f"{k} micro-batches; then rerun this check.", after_opt])
+    note = steps_per_call_note(calls1 + callsk)
+    if note is not None:
+        metrics.update(optimizer_steps_per_call=int(max(calls1 + callsk)), see_also="loop.accumulation")
+        return result(Status.WARN, f"cannot compare the schedule per optimizer step: {note}",
+                      ["Call optimizer.step() exactly once per call of step(ctx, micro_batches); then rerun this check."])
+    if hand_set and not same_lr:
+        first_diff = next((i for i in range(n) if not np.allclose(lr1[i], lrk[i], rtol=1e-6, atol=0)), n)
+        metrics.update(first_differing_step=first_diff + 1, per_micro_batch_confirmed=bool(faster))
+        where = (f"at optimizer step {first_diff + 1} the learning rate is {lr1[first_diff, 0]:.3g} with K=1 but "
+                 f"{lrk[first_diff, 0]:.3g} with K={k}" if first_diff < n else "the runs made different numbers of steps")
+        cause = (f"{where}; the K={k} learning rates are the K=1 schedule read every {k} steps, so the counter that sets the "
+                 "learning rate (e.g. ctx.it) advances per micro-batch, not per optimizer step" if faster
+                 else f"{where} (the hand-set learning rate depends on how the batch is split)")
+        return latent_when_unused(setup, result(
+            Status.FAIL, f"the hand-set learning-rate schedule depends on accumulation: {cause}",
+            ["Advance the iteration counter that sets the learning rate once per optimizer step (after optimizer.step()), "
+             "not once per micro-batch; a warm-up of W steps otherwise ends after W/K optimizer steps."]))
     if not (same_lr and same_pos):
-        per_micro = pos1[-1] > 0 and abs(posk[-1] / pos1[-1] - k) < 0.5
-        cause = (f"it advances {posk[-1] / pos1[-1]:.0f}× faster with K={k}: the scheduler is stepped per micro-batch" if per_micro
+        per_micro = bool(faster) or (pos1[-1] > 0 and abs(posk[-1] / pos1[-1] - k) < 0.5)
+        metrics["per_micro_batch_confirmed"] = bool(faster)
+        times = f"{k}" if faster or not pos1[-1] > 0 else f"{posk[-1] / pos1[-1]:.0f}"
+        cause = (f"it advances {times}× faster with K={k}: the scheduler is stepped per micro-batch" if per_micro
                  else f"the learning rates differ between K=1 and K={k} (positions {pos1[-1]:.0f} vs {posk[-1]:.0f} after {len(batches)} step{'' if len(batches) == 1 else 's'})")
         return latent_when_unused(setup, result(
             Status.FAIL, f"the schedule depends on accumulation: {cause}",
@@ -741,7 +889,7 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     # Stepped before optimizer.step(): the first update already uses the schedule's second learning rate.
     early = next(((d, used, planned) for d, used, planned in one["early"]
                   if (has_position and d > 0) or not math.isclose(used, planned, rel_tol=1e-9)), None)
-    if early is not None and not plateau:
+    if early is not None and not plateau and not hand_set:  # a hand-set LR is written before the step on purpose
         d, used, planned = early
         metrics.update(lr_at_optimizer_step=float(used), lr_planned=float(planned))
         return result(Status.WARN,
@@ -749,5 +897,8 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
                       f"schedule's value for that step is {planned:.3g}, so every update uses the next step's learning rate "
                       "(the schedule's first value is skipped)",
                       [f"Move ctx.scheduler.step() after optimizer.step() (PyTorch's order since 1.1). {after_opt}"])
+    if hand_set:
+        return result(Status.PASS, f"the hand-set learning rate advances once per optimizer step: same learning rates with "
+                                   f"K=1 and K={k} over {len(batches)} optimizer steps")
     return result(Status.PASS,
                   f"the schedule advances once per optimizer step: same learning rates and positions with K=1 and K={k}")

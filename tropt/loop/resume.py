@@ -16,16 +16,26 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..batching import split_batch
 from ..errors import StepError, TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import RngState, preserved
-from ..training import StepContext
-from .harness import compare_tensors, flatten_state, max_rel_error, nonfinite_result, require_steps, run_steps, tolerance_for
+from ..training import StepContext, user_state_is_plain
+from .harness import (
+    compare_tensors,
+    defer_multi_step,
+    flatten_state,
+    max_rel_error,
+    nonfinite_result,
+    observed_at,
+    require_steps,
+    run_steps,
+    tolerance_for,
+)
 
-COMPONENTS = ("model weights", "optimizer moments", "optimizer hyperparameters", "schedule position", "loss scale", "RNG")
+COMPONENTS = ("model weights", "optimizer moments", "optimizer hyperparameters", "schedule position", "loss scale", "RNG",
+              "step attributes")
 _ADVICE = {
     "model weights": "Restore the weights in load_state: ctx.model.load_state_dict(state['model']).",
     "optimizer moments": "Save and load ctx.optimizer.state_dict() too: it holds the moments (Adam's exp_avg/exp_avg_sq, "
@@ -35,14 +45,22 @@ _ADVICE = {
     "loss scale": "Save and load ctx.scaler.state_dict(), or the GradScaler restarts from its initial scale.",
     "RNG": "Save torch.get_rng_state() (and torch.cuda.get_rng_state_all(), numpy and random states) and restore them on "
            "load, or dropout masks and data shuffling diverge after a resume.",
+    "step attributes": "Save the state your step keeps on ctx (an iteration counter such as ctx.it, a recurrent hidden "
+                       "state) in save_state and set it again in load_state.",
 }
+
+
+def _plain_attrs(ctx: StepContext) -> dict[str, Any]:
+    """The step's own attributes on ctx that are plain data a checkpoint can hold (counters, hidden states)."""
+    return {k: v for k, v in ctx.user_state().items() if user_state_is_plain(v)}
 
 
 def default_save_state(ctx: StepContext) -> dict[str, Any]:
     """tropt's full checkpoint: model, optimizer, scheduler, scaler and every RNG state."""
     return {
         "model": ctx.model.state_dict(),
-        "optimizer": ctx.optimizer.state_dict(),
+        "optimizer": ctx.optimizer.state_dict() if ctx.optimizer is not None else None,
+        "step_attributes": _plain_attrs(ctx),
         "scheduler": ctx.scheduler.state_dict() if ctx.scheduler is not None else None,
         "scaler": ctx.scaler.state_dict() if ctx.scaler is not None else None,
         "rng": {
@@ -57,7 +75,10 @@ def default_save_state(ctx: StepContext) -> dict[str, Any]:
 def default_load_state(ctx: StepContext, state: dict[str, Any]) -> None:
     """Load a checkpoint written by :func:`default_save_state` into fresh objects."""
     ctx.model.load_state_dict(state["model"])
-    ctx.optimizer.load_state_dict(state["optimizer"])
+    if ctx.optimizer is not None and state["optimizer"] is not None:
+        ctx.optimizer.load_state_dict(state["optimizer"])
+    for name, value in state.get("step_attributes", {}).items():
+        setattr(ctx, name, value)
     if ctx.scheduler is not None and state["scheduler"] is not None:
         ctx.scheduler.load_state_dict(state["scheduler"])
     if ctx.scaler is not None and state["scaler"] is not None:
@@ -72,7 +93,7 @@ def default_load_state(ctx: StepContext, state: dict[str, Any]) -> None:
 
 def _state_of(ctx: StepContext, rng: RngState) -> dict[str, dict[str, torch.Tensor]]:
     """Every resumable component of a run as flat tensors (views of the live state), for comparison."""
-    opt = ctx.optimizer.state_dict()
+    opt = ctx.optimizer.state_dict() if ctx.optimizer is not None else {"state": {}, "param_groups": []}
     return {
         "model weights": flatten_state(ctx.model.state_dict()),
         "optimizer moments": flatten_state(opt["state"]),
@@ -86,6 +107,7 @@ def _state_of(ctx: StepContext, rng: RngState) -> dict[str, dict[str, torch.Tens
             "python": torch.tensor(rng.python[1], dtype=torch.float64),
             **({f"cuda{i}": t.double() for i, t in enumerate(rng.cuda)} if rng.cuda else {}),
         },
+        "step attributes": flatten_state(_plain_attrs(ctx)),
     }
 
 
@@ -137,7 +159,7 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
     save = setup.save_state or default_save_state
     load = setup.load_state or default_load_state
     with preserved(setup.model):
-        batches = [split_batch(b, setup.accumulation_steps) for b in setup.batches(2 * steps)]
+        batches = [setup.split(b, setup.accumulation_steps) for b in setup.batches(2 * steps)]
         ctx_a = setup.build()
         _, calls = run_steps(setup, ctx_a, batches[:steps], capture="lr")
         require_steps(setup, calls, f"the first {steps} step(s)")
@@ -157,19 +179,30 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
         loaded = {c: max_rel_error(x, y) for (c, x), y in zip(_state_of(ctx_a, rng_a).items(), _state_of(ctx_b, rng_b).values())}
         # The RNGs are global: give each continuation the state its own run would have.
         rng_a.restore()
-        rec_a, _ = run_steps(setup, ctx_a, batches[steps:], capture="lr")
+        rec_a, calls_a = run_steps(setup, ctx_a, batches[steps:], capture="lr")
         rng_a = RngState.take()
         rng_b.restore()
-        rec_b, _ = run_steps(setup, ctx_b, batches[steps:], capture="lr")
+        rec_b, calls_b = run_steps(setup, ctx_b, batches[steps:], capture="lr")
         final_a, final_b = _state_of(ctx_a, rng_a), _state_of(ctx_b, RngState.take())
         # Where each schedule stands after the continuation: the learning rate the next step would use, and position.
-        end_a = ([float(g["lr"]) for g in ctx_a.optimizer.param_groups], _position(ctx_a))
-        end_b = ([float(g["lr"]) for g in ctx_b.optimizer.param_groups], _position(ctx_b))
+        end_a = (_lrs(ctx_a), _position(ctx_a))
+        end_b = (_lrs(ctx_b), _position(ctx_b))
     # Parameters that went non-finite compare NaN with NaN: that is the finding, never a reproduced run.
     bad = nonfinite_result("loop.resume", {"straight": (2 * steps, final_a["model weights"]),
                                            "resumed": (2 * steps, final_b["model weights"])}, what="parameters")
     if bad is not None:
         return bad
+    result = _resume_verdict(setup, steps, tol, custom, loaded, final_a, final_b, rec_a, rec_b, end_a, end_b)
+    return defer_multi_step(result, calls + calls_a + calls_b)
+
+
+def _lrs(ctx: StepContext) -> list[float]:
+    """Each group's learning rate (NaN for a hand-written update without an optimizer)."""
+    return [float(g["lr"]) for g in ctx.optimizer.param_groups] if ctx.optimizer is not None else [float("nan")]
+
+
+def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: dict, final_a: dict, final_b: dict,
+                    rec_a: list, rec_b: list, end_a: tuple, end_b: tuple) -> CheckResult:
     rows = []
     for comp in COMPONENTS:
         final = max_rel_error(final_a[comp], final_b[comp])
@@ -178,15 +211,16 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
                      "restored": loaded[comp] <= limit, "matches_at_end": final <= limit})
     components = pd.DataFrame(rows)
     params = compare_tensors(final_a["model weights"], final_b["model weights"], labels=("straight", "resumed"))
-    lr_a = np.array([r.lrs[0] for r in rec_a])
-    lr_b = np.array([r.lrs[0] for r in rec_b])
+    lr_a = np.array([r.lrs[0] if r.lrs else np.nan for r in rec_a])
+    lr_b = np.array([r.lrs[0] if r.lrs else np.nan for r in rec_b])
     final_err = float(params["rel_error"].max()) if len(params) else 0.0
     lost = [r["component"] for r in rows if not r["restored"]]
     metrics = {"steps_before_save": steps, "steps_after_load": steps, "checkpoint": "user save_state/load_state" if custom else "tropt full checkpoint",
-               "final_param_max_rel_error": final_err, "tolerance": tol, "not_restored": ", ".join(lost) or "none"}
+               "final_param_max_rel_error": final_err, "tolerance": tol, "not_restored": ", ".join(lost) or "none",
+               "observed_at": observed_at(rec_a + rec_b)}
     tables = {"components": components, "parameters": params}
     series = {"lr_straight": lr_a, "lr_resumed": lr_b}
-    lr_same = len(lr_a) == len(lr_b) and np.allclose(lr_a, lr_b, rtol=1e-6)
+    lr_same = len(lr_a) == len(lr_b) and np.allclose(lr_a, lr_b, rtol=1e-6, equal_nan=True)
     if final_err <= tol and lr_same and not lost:
         return CheckResult("loop.resume", Status.PASS,
                            f"resuming after {steps} step(s) reproduces the straight run (parameter error {final_err:.1e}; every component restored)",
@@ -197,7 +231,7 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
     if end_a[1] is not None and end_b[1] is not None:
         metrics.update(schedule_position_straight=end_a[1], schedule_position_resumed=end_b[1])
     schedule_differs = ("schedule position" in lost and not components.set_index("component").loc["schedule position", "matches_at_end"]) \
-        or not np.allclose(end_a[0], end_b[0], rtol=1e-6)
+        or not np.allclose(end_a[0], end_b[0], rtol=1e-6, equal_nan=True)
     if final_err <= tol and lr_same and schedule_differs:
         # The updates so far agree, but the two schedules now stand at different places: every later step diverges.
         where = (f"position {end_a[1]:g} vs {end_b[1]:g}, " if end_a[1] is not None and end_b[1] is not None else "")

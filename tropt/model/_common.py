@@ -59,17 +59,18 @@ def zero_inputs(batch: Any, inputs: set) -> Any:
     return map_leaves(batch, lambda p, t: torch.zeros_like(t) if p in inputs else t)
 
 
-def take_samples(batch: Any, n: int) -> Any:
-    """The first ``n`` samples of a batch (the batch itself when it holds no more)."""
-    total = batch_size(batch)
+def take_samples(batch: Any, n: int, layout: Any = None) -> Any:
+    """The first ``n`` samples of a batch (the batch itself when it holds no more); ``layout`` is the Setup's
+    :class:`tropt.batching.BatchLayout` (samples along dimension 0 when None)."""
+    total = layout.size(batch) if layout is not None else batch_size(batch)
     if total <= n:
         return batch
-    return split_batch(batch, sizes=[n, total - n])[0]
+    return (layout.split if layout is not None else split_batch)(batch, sizes=[n, total - n])[0]
 
 
-def require_samples(batch: Any, minimum: int, why: str, check: str) -> int:
+def require_samples(batch: Any, minimum: int, why: str, check: str, layout: Any = None) -> int:
     """The batch's sample count, or a TroptError saying the batch is too small for ``check`` and why."""
-    n = batch_size(batch)
+    n = layout.size(batch) if layout is not None else batch_size(batch)
     if n < minimum:
         raise TroptError(
             f"{check}: the first batch holds {n} sample(s), too few to sample: it needs at least {minimum} ({why})",

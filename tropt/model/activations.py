@@ -18,7 +18,6 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..batching import split_batch
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
@@ -167,7 +166,8 @@ def check_activation_stats(setup: Any, *, n_batches: int = 4, steps: int = 20, d
     setup.validate()
     with preserved(setup.model):
         batches = list(setup.batches(max(1, n_batches)))
-        require_samples(batches[0], 2, "a unit's activity on a single sample says nothing about whether it is dead", CHECK)
+        require_samples(batches[0], 2, "a unit's activity on a single sample says nothing about whether it is dead", CHECK,
+                        setup.layout)
         ctx = setup.build(seed=setup.seed if seed is None else seed)
         model = ctx.model
         hooks = _Hooks(model)
@@ -184,7 +184,7 @@ def check_activation_stats(setup: Any, *, n_batches: int = 4, steps: int = 20, d
                 hooks.record_hist = True
                 for batch in tqdm(setup.batches(steps, seed=(setup.seed if seed is None else seed) + 1), total=steps,
                                   desc="activation stats", disable=not progress, leave=False):
-                    setup.run_step(ctx, split_batch(batch, k) if k > 1 else [batch])
+                    setup.run_step(ctx, setup.split(batch, k) if k > 1 else [batch])
                     hooks.end_step()
                 hooks.record_hist = False
                 rows_train = hooks.snapshot("train")

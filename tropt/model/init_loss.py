@@ -19,6 +19,7 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
 from ._common import _class_layouts, fmt, get_leaf, input_paths, input_scale, probe
+from .composition import LossFinding, loss_findings
 
 CHECK = "model.init_loss"
 
@@ -65,6 +66,7 @@ def check_init_loss(setup: Any, *, n_batches: int = 4, warn_ratio: float = 1.5, 
             if i == 0:
                 objective, calls, out0, first_batch = obj, order, out, batch
                 inputs = input_paths(setup, model, batch, ctx)
+                findings = loss_findings(setup, model, batch, ctx)
             losses.append(value)
             if objective is not None and out is not None:
                 outputs.append(out.float().cpu())
@@ -76,6 +78,8 @@ def check_init_loss(setup: Any, *, n_batches: int = 4, warn_ratio: float = 1.5, 
         return CheckResult(CHECK, Status.FAIL, f"the loss at initialisation is not finite ({measured})",
                            {"init_loss": measured}, {"batches": per_batch},
                            ["Check the inputs for NaN/inf and the loss for log(0) or a division by zero."])
+    if findings:
+        return _composition_result(findings, measured, per_batch, objective)
     if objective is None:
         return CheckResult(
             CHECK, Status.SKIP,
@@ -156,6 +160,22 @@ def check_init_loss(setup: Any, *, n_batches: int = 4, warn_ratio: float = 1.5, 
         summary = f"the model outputs {width} class scores but the Setup says num_classes={setup.num_classes}; " + summary
         advice.insert(0, f"Make num_classes match the model's output width ({width}), or fix the output layer.")
     return CheckResult(CHECK, status, summary, metrics, tables, advice)
+
+
+def _composition_result(findings: list[LossFinding], measured: float, per_batch: pd.DataFrame,
+                        objective: Any) -> CheckResult:
+    """FAIL naming how ``loss_fn`` composes the output with the loss wrongly (its value at init is then meaningless)."""
+    metrics: dict[str, Any] = {"init_loss": measured, "composition": ", ".join(f.kind for f in findings)}
+    if objective is not None:
+        metrics["objective"] = objective.kind
+    for f in findings:
+        metrics.update({f"{f.kind}_{k}": v for k, v in f.metrics.items()})
+        if f.line:
+            metrics[f"{f.kind}_line"] = f.line
+    table = pd.DataFrame([{"defect": f.kind, "where": f.where, "line": f.line or "", "finding": f.summary}
+                          for f in findings])
+    return CheckResult(CHECK, Status.FAIL, "; ".join(f.summary for f in findings), metrics,
+                       {"composition": table, "batches": per_batch}, [f.advice for f in findings])
 
 
 def _output_classes(out: torch.Tensor | None, batch: Any, objective: Any) -> int | None:

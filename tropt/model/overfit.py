@@ -15,10 +15,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..batching import split_batch
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
+from .composition import loss_findings
 from ._common import (
     Capture,
     dropout_off,
@@ -72,7 +72,7 @@ def _train_ctx(ctx: Any, setup: Any, batch: Any, objective: Any, steps: int, tar
     from tqdm.auto import tqdm
 
     k = setup.accumulation_steps
-    micro = split_batch(batch, k) if k > 1 else [batch]
+    micro = setup.split(batch, k) if k > 1 else [batch]
     params = [p for p in ctx.model.parameters()]
     names = [n for n, _ in ctx.model.named_parameters()]
     start_values = [p.detach().clone() for p in params]
@@ -85,7 +85,9 @@ def _train_ctx(ctx: Any, setup: Any, batch: Any, objective: Any, steps: int, tar
             if p.grad is not None and not got_grad[i] and bool((p.grad != 0).any()):
                 got_grad[i] = True
 
-    handle = ctx.optimizer.register_step_pre_hook(pre_hook)
+    # A step without an optimizer (or one it never steps) updates by hand: judged from the parameter change.
+    handle = ctx.optimizer.register_step_pre_hook(pre_hook) if ctx.optimizer is not None else None
+    hand_updates = [0]
     losses, accs = [], []
     loss0, acc0, out0 = _evaluate(setup, ctx, batch, objective)
     losses.append(loss0)
@@ -99,7 +101,13 @@ def _train_ctx(ctx: Any, setup: Any, batch: Any, objective: Any, steps: int, tar
         for t in tqdm(range(1, n + 1), desc=desc, disable=not progress, leave=False):
             if nonfinite_at is not None:
                 break
+            # Until an optimizer step is seen, keep the values to observe a hand-written update.
+            watch = ctx.optimizer is None or opt_steps[0] == 0
+            seen, before = opt_steps[0], ([p.detach().clone() for p in params] if watch else None)
             setup.run_step(ctx, micro)
+            _forget_batch_state(ctx)
+            if watch and opt_steps[0] == seen:
+                _hand_update(params, before, got_grad, hand_updates)
             loss, acc, out = _evaluate(setup, ctx, batch, objective)
             losses.append(loss)
             accs.append(acc)
@@ -112,14 +120,45 @@ def _train_ctx(ctx: Any, setup: Any, batch: Any, objective: Any, steps: int, tar
                 reached = True
                 break
     finally:
-        handle.remove()
+        if handle is not None:
+            handle.remove()
     changed = [names[i] for i, (p, v) in enumerate(zip(params, start_values))
                if p.shape != v.shape or not torch.equal(p.detach(), v)]
     _, _, out_final = _evaluate(setup, ctx, batch, objective) if nonfinite_at is None else (None, None, None)
     return {"losses": np.asarray(losses, dtype=float), "accs": accs, "reached": reached, "nonfinite_at": nonfinite_at,
             "got_grad": [names[i] for i in range(len(params)) if got_grad[i]], "names": names,
             "trainable": [names[i] for i, p in enumerate(params) if p.requires_grad], "changed": changed,
-            "optimizer_steps": opt_steps[0], "out": out_final}
+            "optimizer_steps": opt_steps[0], "hand_updates": hand_updates[0], "out": out_final}
+
+
+def _forget_batch_state(ctx: Any) -> None:
+    """Drop the tensors the step carries on ctx from one batch to the next (a recurrent hidden state).
+
+    The batch repeats here, so state carried from its own end is not a continuation: every step starts from the
+    state the loss is evaluated with, as the first did. Counters and other plain numbers stay (a learning-rate
+    schedule goes on).
+    """
+    for name, value in list(ctx._user_attrs().items()):
+        if _tensors_only(value):
+            delattr(ctx, name)
+
+
+def _tensors_only(value: Any) -> bool:
+    """A tensor, or a non-empty (nested) tuple/list of tensors: the shape of a recurrent state."""
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (tuple, list)) and len(value) > 0 and all(_tensors_only(v) for v in value)
+
+
+def _hand_update(params: list, before: list, got_grad: torch.Tensor, count: list[int]) -> None:
+    """A call with no optimizer step: a parameter that moved, or holds a non-zero gradient, got an update."""
+    moved = False
+    for i, (p, v) in enumerate(zip(params, before)):
+        changed = p.shape != v.shape or not torch.equal(p.detach(), v)
+        moved |= changed
+        if not got_grad[i] and (changed or (p.grad is not None and bool((p.grad != 0).any()))):
+            got_grad[i] = True
+    count[0] += int(moved)
 
 
 def _plateaued(losses: np.ndarray, window: float = 0.25, share: float = 0.1, tol: float = 0.005) -> bool:
@@ -162,7 +201,8 @@ def _bounded_output_cause(out: torch.Tensor | None, objective: Any, squashes: bo
 @register(CHECK, title="Overfit one small batch",
           description="Train a copy on one fixed small batch; it must memorise it and beat a zeroed-input baseline.")
 def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, target_fraction: float = 0.1,
-                        min_accuracy: float = 0.95, baseline_ratio: float = 0.9, seed: int | None = None,
+                        min_accuracy: float = 0.95, baseline_ratio: float = 0.9, diverge_ratio: float = 2.0,
+                        seed: int | None = None,
                         progress: bool = True, callback: Any = None) -> CheckResult:
     """Train a copy on one fixed batch and judge whether it can memorise it.
 
@@ -182,6 +222,10 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         model can predict (the token after a fixed start token), while the loss still falls far.
     baseline_ratio
         FAIL ("ignores its input") when the final loss is above this fraction of the zeroed-input baseline's.
+    diverge_ratio
+        FAIL ("diverges") when the loss rose above this many times its start (and the zeroed-input baseline's
+        start) at any step and the batch was not memorised, whatever the tail's shape.
+
     seed
         Seed of the copies (the Setup's seed when None).
     progress
@@ -189,15 +233,19 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
     callback
         Optional ``callback({"check", "phase": "model"|"baseline", "step", "total", "loss"})`` at the start and after
         each step (live loss curves); raising :class:`tropt.errors.Cancelled` in it stops the run.
+
+    A model with frozen parameters (``requires_grad=False``) that reaches ``min_accuracy`` and beats the baseline
+    PASSes even when its loss stays above ``target_fraction``: the frozen layers impose that floor (noted in the
+    summary, ``metrics["loss_floor"]``).
     """
     setup.validate()
     seed = setup.seed if seed is None else seed
     with preserved(setup.model):
-        batch = take_samples(setup.sample_batch(), max(2, samples))
+        batch = take_samples(setup.sample_batch(), max(2, samples), setup.layout)
         n = require_samples(batch, 2, "with one sample even a model that ignores its input can memorise the target, "
-                                      "so the input-independent baseline cannot be told apart", CHECK)
+                                      "so the input-independent baseline cannot be told apart", CHECK, setup.layout)
         require_samples(batch, setup.accumulation_steps, f"the step splits it into accumulation_steps="
-                                                         f"{setup.accumulation_steps} micro-batches", CHECK)
+                                                         f"{setup.accumulation_steps} micro-batches", CHECK, setup.layout)
         model_probe = setup.build(seed=seed)
         _, _, objective, _ = probe(setup, model_probe.model, batch, model_probe)
         # The baseline zeroes what the model reads, never the target: the model's arguments whose zeroing changes
@@ -205,6 +253,7 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         # loss never calls the model itself.
         positions = argument_positions(setup, model_probe.model, batch, model_probe)
         inputs = input_paths(setup, model_probe.model, batch, model_probe)
+        composition = loss_findings(setup, model_probe.model, batch, model_probe)  # named causes of a stall
         del model_probe
         real = _train(setup, batch, objective, steps, target_fraction, seed, True, "overfit batch", progress,
                       callback=callback, min_accuracy=min_accuracy)
@@ -223,7 +272,8 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         "best_loss": best, "loss_fraction": final / start if start else math.nan, "baseline_final_loss": base_final,
         "target_fraction": target_fraction, "baseline_ratio": baseline_ratio,
         "objective": objective.kind if objective is not None else "unknown",
-        "optimizer_steps": real["optimizer_steps"], "inputs_zeroed_in_baseline": len(positions) if positions is not None else len(inputs),
+        "optimizer_steps": real["optimizer_steps"], "observed_at": "optimizer.step" if real["optimizer_steps"] else "parameter change",
+        "inputs_zeroed_in_baseline": len(positions) if positions is not None else len(inputs),
     }
     if acc is not None:
         metrics["final_accuracy"] = acc
@@ -244,20 +294,49 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
                     ["Lower the learning rate or clip gradients (grad_clip=1.0).",
                      "Check the loss for log(0) or a division by zero (use F.cross_entropy on logits, add eps)."])
     if not real["got_grad"]:
-        why = ("optimizer.step() was never called by the step" if real["optimizer_steps"] == 0
+        why = ("optimizer.step() was never called by the step and no parameter changed" if real["optimizer_steps"] == 0
                else "every .grad was None or zero when optimizer.step() ran")
         return fail(f"no parameter received a gradient while overfitting one batch ({why})",
                     ["Call loss.backward() before optimizer.step(), and do not detach the output or wrap the forward "
                      "in torch.no_grad()."],
                     {"no_gradient": pd.DataFrame({"parameter": no_grad})})
     if not real["changed"]:
-        why = ("optimizer.step() was never called by the step" if real["optimizer_steps"] == 0
+        why = ("optimizer.step() was never called by the step and no parameter changed" if real["optimizer_steps"] == 0
                else "the optimizer ran but left every parameter as it was (learning rate 0, or an optimizer over no "
                     "parameters of this model)")
         return fail(f"no parameter changed in {real['optimizer_steps']} optimizer steps: {why}",
                     ["Make the step call optimizer.step(), with a non-zero learning rate, on an optimizer built from "
                      "the model's parameters."])
+    peak = int(np.nanargmax(losses)) if np.isfinite(losses).any() else 0
     reached = real["reached"] or (final <= target_fraction * start and (acc is None or acc >= min_accuracy))
+    # Above where it started and above the input-independent start (a pretrained model's tiny start is no yardstick).
+    level = max(start, float(base_losses[0])) if math.isfinite(float(base_losses[0])) else start
+    if start > 0 and math.isfinite(best) and not reached and losses[peak] > diverge_ratio * level:
+        # Rising far above where it started is divergence whatever the shape of the tail: never "still falling".
+        metrics.update(diverge_ratio=diverge_ratio, peak_loss=float(losses[peak]), peak_step=peak)
+        if final > diverge_ratio * start:
+            what = (f"the loss diverges while overfitting one batch of {n}: {fmt(start)} -> {fmt(final)} "
+                    f"({fmt(final / start)}x its start; highest {fmt(float(losses[peak]))} at step {peak})")
+        else:
+            what = (f"the loss diverged while overfitting one batch of {n}: it rose from {fmt(start)} to "
+                    f"{fmt(float(losses[peak]))} at step {peak} ({fmt(float(losses[peak]) / start)}x its start) and "
+                    f"ends at {fmt(final)} without memorising the batch")
+        return fail(what, ["Lower the learning rate (3-10x) or clip gradients (grad_clip=1.0).",
+                           "Check that the step descends: it must call backward() on the loss itself (not -loss) "
+                           "and optimizer.step() with a positive learning rate."])
+    frozen = [name for name, p in setup.model.named_parameters() if not p.requires_grad]
+    if (not reached and frozen and acc is not None and acc >= min_accuracy and final < start
+            and final < baseline_ratio * base_final):
+        # Frozen layers bound how confident the outputs can get: the trainable ones fit every label, but the loss
+        # keeps a floor they cannot remove. That is memorisation, with a caveat.
+        metrics.update(frozen_parameters=len(frozen), loss_floor=final)
+        summary = (f"memorised a batch of {n} in {len(losses) - 1} steps: train accuracy {_acc(acc)}, loss "
+                   f"{fmt(start)} -> {fmt(final)} (zeroed-input baseline: {fmt(base_final)}); the loss keeps a floor "
+                   f"at {final / start:.0%} of its start (above the {target_fraction:.0%} target) that the "
+                   f"{len(frozen)} frozen parameter(s) ({', '.join(frozen[:4])}{', ...' if len(frozen) > 4 else ''}) "
+                   "impose: they bound how confident the outputs can get")
+        return CheckResult(CHECK, Status.PASS, summary, metrics,
+                           {**tables, "frozen": pd.DataFrame({"parameter": frozen})}, [], series)
     if reached:
         summary = (f"memorised a batch of {n} in {len(losses) - 1} steps: loss {fmt(start)} -> {fmt(final)}"
                    + (f", train accuracy {_acc(acc)}" if acc is not None else "")
@@ -269,6 +348,12 @@ def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, targ
         return fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start): {cause}",
                     ["Return raw logits from the model and let the loss apply softmax/sigmoid (remove the final "
                      "Softmax/Sigmoid, or use NLLLoss on log_softmax outputs)."])
+    if composition:
+        # How loss_fn composes output and loss (softmax before cross entropy, a broadcasting target) explains a
+        # stall better than any guess from the curve (see model.init_loss, which reports the same finding first).
+        metrics["composition"] = ", ".join(f.kind for f in composition)
+        return fail(f"the loss falls only to {fmt(final)} ({final / start:.0%} of its start) in {len(losses) - 1} steps: "
+                    + "; ".join(f.summary for f in composition), [f.advice for f in composition])
     # Slow or stalled: how far the inputs (and a regression target) are from unit scale is part of the evidence,
     # and often the cause.
     tables["input_scale"] = scale_table

@@ -1,9 +1,10 @@
 """Stage 6 — throughput: where step time goes (``perf.throughput``) and which precision is fast and stable
-(``perf.precision``)."""
+(``perf.precision``), and where one step's memory goes and which strategy fits (``perf.memory``)."""
 
 from __future__ import annotations
 
+from .memory import check_memory
 from .precision import check_precision, support
 from .throughput import check_throughput
 
-__all__ = ["check_precision", "check_throughput", "support"]
+__all__ = ["check_memory", "check_precision", "check_throughput", "support"]

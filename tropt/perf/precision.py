@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..batching import batch_size, split_batch
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -125,7 +124,7 @@ def _run(setup: Any, precision: str, steps: int, warmup: int, seed: int, batches
         source = batches if batches is not None else list(setup.batches(warmup + steps, seed=seed))
         losses, times, skips, saved = [], [], 0, _SavedBytes()
         for i, batch in enumerate(source):
-            micro = split_batch(batch, ctx.accumulation_steps)
+            micro = ctx.split(batch, ctx.accumulation_steps)
             scale = ctx.scaler.get_scale() if ctx.scaler is not None else None
             sync(device)
             t0 = time.perf_counter()
@@ -141,7 +140,7 @@ def _run(setup: Any, precision: str, steps: int, warmup: int, seed: int, batches
                 skips += 1  # the scaler found inf/NaN gradients, skipped the step and lowered the scale
             losses.append(math.nan if loss is None else float(loss))
         peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else math.nan
-        n = batch_size(source[0])
+        n = setup.size(source[0])
     return {"losses": np.asarray(losses), "times": np.asarray(times), "skips": skips, "peak_mb": peak,
             "activation_mb": saved.total / 2**20, "batch_size": n, "loss_from": runner.source}
 
@@ -161,7 +160,7 @@ def _batch_search(setup: Any, precision: str, seed: int, max_doublings: int, mem
         try:
             r = _run(setup, precision, steps, 1, seed, batches)
         except Exception as exc:  # noqa: BLE001 - OOM ends the search; anything else is reported as the stop reason
-            rows.append({"batch_size": batch_size(batches[0]), "step_ms": math.nan, "samples_per_s": math.nan,
+            rows.append({"batch_size": setup.size(batches[0]), "step_ms": math.nan, "samples_per_s": math.nan,
                          "memory_mb": math.nan, "stopped": "out of memory" if _is_oom(exc) else f"{type(exc).__name__}: {exc}"})
             if setup.device.type == "cuda":
                 torch.cuda.empty_cache()

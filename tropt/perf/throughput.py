@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..batching import batch_size, split_batch
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -43,7 +42,7 @@ def state_mb(ctx: Any) -> dict[str, float]:
     params = sum(p.numel() * p.element_size() for p in ctx.model.parameters())
     grads = sum(p.grad.numel() * p.grad.element_size() for p in ctx.model.parameters() if p.grad is not None)
     opt = 0
-    for state in ctx.optimizer.state.values():
+    for state in (ctx.optimizer.state.values() if ctx.optimizer is not None else ()):  # None: a hand-written update
         for v in state.values():
             if isinstance(v, torch.Tensor):
                 opt += v.numel() * v.element_size()
@@ -120,7 +119,7 @@ def profile_ops(setup: Any, ctx: Any, batches: list, top: int = 15) -> pd.DataFr
         prof.start()
     try:
         for batch in batches:
-            setup.run_step(ctx, split_batch(batch, ctx.accumulation_steps))
+            setup.run_step(ctx, ctx.split(batch, ctx.accumulation_steps))
         if cuda:
             torch.cuda.synchronize(ctx.device)
     finally:
@@ -207,7 +206,7 @@ def check_throughput(
                 sync(device)
                 t0 = time.perf_counter()
                 batch = next(it)
-                micro = split_batch(batch, ctx.accumulation_steps)
+                micro = ctx.split(batch, ctx.accumulation_steps)
                 sync(device)
                 t1 = time.perf_counter()
                 setup.run_step(ctx, micro)
@@ -217,7 +216,7 @@ def check_throughput(
                 if i >= warmup:
                     waits.append(t1 - t0)
                     computes.append(t2 - t1)
-                    sizes.append(batch_size(batch))
+                    sizes.append(ctx.batch_size(batch))
             memory = state_mb(ctx)
             memory["rss_mb"] = rss_mb()
             memory["rss_increase_mb"] = memory["rss_mb"] - rss_before

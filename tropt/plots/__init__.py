@@ -8,6 +8,7 @@ otherwise :func:`plot_series` draws the result's named series.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any, Callable
 
 from ..errors import TroptError
@@ -27,6 +28,16 @@ def register_plot(check_id: str) -> Callable:
     return deco
 
 
+def plain(text: Any) -> str:
+    """A user string (split, column, class, layer name, a summary quoting them) as literal text in a plot.
+
+    matplotlib reads text between two ``$`` as mathtext: ``cost_in_$_and_$`` fails to draw, ``$x^2$`` draws as math.
+    Escaped dollars draw as themselves. Every user string that reaches a plot goes through here; idempotent, so
+    text read back from an Axes (``ax.get_title()``) can pass again.
+    """
+    return re.sub(r"(?<!\\)\$", r"\\$", str(text))
+
+
 def new_axes(ax: Any = None, figsize: tuple[float, float] = (7, 3.5)) -> Any:
     """``ax`` itself, or the Axes of a new figure (matplotlib imported lazily)."""
     if ax is not None:
@@ -38,13 +49,15 @@ def new_axes(ax: Any = None, figsize: tuple[float, float] = (7, 3.5)) -> Any:
 
 def titled(ax: Any, result: Any, text: str | None = None) -> Any:
     """Title an Axes with the check id and status, coloured by status."""
+    if text:
+        text = plain(text)
     if text:  # wrap to the axes' width so a long subtitle is never cut at the figure edge
         import textwrap
 
         fig = ax.get_figure()
         chars = max(30, int(fig.get_figwidth() * ax.get_position().width * 13))
         text = textwrap.fill(text, chars)
-    ax.set_title(f"{result.check} — {result.status.value.upper()}" + (f"\n{text}" if text else ""),
+    ax.set_title(f"{plain(result.check)} — {result.status.value.upper()}" + (f"\n{text}" if text else ""),
                  color=_COLOURS[result.status.value], fontsize=10, loc="left")
     return ax
 
@@ -59,7 +72,7 @@ def plot_series(result: Any, ax: Any = None) -> Any:
         raise TroptError(f"{result.check} has nothing to plot (no series)", "look at result.tables and result.metrics instead")
     ax = new_axes(ax)
     for name, values in series.items():
-        ax.plot(np.arange(len(values)), values, label=name)
+        ax.plot(np.arange(len(values)), values, label=plain(name))
     ax.set_xlabel("index")
     ax.legend(fontsize=8)
     return titled(ax, result)

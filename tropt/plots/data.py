@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from . import new_axes, register_plot, titled
+from . import new_axes, plain, register_plot, titled
 from ..errors import TroptError
 
 
@@ -23,7 +23,7 @@ def plot_pairs(result: Any, ax: Any = None) -> Any:
         raise TroptError(f"{result.check} has no pairs to plot", "pass at least two splits")
     col = "leaked_fraction" if "leaked_fraction" in pairs else "affected_fraction"
     ax = new_axes(ax)
-    labels = [f"{a} in {b}" for a, b in zip(pairs["split"], pairs["earlier_split"])]
+    labels = [plain(f"{a} in {b}") for a, b in zip(pairs["split"], pairs["earlier_split"])]
     ax.bar(labels, 100 * pairs[col].to_numpy(dtype=float), color="#cf222e")
     ax.set_ylabel("% of the later split")
     return titled(ax, result, result.summary)
@@ -39,8 +39,8 @@ def plot_label_shift(result: Any, ax: Any = None) -> Any:
         x = np.arange(len(dist))
         w = 0.8 / max(len(shares), 1)
         for i, c in enumerate(shares):
-            ax.bar(x + i * w - 0.4 + w / 2, dist[c].to_numpy(dtype=float), w, label=str(c)[6:])
-        ax.set_xticks(x, [str(v) for v in dist["class"]])
+            ax.bar(x + i * w - 0.4 + w / 2, dist[c].to_numpy(dtype=float), w, label=plain(str(c)[6:]))
+        ax.set_xticks(x, [plain(v) for v in dist["class"]])
         ax.set_xlabel("class")
         ax.set_ylabel("share of split")
     else:
@@ -50,7 +50,7 @@ def plot_label_shift(result: Any, ax: Any = None) -> Any:
         centres = (edges[:-1] + edges[1:]) / 2
         for name in _splits_from(result, "label_counts"):
             c = np.asarray(result.series[f"label_counts:{name}"], dtype=float)
-            ax.step(centres, c / max(c.sum(), 1), where="mid", label=name)
+            ax.step(centres, c / max(c.sum(), 1), where="mid", label=plain(name))
         ax.set_xlabel("label")
         ax.set_ylabel("share of split")
     ax.legend(fontsize=8)
@@ -70,7 +70,7 @@ def plot_timeline(result: Any, ax: Any = None) -> Any:
     width = (edges[1] - edges[0])
     for name in _splits_from(result, "time_counts"):
         c = np.asarray(result.series[f"time_counts:{name}"], dtype=float)
-        ax.fill_between(xs, c, step="mid", alpha=0.45, label=name)
+        ax.fill_between(xs, c, step="mid", alpha=0.45, label=plain(name))
     ax.set_ylabel("rows per bin")
     ax.set_xlabel("time" + (f" (bin {width / 8.64e13:.1f} days)" if is_dt else ""))
     ax.legend(fontsize=8)
@@ -89,8 +89,8 @@ def plot_target_leakage(result: Any, ax: Any = None) -> Any:
     y = np.arange(len(t))
     h = 0.8 / len(cols)
     for i, c in enumerate(cols):
-        ax.barh(y + i * h - 0.4 + h / 2, t[c].to_numpy(dtype=float), h, label=str(c)[6:])
-    ax.set_yticks(y, [str(f) for f in t["feature"]])
+        ax.barh(y + i * h - 0.4 + h / 2, t[c].to_numpy(dtype=float), h, label=plain(str(c)[6:]))
+    ax.set_yticks(y, [plain(f) for f in t["feature"]])
     ax.set_xlabel(str(result.metrics.get("metric", "power")))
     ax.legend(fontsize=8)
     return titled(ax, result)
@@ -105,8 +105,8 @@ def plot_class_coverage(result: Any, ax: Any = None) -> Any:
     values = counts.drop(columns=["class"]).to_numpy(dtype=float)
     ax = new_axes(ax, figsize=(1.2 * values.shape[1] + 3, 0.25 * len(counts) + 1.5))
     ax.imshow(np.log1p(values), aspect="auto", cmap="viridis")
-    ax.set_xticks(range(values.shape[1]), list(counts.columns[1:]))
-    ax.set_yticks(range(len(counts)), [str(c) for c in counts["class"]])
+    ax.set_xticks(range(values.shape[1]), [plain(c) for c in counts.columns[1:]])
+    ax.set_yticks(range(len(counts)), [plain(c) for c in counts["class"]])
     for (i, j), v in np.ndenumerate(values):
         if len(counts) <= 40:
             ax.text(j, i, f"{int(v)}", ha="center", va="center", fontsize=7, color="w" if v == 0 else "k")
@@ -138,8 +138,8 @@ def plot_near_duplicates(result: Any, ax: Any = None) -> Any:
                 a.set_yticks([])
             if table is not None and c < len(table):
                 row = table.iloc[c]
-                axes[0, c].set_title(f"{row['split']}[{row['row']}]\nsim {row['similarity']:.3f}", fontsize=7)
-                axes[1, c].set_title(f"{row['earlier_split']}[{row['earlier_row']}]", fontsize=7)
+                axes[0, c].set_title(plain(f"{row['split']}[{row['row']}]\nsim {row['similarity']:.3f}"), fontsize=7)
+                axes[1, c].set_title(plain(f"{row['earlier_split']}[{row['earlier_row']}]"), fontsize=7)
         titled(axes[0, 0], result) if ax is None else titled(ax, result)
         return axes[0, 0] if ax is None else ax
     edges = np.asarray(result.series.get("log10_distance_edges", []), dtype=float)

@@ -34,6 +34,8 @@ def plot_loss_curve(result: Any, ax: Any = None) -> Any:
     m = result.metrics
     if "val_best_step" in m and "overfitting" in str(m.get("classes", "")):
         ax.axvline(m["val_best_step"], color="#bf3989", ls="--", lw=1, label=f"best val step {m['val_best_step']:.0f}")
+    if m.get("val_baseline") is not None:  # what a prediction that ignores the input scores on validation
+        ax.axhline(m["val_baseline"], color="#9a6700", ls="-.", lw=1, label="input-independent baseline")
     if m.get("first_non_finite_step") is not None:
         ax.axvline(m["first_non_finite_step"], color="#cf222e", ls=":", lw=1.5, label="first non-finite loss")
     finite = y[np.isfinite(y)]

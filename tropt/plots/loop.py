@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from . import new_axes, register_plot, titled
+from . import new_axes, plain, register_plot, titled
 
 _ERROR_TABLES = ("parameters_frozen_batch_stats", "parameters", "parameters_uneven")
 
@@ -27,7 +27,7 @@ def plot_parameter_errors(result: Any, ax: Any = None, max_bars: int = 25) -> An
     y = np.arange(len(df))
     nonzero = errors > 0
     ax.barh(y[nonzero], np.maximum(errors[nonzero], floor), color=np.array(colours)[nonzero])
-    ax.set_yticks(y, df["tensor"].astype(str))
+    ax.set_yticks(y, [plain(t) for t in df["tensor"]])
     ax.set_ylim(-0.6, len(df) - 0.4)
     ax.set_xscale("log")
     ax.set_xlim(left=floor, right=max(1.0, float(errors.max()) * 2))
@@ -48,7 +48,7 @@ def plot_lr_sequences(result: Any, ax: Any = None) -> Any:
     styles = ["-o", "--x"]
     for (name, values), style in zip(result.series.items(), styles):
         values = np.asarray(values, dtype=float)
-        ax.plot(np.arange(1, len(values) + 1), values, style, label=name)
+        ax.plot(np.arange(1, len(values) + 1), values, style, label=plain(name))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("learning rate (group 0)")
     ax.legend(fontsize=8)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from . import new_axes, register_plot, titled
+from . import new_axes, plain, register_plot, titled
 
 
 @register_plot("perf.throughput")
@@ -33,7 +33,7 @@ def plot_precision(result: Any, ax: Any = None) -> Any:
     names, times, hatches, labels = [], [], [], []
     if table is not None:
         for _, row in table.iterrows():
-            names.append(str(row["precision"]))
+            names.append(plain(row["precision"]))
             measured = row["status"] == "measured"
             t = float(row["step_ms"]) if measured else 0.0
             times.append(t)
@@ -47,3 +47,61 @@ def plot_precision(result: Any, ax: Any = None) -> Any:
         ax.annotate(text, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("median step time (ms)")
     return titled(ax, result, f"recommended: {result.metrics.get('recommended')}")
+
+
+_PARTS = {"parameters": "#0969da", "gradients": "#54aeff", "optimizer state": "#8250df", "activations": "#1a7f37",
+          "remainder": "#afb8c1"}
+
+
+def _two_panels(ax: Any, ratios: tuple[float, float] = (1.0, 2.4)) -> tuple[Any, Any, Any]:
+    """Two side-by-side Axes: in a new figure, or carved out of ``ax``'s place. Returns (left, right, title_axes)."""
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        _, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained", width_ratios=list(ratios))
+        return left, right, left
+    fig = ax.get_figure()
+    ax.axis("off")
+    gs = ax.get_subplotspec().subgridspec(1, 2, width_ratios=list(ratios), wspace=0.35)
+    return fig.add_subplot(gs[0]), fig.add_subplot(gs[1]), ax
+
+
+@register_plot("perf.memory")
+def plot_memory(result: Any, ax: Any = None) -> Any:
+    """Left: the step's peak as one stacked bar of its parts. Right: the estimated peak against the batch size, the
+    measured points, the limit and the largest batch that fits."""
+    left, right, head = _two_panels(ax)
+    limit = result.metrics.get("memory_limit_mib")
+    limit = float(limit) if limit is not None and np.isfinite(float(limit)) else None
+    table = result.tables.get("breakdown")
+    bottom = 0.0
+    if table is not None:
+        for _, row in table.iterrows():
+            height = max(0.0, float(row["mib"]))  # a negative remainder (parts alive at different instants) is not drawn
+            left.bar(["peak"], [height], bottom=bottom, color=_PARTS.get(str(row["part"]), "#6e7781"),
+                     label=f"{row['part']} {float(row['mib']):,.1f}")
+            bottom += height
+    if limit is not None:
+        left.axhline(limit, color="#cf222e", ls="--", lw=1)
+    left.set_ylabel("MiB")
+    left.set_xticks([])
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), frameon=False)
+    curve = result.tables.get("batch_curve")
+    if curve is not None and len(curve):
+        x = curve["batch_size"].to_numpy(dtype=float)
+        right.plot(x, curve["peak_mib"].to_numpy(dtype=float), color="#0969da", marker=".", label="estimated peak")
+        measured = curve["measured_mib"].to_numpy(dtype=float)
+        ok = np.isfinite(measured)
+        right.scatter(x[ok], measured[ok], color="k", zorder=3, s=18, label="measured")
+        right.set_xscale("log", base=2)
+    if limit is not None:
+        right.axhline(limit, color="#cf222e", ls="--", lw=1, label=f"limit {limit:,.0f} MiB")
+    best = result.metrics.get("max_batch")
+    if best is not None and np.isfinite(float(best)) and float(best) > 0:
+        right.axvline(float(best), color="#9a6700", ls=":", lw=1, label=f"largest batch that fits: {int(best)}")
+    right.set_xlabel("batch size")
+    right.set_ylabel("peak MiB")
+    right.legend(fontsize=7)
+    peak = result.metrics.get("peak_mib")
+    titled(left, result, f"peak {float(peak):,.1f} MiB ({result.metrics.get('peak_phase')})" if peak is not None else None)
+    return head

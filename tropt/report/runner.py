@@ -23,6 +23,7 @@ from ..result import Report
 
 NOTEBOOKS = {"diagnose": "diagnose.ipynb", "data": "data_checks.ipynb", "compare": "compare.ipynb"}
 KERNEL_NAME = "tropt-python"
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 
 def notebook_path(kind: str) -> Path:
@@ -35,25 +36,144 @@ def notebook_path(kind: str) -> Path:
     return path
 
 
+def declared_parameters(notebook: Path) -> list[str]:
+    """The names the notebook's ``parameters``-tagged cell assigns at top level (what ``-p NAME`` may set)."""
+    import ast
+
+    nbformat = require("nbformat", "report")
+    nb = nbformat.read(str(notebook), as_version=4)
+    names: list[str] = []
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
+            for node in ast.parse(cell.source).body:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+                names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
+    return names
+
+
+def check_parameters(kind: str, parameters: Mapping[str, Any]) -> None:
+    """Refuse parameter names the notebook does not declare, before any kernel starts.
+
+    papermill writes ``NAME = value`` into the notebook verbatim, so a name that is not a plain identifier would run
+    as code; a declared-but-misspelt name (``lable``) would only warn into the kernel log and leave checks SKIP.
+    """
+    valid = [n for n in declared_parameters(notebook_path(kind)) if n != "output_dir"]
+    for name in parameters:
+        if name == "output_dir":
+            raise TroptError("parameter 'output_dir' is set by tropt report itself", "choose the output directory with -o OUT_DIR")
+        if not (isinstance(name, str) and name.isidentifier() and name in valid):
+            shown = name if isinstance(name, str) and len(name) <= 40 else f"{str(name)[:40]}..."
+            raise TroptError(f"the {kind} report has no parameter {shown!r}", f"valid parameters: {', '.join(valid)}")
+
+
+@dataclass
+class _Kernel:
+    """The private kernelspec of one report run, and the kernel managers started from it."""
+
+    name: str
+    manager_class: type
+    managers: list = field(default_factory=list)
+
+    def kill(self) -> None:
+        """Kill any kernel still running (an interrupted run never leaves one behind)."""
+        for km in self.managers:
+            process = getattr(getattr(km, "provisioner", None), "process", None)
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def _manager_class(runtime_dir: str, started: list) -> type:
+    """nbclient's kernel manager, writing its connection file (it holds the HMAC key) into ``runtime_dir``."""
+    import uuid
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    class _PrivateKernelManager(AsyncKernelManager):
+        async def _async_pre_start_kernel(self, **kw):
+            if not self.connection_file:  # default: a mkstemp file in $TMPDIR that outlives a killed run
+                self.connection_file = os.path.join(runtime_dir, f"kernel-{uuid.uuid4().hex}.json")
+            started.append(self)
+            return await super()._async_pre_start_kernel(**kw)
+
+    return _PrivateKernelManager
+
+
 @contextmanager
-def current_interpreter_kernel() -> Iterator[str]:
-    """A kernelspec for *this* interpreter (so a venv runs its own packages), registered for the block only."""
+def _private_kernel() -> Iterator[_Kernel]:
+    """A kernelspec for *this* interpreter (so a venv runs its own packages), registered for the block only.
+
+    The spec and the kernel's connection file live in one temporary directory, removed on every exit path (with
+    :func:`_terminate_as_interrupt`, SIGTERM too); a kernel still running at exit is killed.
+    """
     with tempfile.TemporaryDirectory(prefix="tropt-kernel-") as tmp:
         spec_dir = Path(tmp) / "kernels" / KERNEL_NAME
         spec_dir.mkdir(parents=True)
         (spec_dir / "kernel.json").write_text(json.dumps({
             "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": f"tropt ({sys.executable})", "language": "python",
+            # The report's figures must reach the notebook whatever the caller's environment says
+            # (MPLBACKEND=Agg is common on CI and headless servers): the kernel always draws inline.
+            "env": {"MPLBACKEND": INLINE_BACKEND},
         }))
+        kernel = _Kernel(KERNEL_NAME, _manager_class(tmp, started := []), started)
         old = os.environ.get("JUPYTER_PATH")
         os.environ["JUPYTER_PATH"] = tmp + (os.pathsep + old if old else "")
         try:
-            yield KERNEL_NAME
+            yield kernel
         finally:
+            kernel.kill()
             if old is None:
                 os.environ.pop("JUPYTER_PATH", None)
             else:
                 os.environ["JUPYTER_PATH"] = old
+
+
+@contextmanager
+def current_interpreter_kernel() -> Iterator[str]:
+    """A kernelspec for *this* interpreter registered for the block only; yields its name (for papermill)."""
+    with _private_kernel() as kernel:
+        yield kernel.name
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived during a report run; raised like Ctrl-C so every cleanup runs."""
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """For the block, SIGTERM raises :class:`Terminated` (the default handler would exit without any cleanup)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def handler(signum, frame):
+        raise Terminated("terminated (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM for the block (moving the finished files into place is never cut half-way)."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - Windows
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @contextmanager
@@ -115,27 +235,59 @@ def to_html(notebook: Path, html: Path, *, no_input: bool = False) -> None:
     html.write_text(body, encoding="utf-8")
 
 
+OUTPUT_FILES = ("report.ipynb", "report.html", "findings.json", "comparison.json", "kernel.log")
+
+
 def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.PathLike, *, no_input: bool = False,
                timeout_s: int = 900) -> ReportOutcome:
-    """Execute the ``kind`` notebook with ``parameters`` into ``output_dir``; never raises for a failing cell."""
+    """Execute the ``kind`` notebook with ``parameters`` into ``output_dir``; never raises for a failing cell.
+
+    Everything is checked before a kernel starts (parameter names, the output directory); the run writes into a
+    hidden directory inside ``output_dir`` and its files replace the previous report's only when all are written,
+    under a lock (a second run into the same directory refuses). Ctrl-C or SIGTERM leave the previous report as it
+    was and remove the temporary kernelspec and connection file.
+    """
+    from .outputs import check_output_dir, move_into_place, output_lock, staging_dir
+
     papermill = require("papermill", "report")
-    out = Path(output_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    params = dict(parameters)
-    params["output_dir"] = str(out)
+    check_parameters(kind, parameters)
     source = notebook_path(kind)
-    nb_path, html_path, findings = out / "report.ipynb", out / "report.html", out / "findings.json"
+    out = check_output_dir(output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TroptError(f"-o {output_dir} cannot be created ({exc.strerror or exc})", "choose a writable location") from None
+    with output_lock(out), _terminate_as_interrupt(), staging_dir(out) as work:
+        error, timings = _execute(papermill, source, dict(parameters), work, no_input=no_input, timeout_s=timeout_s)
+        with _signals_deferred():
+            move_into_place(work, out, OUTPUT_FILES)
+    findings = out / "findings.json"
+    # Findings written before a later cell failed are still this run's (the run had its own directory): show them.
+    report = Report.from_json(str(findings)) if findings.exists() else None
+    if report is not None:
+        timings["checks_s"] = sum(r.duration_s or 0.0 for r in report)
+    outcome = ReportOutcome(out / "report.ipynb", out / "report.html", findings if findings.exists() else None, report, error, timings)
     comparison = out / "comparison.json"
-    for stale in (findings, comparison):
-        if stale.exists():
-            stale.unlink()  # never report a stale result from an earlier run
+    if comparison.exists() and error is None:
+        from ..experiments.comparison import Comparison
+
+        outcome.comparison = comparison
+        outcome.escalated = any(v.startswith("escalate") for v in Comparison.from_json(str(comparison)).decision()["verdict"])
+    return outcome
+
+
+def _execute(papermill, source: Path, params: dict, work: Path, *, no_input: bool, timeout_s: int) -> tuple[str | None, dict]:
+    """Run the notebook into ``work`` (report.ipynb, report.html, findings.json, kernel.log); the failing cell's line."""
+    params["output_dir"] = str(work)
+    nb_path = work / "report.ipynb"
     timings: dict[str, float] = {}
     error = None
     start = time.perf_counter()
-    with current_interpreter_kernel() as kernel, _kernel_stderr_to(out / "kernel.log"):
+    with _private_kernel() as kernel, _kernel_stderr_to(work / "kernel.log"):
         try:
-            papermill.execute_notebook(str(source), str(nb_path), parameters=params, kernel_name=kernel,
-                                       progress_bar=False, log_output=False, execution_timeout=timeout_s, cwd=os.getcwd())
+            papermill.execute_notebook(str(source), str(nb_path), parameters=params, kernel_name=kernel.name,
+                                       kernel_manager_class=kernel.manager_class, progress_bar=False, log_output=False,
+                                       execution_timeout=timeout_s, cwd=os.getcwd())
         except papermill.PapermillExecutionError as exc:
             error = _failure_line(exc)
         except Exception as exc:  # noqa: BLE001 - kernel died, timeout, ...: still write what exists
@@ -143,15 +295,6 @@ def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.Pa
     timings["execute_s"] = time.perf_counter() - start
     start = time.perf_counter()
     if nb_path.exists():
-        to_html(nb_path, html_path, no_input=no_input)
+        to_html(nb_path, work / "report.html", no_input=no_input)
     timings["html_s"] = time.perf_counter() - start
-    report = Report.from_json(str(findings)) if findings.exists() and error is None else None
-    if report is not None:
-        timings["checks_s"] = sum(r.duration_s or 0.0 for r in report)
-    outcome = ReportOutcome(nb_path, html_path, findings if findings.exists() else None, report, error, timings)
-    if comparison.exists() and error is None:
-        from ..experiments.comparison import Comparison
-
-        outcome.comparison = comparison
-        outcome.escalated = any(v.startswith("escalate") for v in Comparison.from_json(str(comparison)).decision()["verdict"])
-    return outcome
+    return error, timings
