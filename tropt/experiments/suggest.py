@@ -39,6 +39,7 @@ class Suggestion:
     changed: list[str] = field(default_factory=list)  # the factors it changes, in words
     comparable: bool = True
     why_not_compared: str = ""
+    goal: str = "quality"  # "quality": a better score; "speed": faster at an unchanged score
 
     def to_dict(self) -> dict[str, Any]:
         from .candidates import describe_overrides
@@ -219,7 +220,7 @@ def _from_precision(report: Report, setup: Any) -> list[Suggestion]:
     return [Suggestion(
         f"precision_{rec}", {"precision": rec},
         f"training in {rec} instead of {cur} should cut the time per step{speed} without moving the validation score "
-        "beyond seed noise", r.check, r.summary, [f"precision {cur} → {rec}"])]
+        "beyond seed noise", r.check, r.summary, [f"precision {cur} → {rec}"], goal="speed")]
 
 
 def _from_throughput(report: Report, setup: Any) -> list[Suggestion]:
@@ -234,7 +235,7 @@ def _from_throughput(report: Report, setup: Any) -> list[Suggestion]:
             f"waiting for data is {share:.0%} of the step but under a millisecond per batch ({wait:.2g} ms): it is "
             "per-sample collation overhead, so indexing whole batches at once (tensors sliced by a batch of indices) "
             "should raise samples/s; worker processes would cost more than they save", r.check, r.summary,
-            ["how batches are built (whole-batch indexing)"], comparable=False,
+            ["how batches are built (whole-batch indexing)"], comparable=False, goal="speed",
             why_not_compared="it changes the user's data code, which no Setup keyword expresses")]
     cuda = "cuda" in str(r.metrics.get("device", ""))
     workers = max(1, min(4, (os.cpu_count() or 2) - 1))
@@ -247,8 +248,8 @@ def _from_throughput(report: Report, setup: Any) -> list[Suggestion]:
     if loader is None or getattr(setup.train_data, "num_workers", 1) >= workers:
         why = ("no Setup was given to rebuild its DataLoader" if setup is None else
                "the Setup's train_data is not a plain DataLoader tropt can rebuild, or it already has the workers")
-        return [Suggestion("loader_workers", {}, hyp, r.check, r.summary, words, False, why)]
-    return [Suggestion("loader_workers", {"train_data": loader}, hyp, r.check, r.summary, words)]
+        return [Suggestion("loader_workers", {}, hyp, r.check, r.summary, words, False, why, goal="speed")]
+    return [Suggestion("loader_workers", {"train_data": loader}, hyp, r.check, r.summary, words, goal="speed")]
 
 
 def _from_loss_curve(report: Report, setup: Any) -> list[Suggestion]:
@@ -323,9 +324,9 @@ def _from_batch(report: Report, setup: Any) -> list[Suggestion]:
     loader = loader_like(setup.train_data, batch_size=int(2 * bs)) if setup is not None and bs else None
     if loader is None or lr is None:
         why = "no Setup was given" if setup is None else "the Setup's train_data is not a plain DataLoader tropt can rebuild"
-        return [Suggestion("batch_x2", {}, hyp, thr.check, thr.summary, words, False, why)]
+        return [Suggestion("batch_x2", {}, hyp, thr.check, thr.summary, words, False, why, goal="speed")]
     return [Suggestion("batch_x2", {"train_data": loader, "lr": float(f"{lr * factor:.3g}")}, hyp, thr.check,
-                       thr.summary, words)]
+                       thr.summary, words, goal="speed")]
 
 
 RULES = (_from_lr_range, _from_loss_curve, _from_precision, _from_throughput, _from_batch)
