@@ -231,7 +231,12 @@ def _build(rep: Report, comp: Any, budget: Budget | None, g: Guardrails, sugg: A
     if blocking and comp is not None:
         notes.append("a comparison was given, but correctness FAILs block it: its results are not used")
         comp = None
-    details = getattr(sugg, "details", {}) or {}
+    details = dict(getattr(sugg, "details", {}) or {})
+    if comp is not None:  # a comparison that tropt.optimize ran carries the hypotheses behind its candidates
+        from .suggest import Suggestion
+
+        for n, d in (comp.meta.get("suggestions") or {}).items():
+            details.setdefault(n, Suggestion(**{**d, "overrides": {}}))
     compared: set[str] = set()
     if comp is not None:
         rows = comp.decision(g)
