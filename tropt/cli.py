@@ -99,6 +99,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         from .experiments.comparison import Comparison
 
         print(f"comparison: {outcome.comparison}\n{Comparison.from_json(str(outcome.comparison)).summary()}")
+    if outcome.plan is not None:
+        print(f"plan:     {outcome.plan} ({outcome.plan.with_suffix('.html')}): {str(outcome.plan_outcome).upper()}")
     return outcome.exit_code(args.fail_on)
 
 
@@ -143,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=_cmd_diagnose)
     p = sub.add_parser("report", help="execute a report notebook into OUT_DIR/{report.ipynb,report.html,findings.json}")
-    p.add_argument("kind", choices=["diagnose", "data", "compare"], help="which report notebook to run")
+    p.add_argument("kind", choices=["diagnose", "data", "compare", "optimize"], help="which report notebook to run")
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="a notebook parameter; VALUE is JSON when it parses, else a string (repeat)")
     p.add_argument("-o", "--output", required=True, metavar="OUT_DIR", help="where to write the report")

@@ -17,6 +17,8 @@ def optimize(
     splits: Mapping[str, Any] | None = None,
     label: str | int | None = None,
     budget: Budget,
+    group: str | None = None,
+    time: str | None = None,  # noqa: A002 - the same name as in tropt.diagnose
     guardrails: Guardrails | None = None,
     seeds: Iterable[int] = (0, 1, 2),
     executor: Any = None,
@@ -33,8 +35,8 @@ def optimize(
     ----------
     setup
         The :class:`tropt.Setup`; never modified.
-    splits, label
-        Data splits (and label column) for the data checks, as in :func:`tropt.diagnose`.
+    splits, label, group, time
+        Data splits and their columns for the data checks, as in :func:`tropt.diagnose`.
     budget
         :class:`tropt.Budget` for every run of the comparison. A budget the baseline alone exceeds (its measured time
         per step × steps over ``Budget.seconds`` or the guardrail's limit) escalates before any comparison.
@@ -68,7 +70,8 @@ def optimize(
     g = guardrails if guardrails is not None else Guardrails()
     if not isinstance(g, Guardrails):
         raise TroptError(f"optimize: guardrails is a {type(g).__name__}", "pass tropt.Guardrails(...) or None")
-    rep = report if report is not None else diagnose(setup, splits, label=label, checks=checks, progress=progress)
+    rep = report if report is not None else diagnose(setup, splits, label=label, group=group, time=time, checks=checks,
+                                                     progress=progress)
     sugg = suggest(rep, setup)
     plan_args = dict(budget=budget, guardrails=g, suggestions=sugg)
     if sugg.blocking:  # a leak or a broken update is not repaired by another optimizer: nothing is compared
