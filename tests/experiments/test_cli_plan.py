@@ -62,3 +62,17 @@ def test_plan_bad_input_exit_2(tmp_path, capsys):
     assert main(["plan", "--findings", _findings(tmp_path), "-o", str(tmp_path / "plan.txt")]) == 2
     assert "extension" in capsys.readouterr().err
     assert not (tmp_path / "plan.md").exists()
+
+
+def test_speed_candidate_adopted_on_throughput_at_equal_score(tmp_path):
+    from tropt.experiments.plan import OptimizationPlan
+
+    findings = _findings(tmp_path)
+    fast = [_run("baseline", s, 1.0 + 0.01 * s) for s in (0, 1, 2)] + [_run("precision_bf16", s, 1.0 + 0.01 * s, seconds=0.5) for s in (0, 1, 2)]
+    same = [_run("baseline", s, 1.0 + 0.01 * s) for s in (0, 1, 2)] + [_run("precision_bf16", s, 1.0 + 0.01 * s, seconds=0.98) for s in (0, 1, 2)]
+    meta = {"metric": "val_loss", "seeds": [0, 1, 2], "budget": {"steps": 10},
+            "candidates": {"baseline": {}, "precision_bf16": {"precision": "bf16"}}, "guardrails": None}
+    adopted = OptimizationPlan.from_report(findings, Comparison(fast, meta))
+    assert adopted.outcome == "adopt" and adopted.interventions[0]["observed"].startswith("adopt (speed): 2.00×")
+    kept = OptimizationPlan.from_report(findings, Comparison(same, meta))  # 2% faster: within timing noise
+    assert kept.outcome == "keep the baseline" and kept.interventions[0]["observed"].startswith("inconclusive")

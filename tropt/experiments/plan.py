@@ -390,12 +390,12 @@ def _blocking(r: Any, rep: Report) -> dict[str, Any]:
     }
 
 
-SPEEDUP = 1.1  # a speed candidate is adopted when its runs are this much faster at a score within seed noise
+SPEEDUP = 1.1  # a speed candidate is adopted when its samples/s is this much higher at a score within seed noise
 
 
 def _acceptance(metric: str, g: Guardrails, goal: str = "quality") -> str:
     if goal == "speed":
-        return (f"seconds per run ≥ {SPEEDUP:g}× lower than the baseline's over the same seeds, with {metric} not worse "
+        return (f"samples/s ≥ {SPEEDUP:g}× the baseline's over the same seeds, with {metric} not worse "
                 f"beyond seed noise (quality drop ≤ {_g(g.max_quality_drop)}{' relative' if g.relative else ''}) and "
                 f"unstable runs ≤ the baseline's + {g.max_instability_increase}")
     parts = [f"{metric} better than the baseline beyond seed noise (paired t-test p < 0.05 and |gain| > the baseline's "
@@ -443,13 +443,14 @@ def _compared(row: dict, table: Any, comp: Any, g: Guardrails, budget: Budget | 
     secs = row.get("seconds")
     goal = getattr(s, "goal", "quality")
     verdict, observed = row["verdict"], f"{row['verdict']}: {row['reason']}"
-    base_s = row.get("baseline_seconds")
-    if (goal == "speed" and verdict == INCONCLUSIVE and row.get("failed_runs", 0) == 0 and _finite(secs)
-            and _finite(base_s) and secs * SPEEDUP <= base_s):
-        # compare decides on quality; a speed candidate's gain is time at an unchanged score
+    sps = table.loc[name, "samples_per_s"] if name in table.index else math.nan
+    base_sps = table.loc[BASELINE, "samples_per_s"] if BASELINE in table.index else math.nan
+    if (goal == "speed" and verdict == INCONCLUSIVE and row.get("failed_runs", 0) == 0 and _finite(sps)
+            and _finite(base_sps) and sps >= SPEEDUP * base_sps):
+        # compare decides on quality; a speed candidate's gain is throughput at an unchanged score
         verdict = ADOPT
-        observed = (f"adopt (speed): {base_s / secs:.2f}× faster per run ({_g(secs)} s vs {_g(base_s)} s) with the "
-                    f"score within seed noise ({row['reason']})")
+        observed = (f"adopt (speed): {sps / base_sps:.2f}× the baseline's samples/s ({_g(sps)} vs {_g(base_sps)}) with "
+                    f"the score within seed noise ({row['reason']})")
     cost = table.loc[name, "cost"] if name in table.index and "cost" in table.columns else math.nan
     per = cost if _finite(cost) and cost > 0 else secs
     gpc = row["gain"] / per if _finite(row.get("gain")) and _finite(per) and per > 0 else math.nan

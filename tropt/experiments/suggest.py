@@ -311,6 +311,7 @@ def _from_batch(report: Report, setup: Any) -> list[Suggestion]:
     if headroom is not None and headroom < 2:
         return []
     bs = _num(thr.metrics, "batch_size")
+    bs = int(bs) if bs else None
     opt = _setup_optimizer(setup)
     lr = _setup_lr(report, setup)
     adaptive = opt is not None and type(opt).__name__ in ADAM_LIKE
@@ -321,7 +322,7 @@ def _from_batch(report: Report, setup: Any) -> list[Suggestion]:
            "batch changes the optimization statistics (gradient noise, steps per epoch), so the quality must be "
            "compared, not assumed; with a steps budget each run also sees 2× the samples")
     words = [f"batch size {bs or '?'} → {2 * bs if bs else '2×'}", f"learning rate ×{factor:.3g}"]
-    loader = loader_like(setup.train_data, batch_size=int(2 * bs)) if setup is not None and bs else None
+    loader = loader_like(setup.train_data, batch_size=2 * bs) if setup is not None and bs else None
     if loader is None or lr is None:
         why = "no Setup was given" if setup is None else "the Setup's train_data is not a plain DataLoader tropt can rebuild"
         return [Suggestion("batch_x2", {}, hyp, thr.check, thr.summary, words, False, why, goal="speed")]
