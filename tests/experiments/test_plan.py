@@ -158,3 +158,14 @@ def test_budget_the_baseline_alone_exceeds_escalates_with_numbers(monkeypatch):
 def test_optimize_rejects_a_missing_budget():
     with pytest.raises(tropt.TroptError, match="budget"):
         tropt.optimize(make_setup(), budget=None)
+
+
+def test_blocking_fix_shows_its_fix_and_an_errored_correctness_check_is_noted():
+    leak = tropt.CheckResult("data.group_leakage", "fail", "12 customers in both splits", {"shared_groups": 12},
+                             advice=["Split by customer_id (GroupShuffleSplit)."])
+    err = tropt.CheckResult("loop.resume", "error", "save_state raised")
+    plan = OptimizationPlan.from_report(tropt.Report([leak, err], {"tropt": tropt.__version__}))
+    assert plan.interventions[0]["fix"] == "Split by customer_id (GroupShuffleSplit)."
+    assert "**fix**: Split by customer\\_id" in plan.to_markdown()
+    assert [b["check"] for b in plan.bottlenecks] == ["data.group_leakage", "loop.resume"]  # FAIL before ERROR
+    assert any("loop.resume could not run" in n for n in plan.notes)

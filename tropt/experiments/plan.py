@@ -144,7 +144,7 @@ class OptimizationPlan:
             lines.append(f"_{t(self.why_empty.get('interventions', ''))}_")
         for iv in self.interventions:
             lines += [f"### {iv['priority']}. {t(iv['name'])} ({t(iv['kind'])}, from `{t(iv['finding'])}`)", ""]
-            for k in INTERVENTION_FIELDS[4:]:
+            for k in INTERVENTION_FIELDS[4:] + tuple(k for k in ("fix", "evidence") if iv.get(k)):
                 lines.append(f"- **{k}**: {t(_show(iv[k]))}")
             lines.append("")
         lines += ["## Adopted changes", ""]
@@ -172,7 +172,8 @@ class OptimizationPlan:
             parts.append(f"<p><i>{e(self.why_empty.get('interventions', ''))}</i></p>")
         for iv in self.interventions:
             parts.append(f"<h3>{iv['priority']}. {e(iv['name'])} <small>({e(iv['kind'])}, from <code>{e(iv['finding'])}</code>)</small></h3><table>")
-            parts += [f"<tr><th>{k}</th><td>{e(iv[k])}</td></tr>" for k in INTERVENTION_FIELDS[4:]]
+            parts += [f"<tr><th>{k}</th><td>{e(iv[k])}</td></tr>"
+                      for k in INTERVENTION_FIELDS[4:] + tuple(k for k in ("fix", "evidence") if iv.get(k))]
             parts.append("</table>")
         parts.append("<h2>Adopted changes</h2><ul>")
         parts += [f"<li><b>{e(a['name'])}</b>: {e(a['changed'])} — {e(a['observed'])}</li>" for a in self.adopted]
@@ -226,6 +227,10 @@ def _build(rep: Report, comp: Any, budget: Budget | None, g: Guardrails, sugg: A
     if comp is not None:
         identity.update(comparison_id=comp.meta.get("comparison_id"), seeds=comp.meta.get("seeds"))
     over = _budget_exceeded(baseline, comp, budget, g)
+    errored = [r.check for r in rep if r.status is Status.ERROR and r.check.startswith(CORRECTNESS)]
+    if errored:
+        notes.append(f"{', '.join(errored)} could not run (ERROR): their correctness is unknown, so a comparison's "
+                     "result holds only if they would pass; fix what stopped them and diagnose again")
 
     interventions: list[dict[str, Any]] = [_blocking(r, rep) for r in blocking]
     if blocking and comp is not None:
