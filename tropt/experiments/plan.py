@@ -456,7 +456,7 @@ def _compared(row: dict, table: Any, comp: Any, g: Guardrails, budget: Budget | 
         verdict = ADOPT
         observed = (f"adopt (speed): {sps / base_sps:.2f}× the baseline's samples/s ({_g(sps)} vs {_g(base_sps)}) with "
                     f"the score within seed noise ({row['reason']})")
-    cost = table.loc[name, "cost"] if name in table.index and "cost" in table.columns else math.nan
+    cost = row.get("cost_per_run")  # a price per run when the budget has cost_per_hour, else seconds per run
     per = cost if _finite(cost) and cost > 0 else secs
     gpc = row["gain"] / per if _finite(row.get("gain")) and _finite(per) and per > 0 else math.nan
     if goal == "speed":
