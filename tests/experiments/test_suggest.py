@@ -102,3 +102,10 @@ def test_loader_like_refuses_custom_samplers():
     ds = torch.utils.data.TensorDataset(torch.zeros(8, 2))
     weighted = torch.utils.data.DataLoader(ds, batch_size=4, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 8, 8))
     assert loader_like(weighted, num_workers=2) is None
+
+
+def test_unstable_curve_without_a_known_lr_lists_the_lower_lr_as_a_hypothesis():
+    curve = CheckResult("dynamics.loss_curve", "warn", "unstable", {"class": "unstable", "classes": "unstable"})
+    s = tropt.suggest(_report(curve))
+    assert s == {"grad_clip": {"grad_clip": 1.0}}
+    assert [h.name for h in s.hypotheses] == ["lower_lr"] and "pass the Setup" in s.hypotheses[0].why_not_compared

@@ -276,6 +276,11 @@ def _from_loss_curve(report: Report, setup: Any) -> list[Suggestion]:
                 "lower_lr", {"lr": float(f"{lr / 3:.3g}")},
                 f"the loss curve is {what}: a learning rate 3× lower ({lr / 3:.3g} instead of {lr:.3g}) should steady "
                 "it, at the price of slower progress per step", r.check, r.summary, [f"learning rate {lr:.3g} → {lr / 3:.3g}"]))
+        else:
+            out.append(Suggestion(
+                "lower_lr", {}, f"the loss curve is {what}: a learning rate 3× lower should steady it", r.check,
+                r.summary, ["learning rate ÷ 3"], False,
+                "the Setup's learning rate is unknown (no Setup and no dynamics.lr_range result): pass the Setup"))
     if "overfitting" in classes:
         opt = _setup_optimizer(setup)
         wd_now = float(opt.param_groups[0].get("weight_decay", 0.0) or 0.0) if opt is not None else 0.0
