@@ -63,6 +63,9 @@ class OptimizationPlan:
     why_empty: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     outcome_reason: str = ""
+    # set by tropt.optimize (not serialised: each has its own JSON, findings.json and comparison.json)
+    report = None
+    comparison = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
