@@ -32,6 +32,12 @@ demo: install
 		-p splits '{"train": "data/samples/train.csv", "test": "data/samples/test.csv"}' \
 		-p label churned -p group customer_id -p time signup_date -o reports/demo --fail-on never
 	@echo "demo report: $(CURDIR)/reports/demo/report.html (findings: reports/demo/findings.json)"
+	$(VENV)/bin/tropt plan --findings reports/demo/findings.json -o reports/demo/plan.md
+	@# the optimization plan of the sample Setup: budget 200 optimizer steps per run, 3 seeds (under a minute on 2 cores)
+	$(VENV)/bin/tropt report optimize -p setup data/samples/sample_setup.py:make_setup \
+		-p candidates data/samples/sample_candidates.py:make_candidates -p budget '{"steps": 200}' \
+		-o reports/demo-optimize --fail-on never
+	@echo "demo plan: $(CURDIR)/reports/demo-optimize/plan.html (the data report's plan, blocked by its leak: reports/demo/plan.md)"
 
 # Browser tests drive Debian's chromium through Playwright (never `playwright install`).
 chromium:

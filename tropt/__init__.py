@@ -33,6 +33,9 @@ _LAZY = {
     "Guardrails": "tropt.experiments.budget",
     "compare": "tropt.experiments.orchestration",
     "Comparison": "tropt.experiments.comparison",
+    "suggest": "tropt.experiments.suggest",
+    "OptimizationPlan": "tropt.experiments.plan",
+    "optimize": "tropt.experiments.optimize",
 }
 _SUBMODULES = {"data", "model", "loop", "dynamics", "perf", "plots", "widgets", "report", "testing", "registry", "experiments"}
 

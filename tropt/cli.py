@@ -99,7 +99,30 @@ def _cmd_report(args: argparse.Namespace) -> int:
         from .experiments.comparison import Comparison
 
         print(f"comparison: {outcome.comparison}\n{Comparison.from_json(str(outcome.comparison)).summary()}")
+    if outcome.plan is not None:
+        print(f"plan:     {outcome.plan} ({outcome.plan.with_suffix('.html')}): {str(outcome.plan_outcome).upper()}")
     return outcome.exit_code(args.fail_on)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    """``tropt plan``: the optimization plan from findings (and a comparison), as Markdown or standalone HTML."""
+    from .experiments.plan import OptimizationPlan
+    from .report.outputs import check_output_file
+
+    out = str(args.output)
+    if not out.endswith((".md", ".html", ".htm", ".json")):
+        raise TroptError(f"-o {out}: the plan's format is chosen by the extension", "use -o plan.md, plan.html or plan.json")
+    check_output_file(out, "-o")
+    plan = OptimizationPlan.from_report(args.findings, args.comparison)
+    if out.endswith(".md"):
+        with open(out, "w", encoding="utf-8") as fh:
+            fh.write(plan.to_markdown())
+    elif out.endswith(".json"):
+        plan.to_json(out)
+    else:
+        plan.to_html(out)
+    print(f"plan: {plan.outcome.upper()} — {plan.outcome_reason}\nwritten to {out}")
+    return 1 if plan.escalates else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,13 +145,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=_cmd_diagnose)
     p = sub.add_parser("report", help="execute a report notebook into OUT_DIR/{report.ipynb,report.html,findings.json}")
-    p.add_argument("kind", choices=["diagnose", "data", "compare"], help="which report notebook to run")
+    p.add_argument("kind", choices=["diagnose", "data", "compare", "optimize"], help="which report notebook to run")
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="a notebook parameter; VALUE is JSON when it parses, else a string (repeat)")
     p.add_argument("-o", "--output", required=True, metavar="OUT_DIR", help="where to write the report")
     p.add_argument("--no-input", action="store_true", help="hide code cells in the HTML")
     p.add_argument("--fail-on", choices=["fail", "warn", "never"], default="fail", help="exit 1 at this status or worse")
     p.set_defaults(func=_cmd_report)
+    p = sub.add_parser("plan", help="write the optimization plan from findings.json (and comparison.json)",
+                       description="The optimization plan: baseline, bottlenecks, prioritised interventions, adopted "
+                                   "changes, stop/escalate conditions. Exit 1 when the plan ends in escalate.",
+                       epilog="example: tropt plan --findings reports/demo/findings.json "
+                              "--comparison reports/demo/comparison.json -o plan.html")
+    p.add_argument("--findings", required=True, metavar="FILE", help="findings.json written by tropt diagnose / a report")
+    p.add_argument("--comparison", metavar="FILE", help="comparison.json written by tropt report compare / optimize")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="plan.md, plan.html or plan.json")
+    p.set_defaults(func=_cmd_plan)
     return parser
 
 

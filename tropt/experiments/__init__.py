@@ -18,6 +18,10 @@ _LAZY = {
     "DaskExecutor": "tropt.experiments.executors",
     "log_comparison": "tropt.experiments.tracking",
     "VERDICTS": "tropt.experiments.stats",
+    "suggest": "tropt.experiments.suggest",
+    "Suggestions": "tropt.experiments.suggest",
+    "OptimizationPlan": "tropt.experiments.plan",
+    "optimize": "tropt.experiments.optimize",
 }
 
 __all__ = sorted(_LAZY)

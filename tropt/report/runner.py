@@ -21,7 +21,8 @@ from typing import Any, Iterator, Mapping
 from ..errors import TroptError, require
 from ..result import Report
 
-NOTEBOOKS = {"diagnose": "diagnose.ipynb", "data": "data_checks.ipynb", "compare": "compare.ipynb"}
+NOTEBOOKS = {"diagnose": "diagnose.ipynb", "data": "data_checks.ipynb", "compare": "compare.ipynb",
+             "optimize": "optimize.ipynb"}
 KERNEL_NAME = "tropt-python"
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
@@ -203,9 +204,14 @@ class ReportOutcome:
     timings: dict[str, float] = field(default_factory=dict)
     comparison: Path | None = None  # the compare report's comparison.json
     escalated: bool = False  # a compare decision said "escalate: budget"
+    plan: Path | None = None  # the optimize report's plan.md
+    plan_outcome: str | None = None  # and how the plan ends ("escalate", "blocked", "adopt", ...)
 
     def exit_code(self, fail_on: str = "fail") -> int:
-        """0 ok, 1 the findings fail the gate (compare: a decision escalates), 2 the notebook itself failed."""
+        """0 ok, 1 the findings fail the gate (compare: a decision escalates; optimize: also a plan that ends in
+        escalate), 2 the notebook itself failed."""
+        if self.error is None and self.plan is not None and self.report is not None:
+            return 1 if self.report.failed(fail_on) or (self.plan_outcome == "escalate" and fail_on != "never") else 0
         if self.error is None and self.comparison is not None:
             return 1 if self.escalated and fail_on != "never" else 0
         if self.error is not None or self.report is None:
@@ -235,7 +241,8 @@ def to_html(notebook: Path, html: Path, *, no_input: bool = False) -> None:
     html.write_text(body, encoding="utf-8")
 
 
-OUTPUT_FILES = ("report.ipynb", "report.html", "findings.json", "comparison.json", "kernel.log")
+OUTPUT_FILES = ("report.ipynb", "report.html", "findings.json", "comparison.json", "plan.md", "plan.html", "plan.json",
+                "kernel.log")
 
 
 def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.PathLike, *, no_input: bool = False,
@@ -273,6 +280,9 @@ def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.Pa
 
         outcome.comparison = comparison
         outcome.escalated = any(v.startswith("escalate") for v in Comparison.from_json(str(comparison)).decision()["verdict"])
+    if (out / "plan.json").exists() and error is None:
+        outcome.plan = out / "plan.md"
+        outcome.plan_outcome = json.loads((out / "plan.json").read_text(encoding="utf-8")).get("outcome")
     return outcome
 
 
