@@ -12,6 +12,8 @@ from ._common import infer_task
 from .duplicates import check_exact_duplicates, check_near_duplicates
 from .labels import check_class_coverage, check_label_sanity, check_label_shift
 from .leakage import check_group_leakage, check_temporal_leakage
+from .eval_transforms import check_eval_transforms
+from .sampling import check_sampling
 from .splits import CHECKS, check_splits
 from .target import check_target_leakage
 
@@ -26,5 +28,7 @@ __all__ = [
     "check_label_shift",
     "check_class_coverage",
     "check_label_sanity",
+    "check_sampling",
+    "check_eval_transforms",
     "infer_task",
 ]
