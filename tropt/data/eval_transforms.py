@@ -103,6 +103,19 @@ def _differences(a: list[Any], b: list[Any]) -> pd.DataFrame:
                                                    max_abs_diff=("max_abs_diff", "max"))
 
 
+def _training_inputs(setup: Any, n_batches: int) -> list[Any]:
+    """Training batches drawn uniformly from the training dataset through the user's transform and collate: the
+    split as it is prepared, not as a weighted sampler re-balances it (data.sampling reports that)."""
+    loader = setup.loader("train")
+    ds = getattr(loader, "dataset", None)
+    if isinstance(loader, torch.utils.data.DataLoader) and not isinstance(ds, torch.utils.data.IterableDataset):
+        torch.manual_seed(setup.seed)
+        uniform = torch.utils.data.DataLoader(ds, batch_size=loader.batch_size or setup.batch_size, shuffle=True,
+                                              collate_fn=loader.collate_fn)
+        return read_pass(uniform, n_batches, "train_data")
+    return list(setup.batches(n_batches, cycle=False))
+
+
 def _items(ds: Any, indices: list[int]) -> list[Any]:
     """Dataset items as one-sample batches (so the batch rules apply)."""
     from torch.utils.data import default_collate
@@ -137,7 +150,7 @@ def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float 
         return CheckResult(CHECK, Status.SKIP, "no val_data: pass Setup(val_data=...) to compare how evaluation data is prepared")
     val_loader = setup.loader("val")
     with preserved():
-        train = [b for b in setup.batches(n_batches, cycle=False)]
+        train = _training_inputs(setup, n_batches)
     with preserved(), loader_state(val_loader, setup.seed):
         first = read_pass(val_loader, n_batches, "val_data")
         is_list = isinstance(setup.val_data, (list, tuple))
