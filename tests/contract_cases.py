@@ -61,9 +61,9 @@ class EpochLoader(DataLoader):
         return super().__iter__()
 
 
-def net(bn: bool = True, dropout: float = 0.3, classes: int = C) -> nn.Module:
+def net(bn: bool = True, dropout: float = 0.1, classes: int = C) -> nn.Module:
     torch.manual_seed(0)
-    layers = [nn.Linear(D, 32)] + ([nn.BatchNorm1d(32)] if bn else []) + [nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, classes)]
+    layers = [nn.Linear(D, 64)] + ([nn.BatchNorm1d(64)] if bn else []) + [nn.ReLU(), nn.Dropout(dropout), nn.Linear(64, classes)]
     return nn.Sequential(*layers)
 
 
@@ -97,7 +97,7 @@ def make(train=None, val="default", model=None, metric="default", **kw) -> tropt
         xv, yv = raw(256, seed=1)
         val = DataLoader(Items(xv, yv), batch_size=64)
     metric = tropt.Metric(accuracy) if metric == "default" else metric
-    return tropt.Setup(net() if model is None else model, ce, lambda m: torch.optim.SGD(m.parameters(), lr=0.05), train,
+    return tropt.Setup(net() if model is None else model, ce, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), train,
                        val_data=val, metric=metric, num_classes=C, **kw)
 
 
@@ -124,8 +124,8 @@ def distributed_with_set_epoch():
     return make(train=EpochLoader(ds, batch_size=32, sampler=DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True)))
 
 
-def tiny_last_batch():
-    x, y = raw(385)  # 12 batches of 32 and one of 1, with BatchNorm
+def tiny_last_batch(n: int = 386):
+    x, y = raw(n)  # 12 batches of 32 and one of 2 (n=385: of 1), with BatchNorm
     return make(train=DataLoader(Items(x, y), batch_size=32, shuffle=True))
 
 
@@ -190,8 +190,8 @@ class FrozenBackbone(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.backbone = nn.Sequential(nn.Linear(D, 32), nn.BatchNorm1d(32), nn.ReLU())
-        self.head = nn.Sequential(nn.Dropout(0.3), nn.Linear(32, C))
+        self.backbone = nn.Sequential(nn.Linear(D, 128), nn.BatchNorm1d(128), nn.ReLU())  # wide: the head alone can fit
+        self.head = nn.Sequential(nn.Dropout(0.1), nn.Linear(128, C))
         for p in self.backbone.parameters():
             p.requires_grad_(False)
         self.backbone.eval()
