@@ -205,7 +205,7 @@ def test_dashboard(page, jupyter_server, notebook, artifacts):
     name = notebook(PREAMBLE, 'tropt.dashboard(setup, splits, label="churned", group="customer_id", time="signup_date",\n'
                               '                checks=["data", "model.init_loss", "model.gradient_flow", "loop"])')
     board = open_and_run(page, jupyter_server, name)
-    expect(board.locator(".lm-TabBar-tabLabel")).to_have_text(["Diagnose all", "Data", "Overfit", "Gradient flow", "Loop", "Dynamics"])
+    expect(board.locator(".lm-TabBar-tabLabel")).to_have_text(["Diagnose all", "Data", "Protocol", "Overfit", "Gradient flow", "Loop", "Dynamics"])
     action = board.locator(".tropt-action").first
     click_run(action, "Diagnose all")
     wait_done(action)

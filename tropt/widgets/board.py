@@ -14,7 +14,7 @@ class Dashboard(W.VBox):
     Parameters
     ----------
     setup
-        A :class:`tropt.Setup` (adds the Overfit, Gradient flow, Loop and Dynamics tabs).
+        A :class:`tropt.Setup` (adds the Protocol, Overfit, Gradient flow, Loop and Dynamics tabs).
     splits
         Data splits (adds the Data tab).
     label, group, time
@@ -30,6 +30,7 @@ class Dashboard(W.VBox):
         from .dynamics import DynamicsPanel
         from .loop import LoopPanel
         from .model import GradientFlowPanel, OverfitPanel
+        from .protocol import ProtocolPanel
 
         if setup is None and splits is None:
             raise TroptError("Dashboard needs something to check: no setup and no splits were given",
@@ -40,6 +41,7 @@ class Dashboard(W.VBox):
         if splits is not None:
             self.panels["Data"] = DataPanel(splits, label=label, group=group, time=time)
         if setup is not None:
+            self.panels["Protocol"] = ProtocolPanel(setup)
             self.panels["Overfit"] = OverfitPanel(setup)
             self.panels["Gradient flow"] = GradientFlowPanel(setup)
             self.panels["Loop"] = LoopPanel(setup)
