@@ -15,7 +15,8 @@ the user's ``fn(model, val_data)`` runs unchanged.
 - SKIP without a metric or ``val_data``.
 
 Cost: one pass over the validation data through ``loss_fn`` (labels, the objective and the perfect predictor's
-lookup) and six evaluations of the metric (model, constant, shuffled, random, perfect; no training step).
+lookup) and five evaluations of the metric (model, constant, shuffled, random, perfect; no training step), each
+running the model once over the validation data.
 """
 
 from __future__ import annotations
