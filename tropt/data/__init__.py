@@ -4,6 +4,9 @@
 also a public function (``check_exact_duplicates``, ...). ``splits`` is an ordered mapping of named splits
 (earlier first); each split may be a DataFrame, a numpy array / torch tensor (N, ...), a tuple (X, y), a
 map-style torch Dataset or a path to a CSV/Parquet file (streamed in chunks).
+
+``data.sampling`` (:func:`check_sampling`) and ``data.eval_transforms`` (:func:`check_eval_transforms`) run on a
+:class:`tropt.Setup` instead: they read its own training and validation loaders.
 """
 
 from __future__ import annotations
