@@ -346,7 +346,8 @@ def test_diagnose_callback_cancel(tiny_setup):
 
     with pytest.raises(Cancelled):
         tropt.diagnose(tiny_setup, checks="model", progress=False, callback=cb)
-    assert [c["check"] for c in calls if "index" in c] == ["model.init_loss", "model.overfit_batch", "model.gradient_flow"]
+    assert [c["check"] for c in calls if "index" in c] == ["model.init_loss", "model.eval_metric", "model.overfit_batch",
+                                                           "model.gradient_flow"]
     assert any("step" in c for c in calls)  # overfit_batch's per-step callback went through diagnose
 
 
