@@ -161,7 +161,7 @@ def test_loop_panel(page, jupyter_server, notebook, artifacts):
     action = panel.locator(".tropt-action")
     click_run(action, "Check the loop")
     wait_done(action)
-    expect(action.locator(".tropt-result")).to_have_count(6)  # zero_grad .. resume, and ddp (2 forked processes)
+    expect(action.locator(".tropt-result")).to_have_count(7)  # zero_grad .. resume, ddp (2 forked processes), train_mode
     expect(action.locator('.tropt-result[data-check="loop.ddp"][data-status="pass"]')).to_have_count(1)
     expect(action.locator('.tropt-result[data-check="loop.loss_scaling"] .tropt-badge')).to_be_visible()
     acc = action.locator('.tropt-result[data-check="loop.accumulation"]')
