@@ -142,8 +142,8 @@ def test_trivial_predictors_keep_the_output_format():
     out = ConstantPredictor(m, obj, 1, "always 1")(x)
     assert set(out) == {"logits", "hidden"} and out["logits"].argmax(1).tolist() == [1] * 5
     assert torch.equal(out["hidden"], x) and ConstantPredictor(m, obj, 1, "").config == "kept"
-    from tropt.model.eval_metric import _row_keys
+    from tropt.data._batches import row_hashes
 
     y = torch.tensor([0, 1, 1, 0, 1])
-    perfect = PerfectPredictor(m, obj, dict(zip(_row_keys(x), y)))
+    perfect = PerfectPredictor(m, obj, dict(zip(row_hashes(x), y)))
     assert perfect(x)["logits"].argmax(1).tolist() == y.tolist()

@@ -128,16 +128,24 @@ def loader_state(loader: Any, seed: int) -> Iterator[None]:
             o.epoch = e
 
 
-def read_pass(loader: Any, limit: int | None, what: str) -> list[Any]:
-    """The first ``limit`` batches (all when None) of one pass over ``loader``; a pass without batches is an error."""
-    out = []
+def iter_pass(loader: Any, limit: int | None, what: str) -> Iterator[Any]:
+    """Stream the first ``limit`` batches (all when None) of one pass over ``loader``, one batch in memory at a
+    time; a pass without batches is a :class:`SetupError`."""
+    count = 0
     for batch in loader:
-        out.append(batch)
-        if limit is not None and len(out) >= limit:
-            break
-    if not out:
+        yield batch
+        count += 1
+        if limit is not None and count >= limit:
+            return
+    if count == 0:
         raise SetupError(f"Setup: {what} yielded no batches", "check the dataset is not empty and drop_last/batch_size leave a batch")
-    return out
+
+
+def row_hashes(x: torch.Tensor) -> list[bytes]:
+    """A content hash of each sample (row along dimension 0) of a tensor."""
+    flat = x.detach().cpu().contiguous().reshape(x.shape[0], -1)
+    raw = flat.view(torch.uint8).numpy() if flat.numel() else None
+    return [hashlib.blake2b(raw[i].tobytes(), digest_size=16).digest() if raw is not None else b"" for i in range(x.shape[0])]
 
 
 def input_leaves(batch: Any) -> list[tuple[tuple, torch.Tensor]]:

@@ -15,7 +15,7 @@ Cost: ``n_batches`` training batches and two passes of ``n_batches`` validation 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
@@ -24,40 +24,56 @@ import torch
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from ._batches import fingerprint, input_leaves, loader_state, path_name, read_pass
+from ._batches import input_leaves, iter_pass, loader_state, path_name, row_hashes
 
 CHECK = "data.eval_transforms"
 MAX_ROWS = 200  # feature rows kept in the evidence table (worst first); metrics count all
 
 
-def _stack(batches: list[Any]) -> dict[tuple, torch.Tensor]:
-    """Per input path: the samples of every batch, concatenated (CPU, float64)."""
-    parts: dict[tuple, list[torch.Tensor]] = {}
-    for b in batches:
-        for path, t in input_leaves(b):
-            parts.setdefault(path, []).append(t.detach().cpu().double())
-    out = {}
-    for path, ts in parts.items():
-        if len({t.shape[1:] for t in ts}) == 1:
-            out[path] = torch.cat(ts)
-    return out
+class Moments:
+    """Streaming per-channel statistics of one input across batches: one batch in memory at a time.
+
+    A tensor (N, C, ...) has channels along dimension 1 (a 2-d (N, F) tensor: features; 1-d: one feature). Sums are
+    taken around the first batch's channel means, so a large offset does not cancel the variance.
+    """
+
+    def __init__(self) -> None:
+        self.shape: tuple | None = None
+        self.shift = self.sum = self.sumsq = None
+        self.count = 0
+        self.per_sample: list[torch.Tensor] = []
+        self.mixed = False
+
+    def add(self, t: torch.Tensor) -> None:
+        x = t.detach()
+        x = x[:, None] if x.ndim == 1 else x
+        if self.shape is None:
+            self.shape = tuple(x.shape[1:])
+        elif tuple(x.shape[1:]) != self.shape:  # sample shapes vary between batches (variable-size inputs)
+            self.mixed = True
+            return
+        flat = x.reshape(x.shape[0], x.shape[1], -1).double()
+        if self.shift is None:
+            self.shift = flat.mean(dim=(0, 2))
+        d = flat - self.shift[None, :, None].to(flat.device)
+        s, ss = d.sum(dim=(0, 2)).cpu(), d.pow(2).sum(dim=(0, 2)).cpu()
+        self.sum = s if self.sum is None else self.sum + s
+        self.sumsq = ss if self.sumsq is None else self.sumsq + ss
+        self.count += flat.shape[0] * flat.shape[2]
+        self.per_sample.append(flat.mean(2).cpu())
+
+    def stats(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(per-channel mean, per-channel std over every element, per-sample per-channel means (N, C))."""
+        m = self.sum / self.count
+        std = (self.sumsq / self.count - m ** 2).clamp_min(0).sqrt()
+        return m + self.shift.cpu(), std, torch.cat(self.per_sample)
 
 
-def _channels(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(per-channel mean, per-channel std over every element, per-sample per-channel means (N, C))."""
-    if x.ndim == 1:
-        x = x[:, None]
-    flat = x.reshape(x.shape[0], x.shape[1], -1)  # (N, C, rest)
-    per_sample = flat.mean(2)
-    everything = flat.transpose(0, 1).reshape(x.shape[1], -1)
-    return everything.mean(1), everything.std(1, unbiased=False), per_sample
-
-
-def compare_inputs(train: torch.Tensor, val: torch.Tensor, name: str) -> pd.DataFrame:
+def compare_inputs(train: Moments, val: Moments, name: str) -> pd.DataFrame:
     """Per feature/channel: means, stds, the effect (|mean difference| / pooled std), std ratio and their z-scores."""
-    mt, st, pt = _channels(train)
-    mv, sv, pv = _channels(val)
-    nt, nv = train.shape[0], val.shape[0]
+    mt, st, pt = train.stats()
+    mv, sv, pv = val.stats()
+    nt, nv = pt.shape[0], pv.shape[0]
     se = (pt.std(0, unbiased=True).nan_to_num(0) ** 2 / nt + pv.std(0, unbiased=True).nan_to_num(0) ** 2 / nv).sqrt()
     diff = (mt - mv).abs()
     pooled = ((st ** 2 + sv ** 2) / 2).sqrt()
@@ -67,43 +83,71 @@ def compare_inputs(train: torch.Tensor, val: torch.Tensor, name: str) -> pd.Data
     both = (st > tiny) & (sv > tiny)
     log_ratio = torch.where(both, (sv.clamp_min(tiny) / st.clamp_min(tiny)).log(), torch.zeros_like(st))
     z_std = log_ratio.abs() / math.sqrt(1 / (2 * max(nt - 1, 1)) + 1 / (2 * max(nv - 1, 1)))
-    kind = "feature" if train.ndim == 2 else "channel"
+    kind = "channel" if len(train.shape) >= 2 else "feature"
     return pd.DataFrame({"input": name, "kind": kind, "index": np.arange(len(mt)), "train_mean": mt.numpy(), "val_mean": mv.numpy(),
                          "train_std": st.numpy(), "val_std": sv.numpy(), "effect": effect.numpy(), "z_mean": z.numpy(),
                          "std_ratio": log_ratio.exp().numpy(), "z_std": z_std.numpy()})
 
 
+def _add_all(moments: dict[tuple, Moments], batch: Any) -> None:
+    for path, t in input_leaves(batch):
+        moments.setdefault(path, Moments()).add(t)
+
+
 def _ordered(loader: Any) -> bool:
     """Whether two passes draw the same sample indices (a sequential sampler), read from the batch sampler only."""
     bs = getattr(loader, "batch_sampler", None)
-    if bs is None:
-        return True
+    if bs is None or isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
+        return True  # an iterable dataset's order is its own (its sampler is infinite)
     try:
         return [list(b) for b in bs] == [list(b) for b in bs]
     except TypeError:
         return True
 
 
-def _differences(a: list[Any], b: list[Any]) -> pd.DataFrame:
-    """Per input path: how far two reads of the same validation samples are apart."""
-    rows = []
-    for x, y in zip(a, b):
-        lx, ly = dict(input_leaves(x)), dict(input_leaves(y))
-        for path, t in lx.items():
-            u = ly.get(path)
-            if u is None or u.shape != t.shape:
-                rows.append({"input": path_name(path), "samples": int(t.shape[0]), "differing": int(t.shape[0]), "max_abs_diff": math.inf})
-                continue
-            d = (t.detach().cpu().double() - u.detach().cpu().double()).abs().reshape(t.shape[0], -1)
-            d = d.nan_to_num(0.0)
-            rows.append({"input": path_name(path), "samples": int(t.shape[0]), "differing": int((d.amax(1) > 0).sum()),
-                         "max_abs_diff": float(d.max()) if d.numel() else 0.0})
-    df = pd.DataFrame(rows, columns=["input", "samples", "differing", "max_abs_diff"])
-    return df.groupby("input", as_index=False).agg(samples=("samples", "sum"), differing=("differing", "sum"),
-                                                   max_abs_diff=("max_abs_diff", "max"))
+class Reads:
+    """What one read of the validation samples gave: per input, a hash of every sample, and the first batch itself
+    (the max |difference| is measured on it, so only one batch is held)."""
+
+    def __init__(self) -> None:
+        self.hashes: dict[tuple, list[list[bytes]]] = {}
+        self.first: dict[tuple, torch.Tensor] = {}
+
+    def add(self, index: int, batch: Any) -> None:
+        for path, t in input_leaves(batch):
+            self.hashes.setdefault(path, []).append(row_hashes(t))
+            if index == 0:
+                self.first[path] = t.detach().cpu()
+
+    def compare(self, batches: Any) -> pd.DataFrame:
+        """Per input: samples compared, samples that differ in the second read, max |difference| in the first batch."""
+        rows: dict[tuple, dict] = {}
+        for i, batch in enumerate(batches):
+            for path, t in input_leaves(batch):
+                row = rows.setdefault(path, {"input": path_name(path), "samples": 0, "differing": 0, "max_abs_diff": 0.0})
+                before = self.hashes.get(path, [])
+                now = row_hashes(t)
+                row["samples"] += len(now)
+                if i >= len(before) or len(before[i]) != len(now):
+                    row["differing"] += len(now)
+                    row["max_abs_diff"] = math.inf
+                    continue
+                row["differing"] += sum(a != b for a, b in zip(before[i], now))
+                if i == 0 and path in self.first and self.first[path].shape == t.shape:
+                    d = (self.first[path].double() - t.detach().cpu().double()).abs().nan_to_num(0.0)
+                    row["max_abs_diff"] = max(row["max_abs_diff"], float(d.max()) if d.numel() else 0.0)
+        return pd.DataFrame(list(rows.values()), columns=["input", "samples", "differing", "max_abs_diff"])
 
 
-def _training_inputs(setup: Any, n_batches: int) -> list[Any]:
+def _items(ds: Any, indices: list[int]) -> Iterator[Any]:
+    """Dataset items as one-sample batches (so the batch rules apply)."""
+    from torch.utils.data import default_collate
+
+    for i in indices:
+        yield default_collate([ds[i]])
+
+
+def _training_inputs(setup: Any, n_batches: int) -> Iterator[Any]:
     """Training batches drawn uniformly from the training dataset through the user's transform and collate: the
     split as it is prepared, not as a weighted sampler re-balances it (data.sampling reports that)."""
     loader = setup.loader("train")
@@ -112,15 +156,8 @@ def _training_inputs(setup: Any, n_batches: int) -> list[Any]:
         torch.manual_seed(setup.seed)
         uniform = torch.utils.data.DataLoader(ds, batch_size=loader.batch_size or setup.batch_size, shuffle=True,
                                               collate_fn=loader.collate_fn)
-        return read_pass(uniform, n_batches, "train_data")
-    return list(setup.batches(n_batches, cycle=False))
-
-
-def _items(ds: Any, indices: list[int]) -> list[Any]:
-    """Dataset items as one-sample batches (so the batch rules apply)."""
-    from torch.utils.data import default_collate
-
-    return [default_collate([ds[i]]) for i in indices]
+        return iter_pass(uniform, n_batches, "train_data")
+    return setup.batches(n_batches, cycle=False)
 
 
 @register(CHECK, title="Evaluation data prepared like training data",
@@ -149,23 +186,40 @@ def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float 
     if setup.val_data is None:
         return CheckResult(CHECK, Status.SKIP, "no val_data: pass Setup(val_data=...) to compare how evaluation data is prepared")
     val_loader = setup.loader("val")
+    xt: dict[tuple, Moments] = {}
+    xv: dict[tuple, Moments] = {}
+    n_train = 0
     with preserved():
-        train = _training_inputs(setup, n_batches)
+        for batch in _training_inputs(setup, n_batches):
+            _add_all(xt, batch)
+            n_train += 1
+    is_list = isinstance(setup.val_data, (list, tuple))
+    ds = getattr(val_loader, "dataset", None)
     with preserved(), loader_state(val_loader, setup.seed):
-        first = read_pass(val_loader, n_batches, "val_data")
-        is_list = isinstance(setup.val_data, (list, tuple))
-        how, pair = "two passes over the validation loader", first
         if is_list:
-            second, how = first, None
+            how = None
         elif _ordered(val_loader):
-            second = read_pass(val_loader, n_batches, "val_data")
-        elif getattr(val_loader, "dataset", None) is not None and hasattr(val_loader.dataset, "__getitem__"):
-            idx = list(range(min(len(val_loader.dataset), 64)))
-            pair = _items(val_loader.dataset, idx)
-            second, how = _items(val_loader.dataset, idx), "each of the first validation items read twice (the loader shuffles)"
+            how = "two passes over the validation loader"
+        elif ds is not None and hasattr(ds, "__getitem__") and hasattr(ds, "__len__"):
+            how = "each of the first validation items read twice (the loader shuffles)"
         else:
-            second, how = None, None
-    metrics: dict[str, Any] = {"train_batches": len(train), "val_batches": len(first), "eval_augmentation": setup.eval_augmentation}
+            how = None
+        first = Reads()
+        n_val = 0
+        for i, batch in enumerate(iter_pass(val_loader, n_batches, "val_data")):
+            _add_all(xv, batch)
+            n_val += 1
+            if how == "two passes over the validation loader":
+                first.add(i, batch)
+        diffs = None
+        if how == "two passes over the validation loader":
+            diffs = first.compare(iter_pass(val_loader, n_batches, "val_data"))
+        elif how is not None:
+            idx = list(range(min(len(ds), 64)))
+            for i, batch in enumerate(_items(ds, idx)):
+                first.add(i, batch)
+            diffs = first.compare(_items(ds, idx))
+    metrics: dict[str, Any] = {"train_batches": n_train, "val_batches": n_val, "eval_augmentation": setup.eval_augmentation}
     tables: dict[str, pd.DataFrame] = {}
     findings: list[tuple[Status, str, str]] = []
     notes: list[str] = []
@@ -175,14 +229,13 @@ def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float 
         notes.append("a list of validation batches is fixed tensors: no transform runs when it is read" if is_list
                      else "the validation loader shuffles and has no dataset to read twice: randomness not checked")
     else:
-        diffs = _differences(pair, second)
         tables["randomness"] = diffs
         random = diffs[diffs["differing"] > 0]
         metrics.update(random_inputs=len(random), random_compared=how)
         if len(random):
             worst = random.sort_values("max_abs_diff", ascending=False).iloc[0]
             what = (f"{how} give different tensors ({', '.join(random['input'])}: {int(random['differing'].sum())} of "
-                    f"{int(random['samples'].sum())} samples, max |difference| {worst['max_abs_diff']:.3g})")
+                    f"{int(random['samples'].sum())} samples; max |difference| in the first batch {worst['max_abs_diff']:.3g})")
             if setup.eval_augmentation:
                 notes.append(f"{what}: declared test-time augmentation (eval_augmentation=True)")
             else:
@@ -193,22 +246,17 @@ def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float 
             notes.append("eval_augmentation=True, but two reads of the validation data gave identical tensors")
 
     # ---- statistics of the inputs
-    xt, xv = _stack(train), _stack(first)
     frames, shape_notes = [], []
-    for path in xt:
-        if path not in xv:
+    for path, a in xt.items():
+        b = xv.get(path)
+        if b is None or a.shape is None or b.shape is None or a.mixed or b.mixed:
             continue
-        a, b = xt[path], xv[path]
         name = path_name(path)
-        if a.shape[1:2] != b.shape[1:2] or (a.ndim != b.ndim):
-            shape_notes.append(f"{name}: train samples {tuple(a.shape[1:])}, val {tuple(b.shape[1:])}")
-            continue
-        if a.shape[2:] != b.shape[2:]:
-            shape_notes.append(f"{name}: train samples {tuple(a.shape[1:])}, val {tuple(b.shape[1:])}")
+        if a.shape != b.shape:
+            shape_notes.append(f"{name}: train samples {a.shape}, val {b.shape}")
+            if a.shape[:1] != b.shape[:1]:
+                continue  # a different number of features or channels: nothing to compare one by one
         frames.append(compare_inputs(a, b, name))
-    if shape_notes:
-        findings.append((Status.WARN, "validation inputs are shaped differently from training inputs (" + "; ".join(shape_notes) + ")",
-                         "Give the validation transform the same resize/crop size as the training transform."))
     if frames:
         df = pd.concat(frames, ignore_index=True)
         eff_ok, std_ok = df["z_mean"] >= z, df["z_std"] >= z

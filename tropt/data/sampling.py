@@ -27,9 +27,17 @@ from ..batching import batch_size
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from ._batches import class_labels, fingerprint, loader_state, read_pass, sample_label
+from ._batches import class_labels, fingerprint, iter_pass, loader_state, sample_label
 
 CHECK = "data.sampling"
+
+
+def _counts(values: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """How often each of the sorted ``classes`` occurs in ``values`` (other values ignored)."""
+    idx = np.searchsorted(classes, values)
+    ok = idx < len(classes)
+    ok[ok] = classes[idx[ok]] == values[ok]
+    return np.bincount(idx[ok], minlength=len(classes)).astype(float)
 
 
 def _entropy(counts: np.ndarray) -> float:
@@ -51,12 +59,21 @@ def _set_epoch_owner(loader: Any) -> Any:
     return next((s for s in _samplers(loader) if callable(getattr(s, "set_epoch", None))), None)
 
 
-def _last_batch(data: Any, loader: Any, batches: list[Any]) -> tuple[int | None, int | None, bool]:
+def _read(loader: Any, limit: int) -> list[tuple[str, int, torch.Tensor | None, str]]:
+    """Per batch of one pass (streamed, never held): its fingerprint, size, class labels (or None and why)."""
+    out = []
+    for batch in iter_pass(loader, limit, "train_data"):
+        y, why = class_labels(batch)
+        out.append((fingerprint(batch), batch_size(batch), y, why))
+    return out
+
+
+def _last_batch(data: Any, loader: Any, read: list[tuple]) -> tuple[int | None, int | None, bool]:
     """(last batch size, full batch size, drop_last) of one pass, without loading samples where possible."""
     if isinstance(data, (list, tuple)):
         sizes = [batch_size(b) for b in data]
         return sizes[-1], max(sizes), False
-    if isinstance(loader, torch.utils.data.DataLoader):
+    if isinstance(loader, torch.utils.data.DataLoader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
         bs, drop = loader.batch_size, bool(loader.drop_last)
         try:
             if bs is not None:
@@ -66,8 +83,8 @@ def _last_batch(data: Any, loader: Any, batches: list[Any]) -> tuple[int | None,
             return (sizes[-1], max(sizes), False) if sizes else (None, None, False)
         except TypeError:  # an iterable-style sampler without len
             pass
-    if len(batches) and hasattr(loader, "__len__") and len(loader) == len(batches):  # the pass read was complete
-        sizes = [batch_size(b) for b in batches]
+    if read and hasattr(loader, "__len__") and len(loader) == len(read):  # the pass read was complete
+        sizes = [r[1] for r in read]
         return sizes[-1], max(sizes), False
     return None, None, False
 
@@ -149,10 +166,10 @@ def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, 
     loader = setup.loader("train")
     owner = _set_epoch_owner(loader)
     with preserved(), loader_state(loader, setup.seed):
-        first = read_pass(loader, n_batches, "train_data")
+        first = _read(loader, n_batches)
         if set_epoch and owner is not None:
             owner.set_epoch(getattr(owner, "epoch", 0) + 1)
-        second = [] if is_list else read_pass(loader, n_batches, "train_data")
+        second = [] if is_list else _read(loader, n_batches)
         last, full, drop_last = _last_batch(data, loader, first)
         y_data, y_index, how = _dataset_labels(data, loader, max_samples, setup.seed)
     metrics: dict[str, Any] = {"batches_read": len(first), "sampler": type(_samplers(loader)[0]).__name__ if _samplers(loader) else type(data).__name__}
@@ -171,7 +188,7 @@ def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, 
     elif per_pass == 1:
         notes.append("one batch per pass: the order does not matter")
     else:
-        a, b = [fingerprint(x) for x in first], [fingerprint(x) for x in second]
+        a, b = [r[0] for r in first], [r[0] for r in second]
         m = min(len(a), len(b))
         same = a[:m] == b[:m]
         metrics["same_order_every_pass"] = bool(same)
@@ -198,23 +215,25 @@ def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, 
                          "Pass drop_last=True to the training DataLoader (or choose a batch size that divides the data)."))
 
     # ---- class mix of the batches
-    ys = [class_labels(x) for x in first]
+    ys = [(r[2], r[3]) for r in first]
     missing = next((why for y, why in ys if y is None), None)
-    if missing is not None:
-        metrics["labels"] = "not found"
-        notes.append(f"class mix not checked: {missing}")
-    else:
+    if missing is None:
         sizes = [int(y.numel()) for y, _ in ys]
         seen = torch.cat([y for y, _ in ys]).numpy()
         source = y_data if y_data is not None else seen
         classes = np.unique(np.concatenate([source, seen]))
         classes = classes[classes >= 0]  # -100 and friends are "ignore" markers, not classes
-        pos = {c: i for i, c in enumerate(classes)}
-        data_counts = np.bincount([pos[c] for c in source if c in pos], minlength=len(classes)).astype(float)
+        if len(classes) == 0:
+            missing = "every label is negative (ignore markers such as -100): there are no classes to mix"
+    if missing is not None:
+        metrics["labels"] = "not found"
+        notes.append(f"class mix not checked: {missing}")
+    else:
+        data_counts = _counts(source, classes)
         p = data_counts / max(data_counts.sum(), 1)
         rows = []
         for i, (y, _) in enumerate(ys):
-            c = np.bincount([pos[v] for v in y.numpy() if v in pos], minlength=len(classes))
+            c = _counts(y.numpy(), classes)
             top = int(c.argmax()) if c.sum() else 0
             rows.append({"batch": i, "size": int(y.numel()), "classes": int((c > 0).sum()), "dominant_class": int(classes[top]) if len(classes) else -1,
                          "dominant_share": float(c[top] / max(c.sum(), 1)), "entropy": _entropy(c)})
@@ -228,7 +247,7 @@ def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, 
         metrics.update(classes=len(classes), data_entropy=_entropy(data_counts), mean_batch_entropy=float(batches["entropy"].mean()),
                        shuffled_batch_entropy=float(expected.mean()), entropy_ratio=ratio, one_class_batches=one_class,
                        shuffled_one_class_batches=expected_pure, label_source=how or "the batches read")
-        sampled = np.bincount([pos[v] for v in seen if v in pos], minlength=len(classes)).astype(float)
+        sampled = _counts(seen, classes)
         effective, eff_how = sampled / max(sampled.sum(), 1), "the batches read"
         weighted = next((s for s in _samplers(loader) if isinstance(s, torch.utils.data.WeightedRandomSampler)), None)
         if weighted is not None and y_index is not None:

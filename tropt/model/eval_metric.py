@@ -22,7 +22,6 @@ running the model once over the validation data.
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -31,6 +30,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from ..data._batches import row_hashes
 from ..errors import StepError, TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -157,12 +157,6 @@ def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return next((a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and a.ndim >= 1), None)
 
 
-def _row_keys(x: torch.Tensor) -> list[bytes]:
-    flat = x.detach().cpu().contiguous().reshape(x.shape[0], -1)
-    raw = flat.view(torch.uint8).numpy() if flat.numel() else None
-    return [hashlib.blake2b(raw[i].tobytes(), digest_size=16).digest() if raw is not None else b"" for i in range(x.shape[0])]
-
-
 class PerfectPredictor(TrivialPredictor):
     """The true target of each sample, looked up by the content of the model's first tensor argument."""
 
@@ -176,7 +170,7 @@ class PerfectPredictor(TrivialPredictor):
         x = _first_tensor(args, kwargs)
         if x is None or x.shape[0] != pred.shape[0]:
             raise TroptError("the perfect predictor cannot match outputs to samples", "")
-        keys = _row_keys(x)
+        keys = row_hashes(x)
         missing = sum(k not in self.lookup for k in keys)
         if missing:
             raise TroptError(f"the perfect predictor met {missing} sample(s) it has no label for", "")
@@ -208,7 +202,7 @@ def _read_targets(setup: Any, model: nn.Module) -> tuple[Objective | None, torch
             targets.append(y)
             x = seen[0] if seen else None
             if lookup is not None and x is not None and x.shape[0] == y.shape[0]:
-                lookup.update(zip(_row_keys(x), y))
+                lookup.update(zip(row_hashes(x), y))
             else:
                 lookup = None
     finally:
