@@ -85,11 +85,13 @@ def test_skip_without_mode_dependent_modules(tiny_setup):
     assert r.status is Status.SKIP and "no dropout or batch-norm" in r.summary
 
 
-def test_train_mode_is_read_during_the_forward_even_with_a_hand_written_update():
-    """A step that updates parameters by hand (no optimizer.step()) is still observed, forward by forward."""
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_without_an_optimizer_the_modes_are_read_per_call_of_the_step(monkeypatch, mode):
+    """A loop that updates parameters by hand (no optimizer: ctx.optimizer is None) is observed call by call."""
+    import dataclasses
 
     def sgd_by_hand(ctx, micro_batches):
-        ctx.model.eval()
+        getattr(ctx.model, mode)()
         for mb in micro_batches:
             ctx.loss_fn(ctx.model, mb).backward()
         with torch.no_grad():
@@ -97,10 +99,15 @@ def test_train_mode_is_read_during_the_forward_even_with_a_hand_written_update()
                 if p.grad is not None:
                     p -= 0.01 * p.grad
                     p.grad = None
-        ctx.optimizer.step()  # the optimizer holds no gradient: a no-op step, so the loop checks still see one
 
-    r = run(cc.make(step=sgd_by_hand))
-    assert r.status is Status.FAIL and set(r.tables["modules"]["in_step"]) == {"eval"}
+    build = tropt.Setup.build
+    setup = cc.make(step=sgd_by_hand).validate()  # validated with its optimizer; the check's own copies get none
+    monkeypatch.setattr(tropt.Setup, "build", lambda self, **kw: dataclasses.replace(build(self, **kw), optimizer=None))
+
+    r = run(setup)
+    assert r.metrics["grouped_by"] == "call of the step (no optimizer)" and r.metrics["updates_observed"] == 2
+    assert r.status is (Status.FAIL if mode == "eval" else Status.PASS), r.summary
+    assert set(r.tables["modules"]["in_step"]) == {mode} and set(r.tables["modules"]["at_optimizer_step"]) == {"n/a"}
 
 
 def test_steps_must_be_positive():

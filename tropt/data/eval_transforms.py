@@ -52,21 +52,22 @@ class Moments:
         elif tuple(x.shape[1:]) != self.shape:  # sample shapes vary between batches (variable-size inputs)
             self.mixed = True
             return
-        flat = x.reshape(x.shape[0], x.shape[1], -1).double()
+        flat = x.reshape(x.shape[0], x.shape[1], -1).float()  # float32 elements, float64 sums: bounded memory
         if self.shift is None:
-            self.shift = flat.mean(dim=(0, 2))
+            self.shift = flat.mean(dim=(0, 2), dtype=torch.float64).float()
         d = flat - self.shift[None, :, None].to(flat.device)
-        s, ss = d.sum(dim=(0, 2)).cpu(), d.pow(2).sum(dim=(0, 2)).cpu()
+        s = d.sum(dim=(0, 2), dtype=torch.float64).cpu()
+        ss = d.pow(2).sum(dim=(0, 2), dtype=torch.float64).cpu()
         self.sum = s if self.sum is None else self.sum + s
         self.sumsq = ss if self.sumsq is None else self.sumsq + ss
         self.count += flat.shape[0] * flat.shape[2]
-        self.per_sample.append(flat.mean(2).cpu())
+        self.per_sample.append(flat.mean(2, dtype=torch.float64).cpu())
 
     def stats(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(per-channel mean, per-channel std over every element, per-sample per-channel means (N, C))."""
         m = self.sum / self.count
         std = (self.sumsq / self.count - m ** 2).clamp_min(0).sqrt()
-        return m + self.shift.cpu(), std, torch.cat(self.per_sample)
+        return m + self.shift.double().cpu(), std, torch.cat(self.per_sample)
 
 
 def compare_inputs(train: Moments, val: Moments, name: str) -> pd.DataFrame:

@@ -162,7 +162,8 @@ def check_train_mode(setup: Any, *, steps: int = 2, progress: bool = True) -> Ch
     bad = [r["module"] for r in rows if r["verdict"] == "eval while training"]
     listed = [r["module"] for r in rows if r["verdict"] == "frozen: listed"]
     metrics: dict[str, Any] = {"mode_dependent_modules": len(watched), "eval_in_training": len(bad), "frozen_in_eval": len(listed),
-                               "steps": steps, "optimizer_steps": sum(calls)}
+                               "steps": steps, "updates_observed": sum(calls),
+                               "grouped_by": "optimizer.step()" if optimizer is not None else "call of the step (no optimizer)"}
     notes = [f"{len(listed)} frozen module(s) in eval mode on purpose: {_names(listed)}"] if listed else []
     advice: list[str] = []
     if bad:
