@@ -90,12 +90,16 @@ def main() -> None:
     ctx = setup.build()
     with preserved(setup.model):
         val_pass = timed(lambda: [b for b in setup.val_data])
+        ctx.model.eval()
+        with torch.no_grad():
+            metric_eval = timed(lambda: setup.metric(ctx.model, setup.val_data))
+        ctx.model.train()
         batch = next(iter(setup.train_data))
         one_step = timed(lambda: setup.step(ctx, [batch]))
-    print(f"units: one validation pass {1e3 * val_pass:.1f} ms ({N_VAL} items), one user step {1e3 * one_step:.2f} ms "
-          f"(batch {BATCH}); training split {N_TRAIN} items")
+    print(f"units: one validation pass {1e3 * val_pass:.1f} ms ({N_VAL} items, no model), one metric evaluation "
+          f"{1e3 * metric_eval:.1f} ms, one user step {1e3 * one_step:.2f} ms (batch {BATCH}); training split {N_TRAIN} items")
     print(f"{'check':22s} {'status':6s} {'train items':>11s} {'val items':>9s} {'steps':>5s} {'metric':>6s} "
-          f"{'median ms':>9s} {'x val pass':>10s} {'x step':>7s}")
+          f"{'median ms':>9s} {'x val pass':>10s} {'x metric':>8s} {'x step':>7s}")
     for check in (check_sampling, check_eval_transforms, check_eval_metric, check_train_mode):
         train.reads = val.reads = 0
         for k in calls:
@@ -104,7 +108,7 @@ def main() -> None:
         counts = (train.reads, val.reads, calls["step"], calls["metric"])
         t = timed(lambda: check(setup))
         print(f"{check.check_id:22s} {result.status.value:6s} {counts[0]:11d} {counts[1]:9d} {counts[2]:5d} {counts[3]:6d} "
-              f"{1e3 * t:9.1f} {t / val_pass:10.2f} {t / one_step:7.1f}")
+              f"{1e3 * t:9.1f} {t / val_pass:10.2f} {t / metric_eval:8.2f} {t / one_step:7.1f}")
 
 
 if __name__ == "__main__":

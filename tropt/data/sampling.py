@@ -16,7 +16,6 @@ Labels follow the rule in :mod:`tropt.data._batches`.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
