@@ -147,3 +147,15 @@ def test_trivial_predictors_keep_the_output_format():
     y = torch.tensor([0, 1, 1, 0, 1])
     perfect = PerfectPredictor(m, obj, dict(zip(row_hashes(x), y)))
     assert perfect(x)["logits"].argmax(1).tolist() == y.tolist()
+
+
+def test_the_sample_setup_runs_the_new_checks(sample_module):
+    """The bundled sample (data/samples/README.md): balanced accuracy, shuffled batches, the test split prepared with
+    the training statistics; its MLP has no dropout or batch norm, so loop.train_mode has nothing to check."""
+    s = sample_module.make_setup()
+    with untouched(s):
+        report = tropt.diagnose(s, checks=cc.NEW, progress=False)
+    assert {r.check: r.status for r in report} == {"data.sampling": Status.PASS, "data.eval_transforms": Status.PASS,
+                                                   "model.eval_metric": Status.PASS, "loop.train_mode": Status.SKIP}
+    scores = report["model.eval_metric"].tables["scores"].set_index("predictor")["score"]
+    assert scores["majority_class"] == 0.5 and scores["perfect"] == 1.0  # balanced accuracy cannot be gamed
