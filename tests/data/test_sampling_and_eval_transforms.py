@@ -197,3 +197,21 @@ def test_genuine_small_shift_is_a_warn_not_a_fail():
     r = run(check_eval_transforms, cc.make(val=DataLoader(cc.Items(xv, yv), batch_size=64)))
     assert r.status is Status.WARN and "batch[0] feature 2" in r.summary and "genuine shift" in r.summary
     assert np.isclose(r.tables["features"].iloc[0]["effect"], 0.6, atol=0.2)
+
+
+def _blocks_of_two_classes():
+    """8 classes ordered in blocks of 2 (each batch mixes 2 of the 8): partly ordered, rarely one class per batch."""
+    x, y = cc.raw(512, classes=8)
+    g = torch.Generator().manual_seed(3)
+    order = torch.argsort((y // 2).float() + 0.5 * torch.rand(len(y), generator=g))
+    return cc.make(train=DataLoader(cc.Items(x[order], y[order]), batch_size=32), model=cc.net(classes=8), metric=None)
+
+
+def test_partly_ordered_batches_warn_and_imbalanced_shuffled_data_does_not():
+    r = run(check_sampling, _blocks_of_two_classes())
+    assert r.status is Status.WARN and "mix classes far less than shuffling would" in r.summary, r.summary
+    assert r.metrics["one_class_batches"] < 0.5 and r.metrics["entropy_ratio"] < 0.5 and r.metrics["entropy_deficit_z"] >= 4
+    x, y = cc.raw(384, shares=[0.99, 0.01, 0.0, 0.0])  # shuffled, but nearly every batch is one class by chance
+    r = run(check_sampling, cc.make(train=DataLoader(cc.Items(x, y), batch_size=32, shuffle=True)))
+    assert r.status is Status.PASS, r.summary
+    assert r.metrics["shuffled_one_class_batches"] > 0.5  # what shuffling gives: not a defect

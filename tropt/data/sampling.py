@@ -119,15 +119,18 @@ def _dataset_labels(data: Any, loader: Any, max_samples: int, seed: int) -> tupl
     return np.asarray(labels, dtype=np.int64), idx, how
 
 
-def _shuffled_expectation(p: np.ndarray, sizes: list[int], seed: int, draws: int = 200) -> tuple[np.ndarray, float]:
-    """Per batch size: the mean class entropy of shuffled batches of the data, and the share of one-class batches."""
+def _shuffled_expectation(p: np.ndarray, sizes: list[int], seed: int, draws: int = 200) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per batch (by its size): the mean and std of the class entropy of shuffled batches of the data (simulated), and
+    the share of one-class batches shuffling gives."""
     rng = np.random.default_rng(seed)
-    ent, pure = [], []
+    ent, sd, pure = [], [], []
     for n in sizes:
         counts = rng.multinomial(n, p, size=draws)
-        ent.append(np.mean([_entropy(c) for c in counts]))
+        e = np.array([_entropy(c) for c in counts])
+        ent.append(e.mean())
+        sd.append(e.std())
         pure.append(float(np.mean((counts > 0).sum(1) == 1)))
-    return np.asarray(ent), float(np.mean(pure))
+    return np.asarray(ent), np.asarray(sd), float(np.mean(pure))
 
 
 @register(CHECK, title="Training order and sampling",
@@ -226,7 +229,6 @@ def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, 
             missing = "every label is negative (ignore markers such as -100): there are no classes to mix"
     if missing is not None:
         metrics["labels"] = "not found"
-        notes.append(f"class mix not checked: {missing}")
     else:
         data_counts = _counts(source, classes)
         p = data_counts / max(data_counts.sum(), 1)
@@ -237,15 +239,18 @@ def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, 
             rows.append({"batch": i, "size": int(y.numel()), "classes": int((c > 0).sum()), "dominant_class": int(classes[top]) if len(classes) else -1,
                          "dominant_share": float(c[top] / max(c.sum(), 1)), "entropy": _entropy(c)})
         batches = pd.DataFrame(rows)
-        expected, expected_pure = _shuffled_expectation(p, sizes, setup.seed)
+        expected, spread, expected_pure = _shuffled_expectation(p, sizes, setup.seed)
         batches["shuffled_entropy"] = expected
         tables["batches"] = batches
         series.update(batch_entropy=batches["entropy"].to_numpy(), shuffled_entropy=expected)
         one_class = float((batches["classes"] == 1).mean())
         ratio = float(batches["entropy"].mean() / expected.mean()) if expected.mean() > 0 else 1.0
+        # How far below shuffling the mean entropy is, in standard errors of a mean of that many shuffled batches.
+        se = float(np.sqrt((spread ** 2).sum())) / len(spread)
+        deficit_z = float((expected.mean() - batches["entropy"].mean()) / se) if se > 0 else 0.0
         metrics.update(classes=len(classes), data_entropy=_entropy(data_counts), mean_batch_entropy=float(batches["entropy"].mean()),
                        shuffled_batch_entropy=float(expected.mean()), entropy_ratio=ratio, one_class_batches=one_class,
-                       shuffled_one_class_batches=expected_pure, label_source=how or "the batches read")
+                       shuffled_one_class_batches=expected_pure, entropy_deficit_z=deficit_z, label_source=how or "the batches read")
         sampled = _counts(seen, classes)
         effective, eff_how = sampled / max(sampled.sum(), 1), "the batches read"
         weighted = next((s for s in _samplers(loader) if isinstance(s, torch.utils.data.WeightedRandomSampler)), None)
@@ -261,7 +266,7 @@ def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, 
                              f"{len(classes)} classes (shuffled batches would: {expected_pure:.0%}); the loader is sorted by class or not shuffled",
                              "Shuffle the training data: DataLoader(..., shuffle=True) or a RandomSampler; one-class batches push "
                              "every step towards that class."))
-        elif len(classes) >= 2 and len(first) >= 3 and ratio < warn_entropy_ratio:
+        elif len(classes) >= 2 and len(first) >= 3 and ratio < warn_entropy_ratio and deficit_z >= 4:
             findings.append((Status.WARN, f"the batches mix classes far less than shuffling would (mean class entropy {ratio:.0%} of a "
                              "shuffled batch's): the data is partly ordered by class", "Shuffle the training data: DataLoader(..., shuffle=True)."))
         tv = float(0.5 * np.abs(effective - p).sum())
@@ -273,10 +278,13 @@ def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, 
     status = max((f[0] for f in findings), key=lambda s: s.rank, default=Status.PASS)
     if status is Status.PASS and missing is not None:
         status = Status.SKIP
+    elif missing is not None:
+        notes.append(f"class mix not checked: {missing}")
     if findings:
         summary = "; ".join(f[1] for f in sorted(findings, key=lambda f: -f[0].rank))
     elif status is Status.SKIP:
-        summary = f"class mix of the batches not checked: {missing}"
+        summary = f"class mix of the batches not checked: {missing}" + (
+            "; the order changes between passes" if metrics.get("same_order_every_pass") is False else "")
     else:
         summary = "the batches mix classes as shuffled batches would" + (
             "" if is_list or per_pass == 1 else " and the order changes between passes")
