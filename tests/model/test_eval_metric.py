@@ -58,8 +58,52 @@ def test_balanced_accuracy_on_the_same_labels_passes():
 
 def test_a_metric_that_ignores_the_model_it_is_given_fails():
     r = run(cc.metric_closing_over_the_original_model())
-    assert r.status is Status.FAIL and "not a function of the model's predictions" in r.summary
-    assert r.tables["scores"]["score"].nunique() == 1 and "closes over" in r.advice[0]
+    assert r.status is Status.FAIL and "never calls the model it is given" in r.summary
+    assert "not a function of the model's predictions" in r.summary and r.metrics["model_calls"] == 0
+
+
+def label_share(model, loader):
+    """Runs the model but scores the labels only: the share of class 0."""
+    hits = total = 0
+    for x, y in loader:
+        model(x)
+        hits += int((y == 0).sum())
+        total += len(y)
+    return hits / total
+
+
+def test_a_metric_that_runs_the_model_but_ignores_its_output_fails():
+    r = run(cc.make(metric=tropt.Metric(label_share)))
+    assert r.status is Status.FAIL and "for every predictor" in r.summary and "not a function" in r.summary
+    assert r.tables["scores"]["score"].nunique() == 1 and len(r.tables["scores"]) == 5
+
+
+class WithPredict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = cc.net()
+
+    def forward(self, x):
+        return self.net(x)
+
+    def predict(self, x):
+        return self.forward(x).argmax(1)  # bypasses model(...): no wrapper can replace what it returns
+
+
+def predict_accuracy(model, loader):
+    hits = total = 0
+    for x, y in loader:
+        hits += int((model.predict(x) == y).sum())
+        total += len(y)
+    return hits / total
+
+
+def test_a_metric_calling_a_custom_predict_is_not_blamed():
+    r = run(cc.make(model=WithPredict(), metric=tropt.Metric(predict_accuracy)))
+    assert r.status is Status.SKIP and "no trivial predictor could be scored" in r.summary, r.summary
+    assert "model_calls" not in r.metrics and "model(...)" in r.advice[0]
+    table = r.tables["scores"].set_index("predictor")
+    assert table.loc["majority_class", "error"].startswith("the metric did not call this predictor")
 
 
 def test_a_metric_that_raises_on_the_output_fails_with_the_error():

@@ -8,11 +8,11 @@ the user's ``fn(model, val_data)`` runs unchanged.
 
 - WARN when a trivial predictor scores within ``margin`` (relative) of the perfect score, e.g. accuracy 0.95 on
   95/5 labels; the advice names better metrics (balanced accuracy, AUROC, F1; MAE or R² against the constant mean).
-- FAIL when the metric gives the same score for every predictor (it is not a function of the predictions: a
-  metric that closes over the original model) or raises on the model's output.
+- FAIL when the metric never runs the model it is given (it closes over the original model), gives the same score
+  for every predictor (it ignores the predictions), or raises on the model's output.
 - ERROR (a clear :class:`tropt.errors.StepError`) when it returns no finite number (a tensor of several
   elements, NaN, a string).
-- SKIP without a metric or ``val_data``.
+- SKIP without a metric or ``val_data``, or when the metric bypasses ``model(...)`` so no predictor can be substituted.
 
 Cost: one pass over the validation data through ``loss_fn`` (labels, the objective and the perfect predictor's
 lookup) and five evaluations of the metric (model, constant, shuffled, random, perfect; no training step), each
@@ -67,7 +67,7 @@ def _replace(out: Any, new: torch.Tensor) -> Any:
 
 
 class TrivialPredictor(nn.Module):
-    """Runs the wrapped model and replaces its prediction with :meth:`predict`'s, in the same output format.
+    """Runs the wrapped model and replaces its prediction with :meth:`_trivial_output`'s, in the same output format.
 
     Attribute lookups the wrapper does not answer go to the wrapped model (``model.config``, custom attributes).
     """
@@ -77,6 +77,7 @@ class TrivialPredictor(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.inner = model
+        self.calls = 0  # 0 after a metric evaluation: the metric bypassed the wrapper (e.g. model.predict)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -85,13 +86,14 @@ class TrivialPredictor(nn.Module):
             return getattr(self._modules["inner"], name)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
         out = self.inner(*args, **kwargs)
         pred = output_tensor(out)
         if pred is None:
             raise TroptError(f"{CHECK}: the model's output holds no tensor", "return a tensor, .logits or a dict of tensors")
-        return _replace(out, self.predict(pred.detach(), args, kwargs))
+        return _replace(out, self._trivial_output(pred.detach(), args, kwargs))
 
-    def predict(self, pred: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:  # pragma: no cover - abstract
+    def _trivial_output(self, pred: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
@@ -119,7 +121,7 @@ class ConstantPredictor(TrivialPredictor):
         super().__init__(model)
         self.objective, self.value, self.description = objective, value, description
 
-    def predict(self, pred: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+    def _trivial_output(self, pred: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
         if self.objective.kind in ("cross_entropy", "nll"):
             shape = pred.shape[:-1] if self.objective.layout == 0 else pred.shape[:1] + pred.shape[2:]
             return _from_targets(self.objective, pred, torch.full(shape, int(self.value), device=pred.device))
@@ -135,7 +137,7 @@ class ShuffledPredictor(TrivialPredictor):
         super().__init__(model)
         self.gen = torch.Generator().manual_seed(seed)
 
-    def predict(self, pred: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+    def _trivial_output(self, pred: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
         return pred[torch.randperm(pred.shape[0], generator=self.gen).to(pred.device)] if pred.ndim else pred
 
 
@@ -148,7 +150,7 @@ class RandomPredictor(TrivialPredictor):
         super().__init__(model)
         self.gen = torch.Generator().manual_seed(seed)
 
-    def predict(self, pred: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+    def _trivial_output(self, pred: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
         out = torch.randn(pred.shape, generator=self.gen).to(pred.device, pred.dtype)
         return out.sigmoid() if pred.is_floating_point() and bool(((pred >= 0) & (pred <= 1)).all()) else out
 
@@ -166,7 +168,7 @@ class PerfectPredictor(TrivialPredictor):
         super().__init__(model)
         self.objective, self.lookup = objective, lookup
 
-    def predict(self, pred: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+    def _trivial_output(self, pred: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
         x = _first_tensor(args, kwargs)
         if x is None or x.shape[0] != pred.shape[0]:
             raise TroptError("the perfect predictor cannot match outputs to samples", "")
@@ -243,6 +245,9 @@ def check_eval_metric(setup: Any, *, margin: float = 0.1, progress: bool = True)
     with preserved(setup.model):
         ctx = setup.build()
         model = ctx.model
+        # Any of the copy's modules running counts as using it (a custom predict() may call self.forward directly).
+        calls = [0]
+        counters = [m.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for m in model.modules()]
         try:
             model_score = _score(metric, model, setup.val_data, seed)
         except StepError as exc:
@@ -252,6 +257,16 @@ def check_eval_metric(setup: Any, *, margin: float = 0.1, progress: bool = True)
                                {"metric": metric.name, "error_type": type(exc.__cause__).__name__},
                                advice=[f"Fix the metric {metric.name}: tropt calls it as fn(model, val_data) with the model in "
                                        "eval mode under torch.no_grad() (as tropt.compare does)."])
+        finally:
+            for h in counters:
+                h.remove()
+        if calls[0] == 0:
+            return CheckResult(CHECK, Status.FAIL,
+                               f"the metric {metric.name} never calls the model it is given: it is not a function of the "
+                               "model's predictions (does it close over another model, or read stored predictions?)",
+                               {"metric": metric.name, "model_score": model_score, "model_calls": 0},
+                               advice=[f"Make {metric.name} evaluate the model it is given: fn(model, val_data) should call "
+                                       "model(...) on the validation inputs."])
         rows.append({"predictor": "model", "description": "the model as given", "score": model_score, "error": ""})
         try:
             objective, y, lookup, why = _read_targets(setup, model)
@@ -284,7 +299,11 @@ def check_eval_metric(setup: Any, *, margin: float = 0.1, progress: bool = True)
         for name, make in predictors:
             wrapped = make()
             try:
-                rows.append({"predictor": name, "description": wrapped.description, "score": _score(metric, wrapped, setup.val_data, seed), "error": ""})
+                score = _score(metric, wrapped, setup.val_data, seed)
+                if wrapped.calls == 0:
+                    raise TroptError("the metric did not call this predictor as model(...) (a method such as "
+                                     "model.predict bypasses it), so its score is the model's own")
+                rows.append({"predictor": name, "description": wrapped.description, "score": score, "error": ""})
             except TroptError as exc:
                 rows.append({"predictor": name, "description": wrapped.description, "score": math.nan, "error": exc.message})
     table = pd.DataFrame(rows, columns=["predictor", "description", "score", "error"])
@@ -296,6 +315,11 @@ def check_eval_metric(setup: Any, *, margin: float = 0.1, progress: bool = True)
     notes = [] if objective is not None else [f"majority/mean and perfect predictors not scored: {why}"]
     if objective is not None and "perfect" not in scores:
         notes.append("the perfect predictor could not match the model's inputs to their labels")
+    if len(scored) < 2:  # only the model itself: the metric cannot be compared with anything
+        first = next((e for e in table["error"] if e), "")
+        return CheckResult(CHECK, Status.SKIP, f"no trivial predictor could be scored with {metric.name}: {first}",
+                           metrics, {"scores": table},
+                           ["Let the metric call model(...) on the validation inputs, so tropt can substitute trivial predictors."])
     # Not a function of the predictions: every predictor, from random outputs to the true labels, scores the same.
     values = scored["score"].to_numpy(dtype=float)
     if len(values) >= 3 and float(values.max() - values.min()) <= 1e-9 * max(1.0, float(abs(values).max())):
