@@ -160,11 +160,9 @@ def balanced_accuracy_on_imbalanced_labels():
     return accuracy_on_imbalanced_labels().replace(metric=tropt.Metric(balanced_accuracy))
 
 
-_ORIGINAL = net()
-
-
 def metric_closing_over_the_original_model():
-    return make(metric=tropt.Metric(lambda model, loader: accuracy(_ORIGINAL.eval(), loader), name="closure_accuracy"))
+    original = net()  # the metric evaluates this model whatever model it is given
+    return make(metric=tropt.Metric(lambda model, loader: accuracy(original.eval(), loader), name="closure_accuracy"))
 
 
 def metric_that_raises():
