@@ -26,7 +26,7 @@ def raw(n: int = 384, classes: int = C, seed: int = 0, shares: list[float] | Non
     else:
         y = torch.multinomial(torch.tensor(shares), n, replacement=True, generator=g)
     x = torch.randn(n, D, generator=g)
-    x[:, 0] += 1.5 * y.float()
+    x[:, 0] += 3.0 * y.float()
     return MEAN + STD * x, y
 
 
