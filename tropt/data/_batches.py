@@ -16,10 +16,29 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..batching import _is_plain_sequence
+from ..batching import _is_plain_sequence, batch_size, split_batch
 from ..errors import SetupError
 
 LABEL_KEYS = ("label", "labels", "y", "target", "targets")
+
+
+def samples_in(setup: Any, batch: Any) -> int:
+    """The number of samples in ``batch``, by the Setup's layout when it has one (``batch_dim``, ``size_fn``)."""
+    size = getattr(setup, "size", None)
+    return size(batch) if callable(size) else batch_size(batch)
+
+
+def split_for(setup: Any, batch: Any, k: int) -> list:
+    """``batch`` as ``k`` micro-batches, by the Setup's layout when it has one."""
+    split = getattr(setup, "split", None)
+    return split(batch, k) if callable(split) else split_batch(batch, k)
+
+
+def sample_dim(setup: Any) -> int | None:
+    """The dimension that holds samples (0 unless ``batch_dim`` says otherwise); None for a custom ``split_fn``."""
+    if getattr(setup, "split_fn", None) is not None:
+        return None
+    return int(getattr(setup, "batch_dim", 0) or 0)
 
 
 def label_path(batch: Any) -> tuple | None:

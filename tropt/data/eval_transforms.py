@@ -24,7 +24,7 @@ import torch
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from ._batches import input_leaves, iter_pass, loader_state, path_name, row_hashes
+from ._batches import input_leaves, iter_pass, loader_state, path_name, row_hashes, sample_dim
 
 CHECK = "data.eval_transforms"
 MAX_ROWS = 200  # feature rows kept in the evidence table (worst first); metrics count all
@@ -90,8 +90,22 @@ def compare_inputs(train: Moments, val: Moments, name: str) -> pd.DataFrame:
                          "std_ratio": log_ratio.exp().numpy(), "z_std": z_std.numpy()})
 
 
-def _add_all(moments: dict[tuple, Moments], batch: Any) -> None:
+def _leaves(batch: Any, dim: int | None) -> list[tuple[tuple, torch.Tensor]]:
+    """The batch's inputs with samples along dimension 0 (a custom split_fn layout: the whole tensor as one row)."""
+    out = []
     for path, t in input_leaves(batch):
+        if dim is None:
+            t = t[None]
+        elif 0 < dim < t.ndim:
+            t = t.movedim(dim, 0)
+        out.append((path, t))
+    return out
+
+
+def _add_all(moments: dict[tuple, Moments], batch: Any, dim: int | None) -> None:
+    if dim is None:  # where samples sit is the user's split_fn's secret: no per-sample statistics
+        return
+    for path, t in _leaves(batch, dim):
         moments.setdefault(path, Moments()).add(t)
 
 
@@ -110,12 +124,13 @@ class Reads:
     """What one read of the validation samples gave: per input, a hash of every sample, and the first batch itself
     (the max |difference| is measured on it, so only one batch is held)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dim: int | None = 0) -> None:
+        self.dim = dim
         self.hashes: dict[tuple, list[list[bytes]]] = {}
         self.first: dict[tuple, torch.Tensor] = {}
 
     def add(self, index: int, batch: Any) -> None:
-        for path, t in input_leaves(batch):
+        for path, t in _leaves(batch, self.dim):
             self.hashes.setdefault(path, []).append(row_hashes(t))
             if index == 0:
                 self.first[path] = t.detach().cpu()
@@ -124,7 +139,7 @@ class Reads:
         """Per input: samples compared, samples that differ in the second read, max |difference| in the first batch."""
         rows: dict[tuple, dict] = {}
         for i, batch in enumerate(batches):
-            for path, t in input_leaves(batch):
+            for path, t in _leaves(batch, self.dim):
                 row = rows.setdefault(path, {"input": path_name(path), "samples": 0, "differing": 0, "max_abs_diff": 0.0})
                 before = self.hashes.get(path, [])
                 now = row_hashes(t)
@@ -187,12 +202,13 @@ def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float 
     if setup.val_data is None:
         return CheckResult(CHECK, Status.SKIP, "no val_data: pass Setup(val_data=...) to compare how evaluation data is prepared")
     val_loader = setup.loader("val")
+    dim = sample_dim(setup)
     xt: dict[tuple, Moments] = {}
     xv: dict[tuple, Moments] = {}
     n_train = 0
     with preserved():
         for batch in _training_inputs(setup, n_batches):
-            _add_all(xt, batch)
+            _add_all(xt, batch, dim)
             n_train += 1
     is_list = isinstance(setup.val_data, (list, tuple))
     ds = getattr(val_loader, "dataset", None)
@@ -205,10 +221,10 @@ def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float 
             how = "each of the first validation items read twice (the loader shuffles)"
         else:
             how = None
-        first = Reads()
+        first = Reads(dim)
         n_val = 0
         for i, batch in enumerate(iter_pass(val_loader, n_batches, "val_data")):
-            _add_all(xv, batch)
+            _add_all(xv, batch, dim)
             n_val += 1
             if how == "two passes over the validation loader":
                 first.add(i, batch)
@@ -217,6 +233,7 @@ def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float 
             diffs = first.compare(iter_pass(val_loader, n_batches, "val_data"))
         elif how is not None:
             idx = list(range(min(len(ds), 64)))
+            first = Reads(0)  # one-sample batches collated here: samples along dimension 0
             for i, batch in enumerate(_items(ds, idx)):
                 first.add(i, batch)
             diffs = first.compare(_items(ds, idx))
@@ -287,7 +304,8 @@ def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float 
                                  "Check that the validation transform normalises like the training transform; if it does, "
                                  "the splits differ (see data.label_shift / data.temporal_leakage)."))
     else:
-        notes.append("no floating-point input tensor in both splits to compare")
+        notes.append("no floating-point input tensor in both splits to compare" if dim is not None
+                     else "a custom split_fn layout: per-feature statistics not compared")
     status = max((f[0] for f in findings), key=lambda s: s.rank, default=Status.PASS)
     findings.sort(key=lambda f: -f[0].rank)
     summary = "; ".join(f[1] for f in findings) if findings else (

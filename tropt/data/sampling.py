@@ -22,11 +22,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..batching import batch_size
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from ._batches import class_labels, fingerprint, iter_pass, loader_state, sample_label
+from ._batches import class_labels, fingerprint, iter_pass, loader_state, sample_label, samples_in
 
 CHECK = "data.sampling"
 
@@ -58,19 +57,20 @@ def _set_epoch_owner(loader: Any) -> Any:
     return next((s for s in _samplers(loader) if callable(getattr(s, "set_epoch", None))), None)
 
 
-def _read(loader: Any, limit: int) -> list[tuple[str, int, torch.Tensor | None, str]]:
+def _read(setup: Any, loader: Any, limit: int) -> list[tuple[str, int, torch.Tensor | None, str]]:
     """Per batch of one pass (streamed, never held): its fingerprint, size, class labels (or None and why)."""
     out = []
     for batch in iter_pass(loader, limit, "train_data"):
         y, why = class_labels(batch)
-        out.append((fingerprint(batch), batch_size(batch), y, why))
+        out.append((fingerprint(batch), samples_in(setup, batch), y, why))
     return out
 
 
-def _last_batch(data: Any, loader: Any, read: list[tuple]) -> tuple[int | None, int | None, bool]:
+def _last_batch(setup: Any, loader: Any, read: list[tuple]) -> tuple[int | None, int | None, bool]:
     """(last batch size, full batch size, drop_last) of one pass, without loading samples where possible."""
+    data = setup.train_data
     if isinstance(data, (list, tuple)):
-        sizes = [batch_size(b) for b in data]
+        sizes = [samples_in(setup, b) for b in data]
         return sizes[-1], max(sizes), False
     if isinstance(loader, torch.utils.data.DataLoader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
         bs, drop = loader.batch_size, bool(loader.drop_last)
@@ -168,11 +168,11 @@ def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, 
     loader = setup.loader("train")
     owner = _set_epoch_owner(loader)
     with preserved(), loader_state(loader, setup.seed):
-        first = _read(loader, n_batches)
+        first = _read(setup, loader, n_batches)
         if set_epoch and owner is not None:
             owner.set_epoch(getattr(owner, "epoch", 0) + 1)
-        second = [] if is_list else _read(loader, n_batches)
-        last, full, drop_last = _last_batch(data, loader, first)
+        second = [] if is_list else _read(setup, loader, n_batches)
+        last, full, drop_last = _last_batch(setup, loader, first)
         y_data, y_index, how = _dataset_labels(data, loader, max_samples, setup.seed)
     metrics: dict[str, Any] = {"batches_read": len(first), "sampler": type(_samplers(loader)[0]).__name__ if _samplers(loader) else type(data).__name__}
     tables: dict[str, pd.DataFrame] = {}

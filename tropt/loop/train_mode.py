@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..batching import split_batch
+from ..data._batches import split_for
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -141,7 +141,7 @@ def check_train_mode(setup: Any, *, steps: int = 2, progress: bool = True) -> Ch
         with ModeRecorder(watched, optimizer) as rec:
             for batch in setup.batches(steps):
                 before = len(rec.updates)
-                setup.run_step(ctx, split_batch(batch, k))
+                setup.run_step(ctx, split_for(setup, batch, k))
                 if optimizer is None:
                     rec.flush()
                 calls.append(len(rec.updates) - before)
