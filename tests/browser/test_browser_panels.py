@@ -161,7 +161,7 @@ def test_loop_panel(page, jupyter_server, notebook, artifacts):
     action = panel.locator(".tropt-action")
     click_run(action, "Check the loop")
     wait_done(action)
-    expect(action.locator(".tropt-result")).to_have_count(6)  # zero_grad .. resume, and ddp (2 forked processes)
+    expect(action.locator(".tropt-result")).to_have_count(7)  # zero_grad .. resume, ddp (2 forked processes), train_mode
     expect(action.locator('.tropt-result[data-check="loop.ddp"][data-status="pass"]')).to_have_count(1)
     expect(action.locator('.tropt-result[data-check="loop.loss_scaling"] .tropt-badge')).to_be_visible()
     acc = action.locator('.tropt-result[data-check="loop.accumulation"]')
@@ -205,8 +205,8 @@ def test_dashboard(page, jupyter_server, notebook, artifacts):
     name = notebook(PREAMBLE, 'tropt.dashboard(setup, splits, label="churned", group="customer_id", time="signup_date",\n'
                               '                checks=["data", "model.init_loss", "model.gradient_flow", "loop"])')
     board = open_and_run(page, jupyter_server, name)
-    expect(board.locator(".lm-TabBar-tabLabel")).to_have_text(["Diagnose all", "Data", "Overfit", "Gradient flow", "Loop", "Dynamics",
-                                                                  "Compare"])
+    expect(board.locator(".lm-TabBar-tabLabel")).to_have_text(["Diagnose all", "Data", "Protocol", "Overfit", "Gradient flow", "Loop",
+                                                                  "Dynamics", "Compare"])
     action = board.locator(".tropt-action").first
     click_run(action, "Diagnose all")
     wait_done(action)

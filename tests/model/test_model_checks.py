@@ -71,8 +71,9 @@ def test_healthy_mlp_passes_all_four_via_diagnose():
     with untouched(setup):
         report = tropt.diagnose(setup, checks="model", progress=False)
     got = {r.check: r.status for r in report.results}
-    assert got == {c: Status.PASS for c in ("model.init_loss", "model.overfit_batch", "model.gradient_flow",
-                                             "model.activation_stats")}, [r.summary for r in report.results]
+    assert got == {**{c: Status.PASS for c in ("model.init_loss", "model.overfit_batch", "model.gradient_flow",
+                                                "model.activation_stats")},
+                   "model.eval_metric": Status.SKIP}, [r.summary for r in report.results]  # no Setup(metric=...)
     init = report["model.init_loss"]
     assert init.metrics["objective"] == "cross_entropy" and init.metrics["expected_loss"] == pytest.approx(math.log(C))
     assert report["model.overfit_batch"].metrics["final_accuracy"] == 1.0

@@ -24,7 +24,7 @@ TROPT = str(Path(sys.executable).parent / "tropt")
 SETUP = os.path.join(SAMPLES, "sample_setup.py") + ":make_setup"
 SPLITS = {"train": os.path.join(SAMPLES, "train.csv"), "test": os.path.join(SAMPLES, "test.csv")}
 # Deterministic checks (perf.* measure time, so their verdicts may move between runs).
-CHECKS = ["data", "model.init_loss", "loop"]
+CHECKS = ["data", "model.init_loss", "model.eval_metric", "loop"]
 PARAMS = ["-p", "setup", SETUP, "-p", "splits", json.dumps(SPLITS), "-p", "label", "churned", "-p", "group", "customer_id",
           "-p", "time", "signup_date", "-p", "checks", json.dumps(CHECKS)]
 

@@ -229,6 +229,24 @@ def test_loop_panel_options(tiny_setup):
     assert tiny_setup.precision == "fp32" and not tiny_setup.use_scaler  # the user's Setup is untouched
 
 
+def test_protocol_panel_runs_the_setup_checks_of_stages_1_and_2():
+    import contract_cases as cc
+    from tropt.widgets import ProtocolPanel
+
+    panel = ProtocolPanel(cc.class_sorted().replace(metric=tropt.Metric(cc.accuracy)))
+    assert [s.id for s in panel.specs] == ["data.sampling", "data.eval_transforms", "model.init_loss", "model.eval_metric"]
+    panel.boxes["model.init_loss"].value = False
+    run(panel.action)
+    assert panel.action.state == "done", panel.action.message.value
+    assert list(panel.results) == ["data.sampling", "data.eval_transforms", "model.eval_metric"]
+    assert panel.results["data.sampling"].status.value == "fail"
+    assert 'data-check="data.sampling"' in html_of(panel.action.results) and len(images(panel.action.results)) == 3
+    for box in panel.boxes.values():
+        box.value = False
+    run(panel.action)
+    assert panel.action.state == "error" and "no check is ticked" in panel.action.message.value
+
+
 def test_loop_panel_bad_setup_is_one_message(tiny_setup):
     from tropt.widgets import LoopPanel
 
@@ -286,7 +304,7 @@ def test_dashboard_diagnose_all_ends_with_report(tiny_setup):
     from tropt.widgets import Dashboard
 
     board = Dashboard(tiny_setup, checks=["model.init_loss", "model.gradient_flow", "loop"])
-    assert board.tab.titles == ("Diagnose all", "Overfit", "Gradient flow", "Loop", "Dynamics")
+    assert board.tab.titles == ("Diagnose all", "Protocol", "Overfit", "Gradient flow", "Loop", "Dynamics")
     run(board.action)
     assert board.action.state == "done", board.action.message.value
     assert board.report.checks[:2] == ["model.init_loss", "model.gradient_flow"]
@@ -328,7 +346,8 @@ def test_diagnose_callback_cancel(tiny_setup):
 
     with pytest.raises(Cancelled):
         tropt.diagnose(tiny_setup, checks="model", progress=False, callback=cb)
-    assert [c["check"] for c in calls if "index" in c] == ["model.init_loss", "model.overfit_batch", "model.gradient_flow"]
+    assert [c["check"] for c in calls if "index" in c] == ["model.init_loss", "model.eval_metric", "model.overfit_batch",
+                                                           "model.gradient_flow"]
     assert any("step" in c for c in calls)  # overfit_batch's per-step callback went through diagnose
 
 

@@ -4,6 +4,9 @@
 also a public function (``check_exact_duplicates``, ...). ``splits`` is an ordered mapping of named splits
 (earlier first); each split may be a DataFrame, a numpy array / torch tensor (N, ...), a tuple (X, y), a
 map-style torch Dataset or a path to a CSV/Parquet file (streamed in chunks).
+
+``data.sampling`` (:func:`check_sampling`) and ``data.eval_transforms`` (:func:`check_eval_transforms`) run on a
+:class:`tropt.Setup` instead: they read its own training and validation loaders.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from ._common import infer_task
 from .duplicates import check_exact_duplicates, check_near_duplicates
 from .labels import check_class_coverage, check_label_sanity, check_label_shift
 from .leakage import check_group_leakage, check_temporal_leakage
+from .eval_transforms import check_eval_transforms
+from .sampling import check_sampling
 from .splits import CHECKS, check_splits
 from .target import check_target_leakage
 
@@ -26,5 +31,7 @@ __all__ = [
     "check_label_shift",
     "check_class_coverage",
     "check_label_sanity",
+    "check_sampling",
+    "check_eval_transforms",
     "infer_task",
 ]

@@ -8,6 +8,7 @@ from .harness import StepRecord, StepRecorder, compare_tensors, run_steps
 from .ddp import check_ddp
 from .invariance import check_accumulation, check_loss_scaling, check_scheduler_cadence, check_zero_grad
 from .resume import check_resume, default_load_state, default_save_state
+from .train_mode import check_train_mode
 
 __all__ = [
     "check_zero_grad",
@@ -16,6 +17,7 @@ __all__ = [
     "check_scheduler_cadence",
     "check_resume",
     "check_ddp",
+    "check_train_mode",
     "default_save_state",
     "default_load_state",
     "StepRecorder",

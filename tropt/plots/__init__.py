@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from ..errors import TroptError
 
-PLOT_MODULES: tuple[str, ...] = ("tropt.plots.data", "tropt.plots.loop", "tropt.plots.model", "tropt.plots.dynamics", "tropt.plots.perf")
+PLOT_MODULES: tuple[str, ...] = ("tropt.plots.data", "tropt.plots.loop", "tropt.plots.model", "tropt.plots.dynamics", "tropt.plots.perf",
+                                  "tropt.plots.contract")
 _PLOTTERS: dict[str, Callable] = {}
 _COLOURS = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "error": "#8250df", "skip": "#6e7781"}
 

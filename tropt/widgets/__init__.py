@@ -17,6 +17,7 @@ from typing import Any
 _LAZY = {
     "Action": "tropt.widgets._base",
     "DataPanel": "tropt.widgets.data",
+    "ProtocolPanel": "tropt.widgets.protocol",
     "OverfitPanel": "tropt.widgets.model",
     "GradientFlowPanel": "tropt.widgets.model",
     "LoopPanel": "tropt.widgets.loop",

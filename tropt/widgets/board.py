@@ -14,8 +14,8 @@ class Dashboard(W.VBox):
     Parameters
     ----------
     setup
-        A :class:`tropt.Setup` (adds the Overfit, Gradient flow, Loop and Dynamics tabs, and Compare when it has
-        ``val_data``).
+        A :class:`tropt.Setup` (adds the Protocol, Overfit, Gradient flow, Loop and Dynamics tabs, and Compare when it
+        has ``val_data``).
     splits
         Data splits (adds the Data tab).
     label, group, time
@@ -32,6 +32,7 @@ class Dashboard(W.VBox):
         from .experiments import ComparePanel
         from .loop import LoopPanel
         from .model import GradientFlowPanel, OverfitPanel
+        from .protocol import ProtocolPanel
 
         if setup is None and splits is None:
             raise TroptError("Dashboard needs something to check: no setup and no splits were given",
@@ -42,6 +43,7 @@ class Dashboard(W.VBox):
         if splits is not None:
             self.panels["Data"] = DataPanel(splits, label=label, group=group, time=time)
         if setup is not None:
+            self.panels["Protocol"] = ProtocolPanel(setup)
             self.panels["Overfit"] = OverfitPanel(setup)
             self.panels["Gradient flow"] = GradientFlowPanel(setup)
             self.panels["Loop"] = LoopPanel(setup)

@@ -1,0 +1,115 @@
+"""loop.train_mode with known answers: dropout and batch norm train in train mode, and the metric evaluates in eval."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import tropt
+from tropt.loop import check_train_mode
+from tropt.result import Status
+from tropt.testing import untouched
+
+import contract_cases as cc
+from contract_support import caught_by_exactly
+
+MODE_CASES = ["model_left_in_eval_mode", "eval_inside_step", "frozen_backbone", "metric_in_train_mode"]
+
+
+@pytest.mark.parametrize("case", MODE_CASES)
+def test_each_case_is_caught_by_exactly_its_check(case):
+    caught_by_exactly(case)
+
+
+def run(setup, **kw):
+    with untouched(setup):
+        return check_train_mode(setup, **kw)
+
+
+def verdicts(result):
+    return dict(zip(result.tables["modules"]["module"], result.tables["modules"]["verdict"]))
+
+
+def test_a_model_in_train_mode_passes_and_the_metric_in_eval_mode_too():
+    r = run(cc.healthy())
+    assert r.status is Status.PASS, r.summary
+    assert verdicts(r) == {"1": "ok", "3": "ok"}  # BatchNorm1d and Dropout
+    assert set(r.tables["modules"]["in_metric"]) == {"eval"} and r.metrics["metric_first"] == r.metrics["metric_second"]
+
+
+def test_a_model_left_in_eval_mode_fails_naming_the_modules():
+    s = cc.model_left_in_eval_mode()
+    r = run(s)
+    assert r.status is Status.FAIL and verdicts(r) == {"1": "eval while training", "3": "eval while training"}
+    assert "'1', '3'" in r.summary and "handed over in eval mode" in r.summary and "model.train()" in r.advice[0]
+    assert not s.model.training  # the user's model keeps its mode (untouched() checks every module too)
+    r.plot()
+
+
+def test_model_eval_inside_the_step_fails_and_says_so():
+    r = run(cc.eval_inside_step())
+    assert r.status is Status.FAIL and "your step switches them to eval mode" in r.summary
+    assert set(r.tables["modules"]["handed_over"]) == {"train"} and set(r.tables["modules"]["in_step"]) == {"eval"}
+
+
+def test_a_frozen_backbone_is_listed_not_failed():
+    r = run(cc.frozen_backbone())
+    assert r.status is Status.PASS, r.summary
+    assert verdicts(r) == {"backbone.1": "frozen: listed", "head.0": "ok"}
+    assert "1 frozen module(s) in eval mode on purpose: 'backbone.1'" in r.summary
+
+
+def test_eval_mode_without_requires_grad_false_is_not_frozen():
+    model = cc.FrozenBackbone()
+    for p in model.backbone.parameters():
+        p.requires_grad_(True)  # eval mode, but trained: the running statistics go stale while the weights move
+    r = run(cc.make(model=model))
+    assert r.status is Status.FAIL and verdicts(r)["backbone.1"] == "eval while training"
+
+
+def test_a_metric_that_switches_to_train_mode_warns_with_the_differing_scores():
+    r = run(cc.metric_in_train_mode())
+    assert r.status is Status.WARN and "the metric runs '1', '3' in train mode" in r.summary
+    assert r.metrics["metric_first"] != r.metrics["metric_second"] and "model.eval()" in r.advice[0]
+
+
+def test_random_val_data_is_a_note_not_a_train_mode_warning():
+    r = run(cc.random_val_transform())
+    assert r.status is Status.PASS and r.metrics["metric_first"] != r.metrics["metric_second"]  # noisy inputs, eval mode
+    assert r.metrics["train_in_metric"] == 0 and "see data.eval_transforms" in r.summary
+
+
+def test_skip_without_mode_dependent_modules(tiny_setup):
+    r = run(tiny_setup)
+    assert r.status is Status.SKIP and "no dropout or batch-norm" in r.summary
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_without_an_optimizer_the_modes_are_read_per_call_of_the_step(monkeypatch, mode):
+    """A loop that updates parameters by hand (no optimizer: ctx.optimizer is None) is observed call by call."""
+    import dataclasses
+
+    def sgd_by_hand(ctx, micro_batches):
+        getattr(ctx.model, mode)()
+        for mb in micro_batches:
+            ctx.loss_fn(ctx.model, mb).backward()
+        with torch.no_grad():
+            for p in ctx.model.parameters():
+                if p.grad is not None:
+                    p -= 0.01 * p.grad
+                    p.grad = None
+
+    build = tropt.Setup.build
+    setup = cc.make(step=sgd_by_hand).validate()  # validated with its optimizer; the check's own copies get none
+    monkeypatch.setattr(tropt.Setup, "build", lambda self, **kw: dataclasses.replace(build(self, **kw), optimizer=None))
+
+    r = run(setup)
+    assert r.metrics["grouped_by"] == "call of the step (no optimizer)" and r.metrics["updates_observed"] == 2
+    assert r.status is (Status.FAIL if mode == "eval" else Status.PASS), r.summary
+    assert set(r.tables["modules"]["in_step"]) == {mode} and set(r.tables["modules"]["at_optimizer_step"]) == {"n/a"}
+
+
+def test_steps_must_be_positive():
+    with pytest.raises(tropt.TroptError, match="steps >= 1"):
+        check_train_mode(cc.healthy(), steps=0)

@@ -1,0 +1,179 @@
+"""Reading a Setup's own data pipeline: the label of a batch (one documented rule), loader passes with the RNGs
+seeded once and the loader's sampler state put back, and content fingerprints of batches.
+
+The label rule, shared by ``data.sampling``, ``data.eval_transforms`` and ``model.eval_metric``: the second element of
+a tuple/list batch (or sample), or the first of the keys ``label``, ``labels``, ``y``, ``target``, ``targets`` in a
+dict batch; it counts as class labels when its dtype is integer or bool and it holds one value per sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Mapping
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..batching import _is_plain_sequence, batch_size, split_batch
+from ..errors import SetupError
+
+LABEL_KEYS = ("label", "labels", "y", "target", "targets")
+
+
+def samples_in(setup: Any, batch: Any) -> int:
+    """The number of samples in ``batch``, by the Setup's layout when it has one (``batch_dim``, ``size_fn``)."""
+    size = getattr(setup, "size", None)
+    return size(batch) if callable(size) else batch_size(batch)
+
+
+def split_for(setup: Any, batch: Any, k: int) -> list:
+    """``batch`` as ``k`` micro-batches, by the Setup's layout when it has one."""
+    split = getattr(setup, "split", None)
+    return split(batch, k) if callable(split) else split_batch(batch, k)
+
+
+def sample_dim(setup: Any) -> int | None:
+    """The dimension that holds samples (0 unless ``batch_dim`` says otherwise); None for a custom ``split_fn``."""
+    if getattr(setup, "split_fn", None) is not None:
+        return None
+    return int(getattr(setup, "batch_dim", 0) or 0)
+
+
+def label_path(batch: Any) -> tuple | None:
+    """Where the label sits in a batch or sample by the documented rule, or None."""
+    if isinstance(batch, Mapping):
+        return next(((k,) for k in LABEL_KEYS if k in batch), None)
+    if isinstance(batch, (list, tuple)) and not _is_plain_sequence(batch) and len(batch) >= 2:
+        return (1,)
+    return None
+
+
+def class_labels(batch: Any) -> tuple[torch.Tensor | None, str]:
+    """The batch's class labels as a 1-d int64 CPU tensor, or (None, the reason they cannot be read)."""
+    path = label_path(batch)
+    if path is None:
+        return None, (f"a {type(batch).__name__} batch has no label by tropt's rule (the second element of a tuple/list "
+                      f"batch, or a {'/'.join(LABEL_KEYS)} key of a dict batch)")
+    y = batch[path[0]]
+    if isinstance(y, np.ndarray):
+        y = torch.from_numpy(y)
+    elif isinstance(y, (list, tuple)) and y and all(isinstance(v, (int, bool, np.integer)) for v in y):
+        y = torch.tensor([int(v) for v in y])
+    if not isinstance(y, torch.Tensor):
+        return None, f"the label batch[{path[0]!r}] is a {type(y).__name__}, not a tensor"
+    if y.is_floating_point() or y.is_complex():
+        return None, f"the label batch[{path[0]!r}] is floating point ({y.dtype}): not class labels (regression?)"
+    if y.ndim == 0 or (y.ndim > 1 and y[0].numel() != 1):
+        return None, f"the label batch[{path[0]!r}] has shape {tuple(y.shape)}: not one class per sample"
+    return y.detach().reshape(-1).long().cpu(), ""
+
+
+def sample_label(sample: Any) -> int | None:
+    """One dataset sample's class label by the same rule, or None."""
+    path = label_path(sample)
+    if path is None:
+        return None
+    y = sample[path[0]]
+    if isinstance(y, (torch.Tensor, np.ndarray)):
+        if y.size == 0 if isinstance(y, np.ndarray) else y.numel() != 1:
+            return None
+        if (y.dtype.kind == "f") if isinstance(y, np.ndarray) else (y.is_floating_point() or y.is_complex()):
+            return None
+        return int(y.reshape(-1)[0])
+    if isinstance(y, (bool, int, np.integer)):
+        return int(y)
+    return None
+
+
+def fingerprint(batch: Any) -> str:
+    """A content hash of every tensor and plain value in a batch (for "same batch?" comparisons)."""
+    h = hashlib.blake2b(digest_size=16)
+
+    def feed(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            x = x.detach().cpu()
+            h.update(str((x.dtype, tuple(x.shape))).encode())
+            h.update(x.contiguous().view(torch.uint8).numpy().tobytes() if x.numel() else b"")
+        elif isinstance(x, np.ndarray):
+            h.update(str((x.dtype, x.shape)).encode())
+            h.update(np.ascontiguousarray(x).tobytes())
+        elif isinstance(x, Mapping):
+            for k in x:
+                h.update(repr(k).encode())
+                feed(x[k])
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                feed(v)
+        else:
+            h.update(repr(x).encode())
+
+    feed(batch)
+    return h.hexdigest()
+
+
+def _sampler_objects(loader: Any) -> list[Any]:
+    """The loader and the samplers behind it (where generators and epochs live)."""
+    objs = [loader]
+    for attr in ("sampler", "batch_sampler"):
+        obj = getattr(loader, attr, None)
+        if obj is not None:
+            objs.append(obj)
+            inner = getattr(obj, "sampler", None)
+            if inner is not None:
+                objs.append(inner)
+    return objs
+
+
+@contextlib.contextmanager
+def loader_state(loader: Any, seed: int) -> Iterator[None]:
+    """Seed the global torch RNG and the loader's own generators once, and put the generators and any sampler
+    ``epoch`` back on exit (a pass must not advance the user's pipeline). Run it inside
+    :func:`tropt.snapshot.preserved`, which restores the global RNGs."""
+    objs = _sampler_objects(loader)
+    gens = {id(g): g for o in objs for g in [getattr(o, "generator", None)] if isinstance(g, torch.Generator)}
+    saved = {k: g.get_state() for k, g in gens.items()}
+    epochs = [(o, o.epoch) for o in objs if isinstance(getattr(o, "epoch", None), int)]
+    torch.manual_seed(seed)
+    for g in gens.values():
+        g.manual_seed(seed)
+    try:
+        yield
+    finally:
+        for k, g in gens.items():
+            g.set_state(saved[k])
+        for o, e in epochs:
+            o.epoch = e
+
+
+def iter_pass(loader: Any, limit: int | None, what: str) -> Iterator[Any]:
+    """Stream the first ``limit`` batches (all when None) of one pass over ``loader``, one batch in memory at a
+    time; a pass without batches is a :class:`SetupError`."""
+    count = 0
+    for batch in loader:
+        yield batch
+        count += 1
+        if limit is not None and count >= limit:
+            return
+    if count == 0:
+        raise SetupError(f"Setup: {what} yielded no batches", "check the dataset is not empty and drop_last/batch_size leave a batch")
+
+
+def row_hashes(x: torch.Tensor) -> list[bytes]:
+    """A content hash of each sample (row along dimension 0) of a tensor."""
+    flat = x.detach().cpu().contiguous().reshape(x.shape[0], -1)
+    raw = flat.view(torch.uint8).numpy() if flat.numel() else None
+    return [hashlib.blake2b(raw[i].tobytes(), digest_size=16).digest() if raw is not None else b"" for i in range(x.shape[0])]
+
+
+def input_leaves(batch: Any) -> list[tuple[tuple, torch.Tensor]]:
+    """The floating-point tensors of a batch other than its label (the inputs whose statistics are compared)."""
+    from ..model._common import leaves
+
+    label = label_path(batch)
+    return [(p, t) for p, t in leaves(batch) if t.is_floating_point() and t.ndim >= 1 and (label is None or p[:1] != label)]
+
+
+def path_name(path: tuple) -> str:
+    return "batch" + "".join(f"[{p!r}]" for p in path)

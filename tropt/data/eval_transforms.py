@@ -1,0 +1,316 @@
+"""``data.eval_transforms``: is the evaluation data prepared like the training data, and deterministically?
+
+- *Different preprocessing*: the per-feature (2-d inputs) or per-channel (dimension 1 of >= 3-d inputs) mean and
+  std of the training inputs against the validation inputs. FAIL when they disagree far beyond sampling noise
+  (a mean apart by >= 1 pooled std, or a std ratio >= 3, each at z >= 6), e.g. a validation transform that lacks the
+  normalisation the training transform has; WARN for a smaller but clear difference (>= 0.5 std, ratio >= 1.5),
+  which may also be a genuine shift between the splits. The features or channels are named.
+- *Random transforms in evaluation*: two passes over the same validation samples give different tensors: WARN
+  (scores are noisy); PASS with a note when ``Setup(eval_augmentation=True)`` declares test-time augmentation.
+
+Inputs are the floating-point tensors of a batch other than its label (rule: :mod:`tropt.data._batches`).
+Cost: ``n_batches`` training batches and two passes of ``n_batches`` validation batches (no model step).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..registry import register
+from ..result import CheckResult, Status
+from ..snapshot import preserved
+from ._batches import input_leaves, iter_pass, loader_state, path_name, row_hashes, sample_dim
+
+CHECK = "data.eval_transforms"
+MAX_ROWS = 200  # feature rows kept in the evidence table (worst first); metrics count all
+
+
+class Moments:
+    """Streaming per-channel statistics of one input across batches: one batch in memory at a time.
+
+    A tensor (N, C, ...) has channels along dimension 1 (a 2-d (N, F) tensor: features; 1-d: one feature). Sums are
+    taken around the first batch's channel means, so a large offset does not cancel the variance.
+    """
+
+    def __init__(self) -> None:
+        self.shape: tuple | None = None
+        self.shift = self.sum = self.sumsq = None
+        self.count = 0
+        self.per_sample: list[torch.Tensor] = []
+        self.mixed = False
+
+    def add(self, t: torch.Tensor) -> None:
+        x = t.detach()
+        x = x[:, None] if x.ndim == 1 else x
+        if self.shape is None:
+            self.shape = tuple(x.shape[1:])
+        elif tuple(x.shape[1:]) != self.shape:  # sample shapes vary between batches (variable-size inputs)
+            self.mixed = True
+            return
+        flat = x.reshape(x.shape[0], x.shape[1], -1).float()  # float32 elements, float64 sums: bounded memory
+        if self.shift is None:
+            self.shift = flat.mean(dim=(0, 2), dtype=torch.float64).float()
+        d = flat - self.shift[None, :, None].to(flat.device)
+        s = d.sum(dim=(0, 2), dtype=torch.float64).cpu()
+        ss = d.pow(2).sum(dim=(0, 2), dtype=torch.float64).cpu()
+        self.sum = s if self.sum is None else self.sum + s
+        self.sumsq = ss if self.sumsq is None else self.sumsq + ss
+        self.count += flat.shape[0] * flat.shape[2]
+        self.per_sample.append(flat.mean(2, dtype=torch.float64).cpu())
+
+    def stats(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(per-channel mean, per-channel std over every element, per-sample per-channel means (N, C))."""
+        m = self.sum / self.count
+        std = (self.sumsq / self.count - m ** 2).clamp_min(0).sqrt()
+        return m + self.shift.double().cpu(), std, torch.cat(self.per_sample)
+
+
+def compare_inputs(train: Moments, val: Moments, name: str) -> pd.DataFrame:
+    """Per feature/channel: means, stds, the effect (|mean difference| / pooled std), std ratio and their z-scores."""
+    mt, st, pt = train.stats()
+    mv, sv, pv = val.stats()
+    nt, nv = pt.shape[0], pv.shape[0]
+    se = (pt.std(0, unbiased=True).nan_to_num(0) ** 2 / nt + pv.std(0, unbiased=True).nan_to_num(0) ** 2 / nv).sqrt()
+    diff = (mt - mv).abs()
+    pooled = ((st ** 2 + sv ** 2) / 2).sqrt()
+    tiny = 1e-12
+    effect = torch.where(pooled > tiny, diff / pooled.clamp_min(tiny), torch.where(diff > 1e-9, torch.inf, 0.0))
+    z = torch.where(se > tiny, diff / se.clamp_min(tiny), torch.where(diff > 1e-9, torch.inf, 0.0))
+    both = (st > tiny) & (sv > tiny)
+    log_ratio = torch.where(both, (sv.clamp_min(tiny) / st.clamp_min(tiny)).log(), torch.zeros_like(st))
+    z_std = log_ratio.abs() / math.sqrt(1 / (2 * max(nt - 1, 1)) + 1 / (2 * max(nv - 1, 1)))
+    kind = "channel" if len(train.shape) >= 2 else "feature"
+    return pd.DataFrame({"input": name, "kind": kind, "index": np.arange(len(mt)), "train_mean": mt.numpy(), "val_mean": mv.numpy(),
+                         "train_std": st.numpy(), "val_std": sv.numpy(), "effect": effect.numpy(), "z_mean": z.numpy(),
+                         "std_ratio": log_ratio.exp().numpy(), "z_std": z_std.numpy()})
+
+
+def _leaves(batch: Any, dim: int | None) -> list[tuple[tuple, torch.Tensor]]:
+    """The batch's inputs with samples along dimension 0 (a custom split_fn layout: the whole tensor as one row)."""
+    out = []
+    for path, t in input_leaves(batch):
+        if dim is None:
+            t = t[None]
+        elif 0 < dim < t.ndim:
+            t = t.movedim(dim, 0)
+        out.append((path, t))
+    return out
+
+
+def _add_all(moments: dict[tuple, Moments], batch: Any, dim: int | None) -> None:
+    if dim is None:  # where samples sit is the user's split_fn's secret: no per-sample statistics
+        return
+    for path, t in _leaves(batch, dim):
+        moments.setdefault(path, Moments()).add(t)
+
+
+def _ordered(loader: Any) -> bool:
+    """Whether two passes draw the same sample indices (a sequential sampler), read from the batch sampler only."""
+    bs = getattr(loader, "batch_sampler", None)
+    if bs is None or isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
+        return True  # an iterable dataset's order is its own (its sampler is infinite)
+    try:
+        return [list(b) for b in bs] == [list(b) for b in bs]
+    except TypeError:
+        return True
+
+
+class Reads:
+    """What one read of the validation samples gave: per input, a hash of every sample, and the first batch itself
+    (the max |difference| is measured on it, so only one batch is held)."""
+
+    def __init__(self, dim: int | None = 0) -> None:
+        self.dim = dim
+        self.hashes: dict[tuple, list[list[bytes]]] = {}
+        self.first: dict[tuple, torch.Tensor] = {}
+
+    def add(self, index: int, batch: Any) -> None:
+        for path, t in _leaves(batch, self.dim):
+            self.hashes.setdefault(path, []).append(row_hashes(t))
+            if index == 0:
+                self.first[path] = t.detach().cpu()
+
+    def compare(self, batches: Any) -> pd.DataFrame:
+        """Per input: samples compared, samples that differ in the second read, max |difference| in the first batch."""
+        rows: dict[tuple, dict] = {}
+        for i, batch in enumerate(batches):
+            for path, t in _leaves(batch, self.dim):
+                row = rows.setdefault(path, {"input": path_name(path), "samples": 0, "differing": 0, "max_abs_diff": 0.0})
+                before = self.hashes.get(path, [])
+                now = row_hashes(t)
+                row["samples"] += len(now)
+                if i >= len(before) or len(before[i]) != len(now):
+                    row["differing"] += len(now)
+                    row["max_abs_diff"] = math.inf
+                    continue
+                row["differing"] += sum(a != b for a, b in zip(before[i], now))
+                if i == 0 and path in self.first and self.first[path].shape == t.shape:
+                    d = (self.first[path].double() - t.detach().cpu().double()).abs().nan_to_num(0.0)
+                    row["max_abs_diff"] = max(row["max_abs_diff"], float(d.max()) if d.numel() else 0.0)
+        return pd.DataFrame(list(rows.values()), columns=["input", "samples", "differing", "max_abs_diff"])
+
+
+def _items(ds: Any, indices: list[int]) -> Iterator[Any]:
+    """Dataset items as one-sample batches (so the batch rules apply)."""
+    from torch.utils.data import default_collate
+
+    for i in indices:
+        yield default_collate([ds[i]])
+
+
+def _training_inputs(setup: Any, n_batches: int) -> Iterator[Any]:
+    """Training batches drawn uniformly from the training dataset through the user's transform and collate: the
+    split as it is prepared, not as a weighted sampler re-balances it (data.sampling reports that)."""
+    loader = setup.loader("train")
+    ds = getattr(loader, "dataset", None)
+    if isinstance(loader, torch.utils.data.DataLoader) and not isinstance(ds, torch.utils.data.IterableDataset):
+        torch.manual_seed(setup.seed)
+        uniform = torch.utils.data.DataLoader(ds, batch_size=loader.batch_size or setup.batch_size, shuffle=True,
+                                              collate_fn=loader.collate_fn)
+        return iter_pass(uniform, n_batches, "train_data")
+    return setup.batches(n_batches, cycle=False)
+
+
+@register(CHECK, title="Evaluation data prepared like training data",
+          description="train vs val per-feature/channel mean and std; random transforms in evaluation")
+def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float = 1.0, fail_std_ratio: float = 3.0,
+                          warn_effect: float = 0.5, warn_std_ratio: float = 1.5, z: float = 6.0,
+                          progress: bool = True) -> CheckResult:
+    """Compare the inputs of the Setup's training and validation data, and read the validation data twice.
+
+    Parameters
+    ----------
+    setup
+        The :class:`tropt.Setup`; SKIP without ``val_data``.
+    n_batches
+        Batches read from the training data and from each of two validation passes.
+    fail_effect, fail_std_ratio
+        FAIL when a feature's means differ by at least ``fail_effect`` pooled stds, or its stds by a factor of at least
+        ``fail_std_ratio``, with a z-score of at least ``z`` (far beyond sampling noise).
+    warn_effect, warn_std_ratio
+        WARN thresholds, same rule.
+    z
+        The z-score a difference needs (per-sample means for the mean; the normal-theory std of a log std ratio).
+    progress
+        Unused (the check is quick); accepted for uniformity.
+    """
+    if setup.val_data is None:
+        return CheckResult(CHECK, Status.SKIP, "no val_data: pass Setup(val_data=...) to compare how evaluation data is prepared")
+    val_loader = setup.loader("val")
+    dim = sample_dim(setup)
+    xt: dict[tuple, Moments] = {}
+    xv: dict[tuple, Moments] = {}
+    n_train = 0
+    with preserved():
+        for batch in _training_inputs(setup, n_batches):
+            _add_all(xt, batch, dim)
+            n_train += 1
+    is_list = isinstance(setup.val_data, (list, tuple))
+    ds = getattr(val_loader, "dataset", None)
+    with preserved(), loader_state(val_loader, setup.seed):
+        if is_list:
+            how = None
+        elif _ordered(val_loader):
+            how = "two passes over the validation loader"
+        elif ds is not None and hasattr(ds, "__getitem__") and hasattr(ds, "__len__"):
+            how = "each of the first validation items read twice (the loader shuffles)"
+        else:
+            how = None
+        first = Reads(dim)
+        n_val = 0
+        for i, batch in enumerate(iter_pass(val_loader, n_batches, "val_data")):
+            _add_all(xv, batch, dim)
+            n_val += 1
+            if how == "two passes over the validation loader":
+                first.add(i, batch)
+        diffs = None
+        if how == "two passes over the validation loader":
+            diffs = first.compare(iter_pass(val_loader, n_batches, "val_data"))
+        elif how is not None:
+            idx = list(range(min(len(ds), 64)))
+            first = Reads(0)  # one-sample batches collated here: samples along dimension 0
+            for i, batch in enumerate(_items(ds, idx)):
+                first.add(i, batch)
+            diffs = first.compare(_items(ds, idx))
+    metrics: dict[str, Any] = {"train_batches": n_train, "val_batches": n_val, "eval_augmentation": setup.eval_augmentation}
+    tables: dict[str, pd.DataFrame] = {}
+    findings: list[tuple[Status, str, str]] = []
+    notes: list[str] = []
+
+    # ---- random transforms in evaluation
+    if how is None:
+        notes.append("a list of validation batches is fixed tensors: no transform runs when it is read" if is_list
+                     else "the validation loader shuffles and has no dataset to read twice: randomness not checked")
+    else:
+        tables["randomness"] = diffs
+        random = diffs[diffs["differing"] > 0]
+        metrics.update(random_inputs=len(random), random_compared=how)
+        if len(random):
+            worst = random.sort_values("max_abs_diff", ascending=False).iloc[0]
+            what = (f"{how} give different tensors ({', '.join(random['input'])}: {int(random['differing'].sum())} of "
+                    f"{int(random['samples'].sum())} samples; max |difference| in the first batch {worst['max_abs_diff']:.3g})")
+            if setup.eval_augmentation:
+                notes.append(f"{what}: declared test-time augmentation (eval_augmentation=True)")
+            else:
+                findings.append((Status.WARN, f"random transforms in evaluation: {what}, so validation scores are noisy",
+                                 "Use deterministic validation transforms (e.g. Resize + CenterCrop instead of RandomResizedCrop, "
+                                 "no random flips); if test-time augmentation is intended, declare it with Setup(eval_augmentation=True)."))
+        elif setup.eval_augmentation:
+            notes.append("eval_augmentation=True, but two reads of the validation data gave identical tensors")
+
+    # ---- statistics of the inputs
+    frames, shape_notes = [], []
+    for path, a in xt.items():
+        b = xv.get(path)
+        if b is None or a.shape is None or b.shape is None or a.mixed or b.mixed:
+            continue
+        name = path_name(path)
+        if a.shape != b.shape:
+            shape_notes.append(f"{name}: train samples {a.shape}, val {b.shape}")
+            if a.shape[:1] != b.shape[:1]:
+                continue  # a different number of features or channels: nothing to compare one by one
+        frames.append(compare_inputs(a, b, name))
+    if frames:
+        df = pd.concat(frames, ignore_index=True)
+        eff_ok, std_ok = df["z_mean"] >= z, df["z_std"] >= z
+        lr = np.log(df["std_ratio"].to_numpy(dtype=float))
+        fail = (eff_ok & (df["effect"] >= fail_effect)) | (std_ok & (np.abs(lr) >= math.log(fail_std_ratio)))
+        warn = ~fail & ((eff_ok & (df["effect"] >= warn_effect)) | (std_ok & (np.abs(lr) >= math.log(warn_std_ratio))))
+        df["verdict"] = np.where(fail, "fail", np.where(warn, "warn", "ok"))
+        df = df.sort_values(["verdict", "effect"], key=lambda s: s.map({"fail": 0, "warn": 1, "ok": 2}) if s.name == "verdict" else -s,
+                            kind="stable").reset_index(drop=True)
+        tables["features"] = df.head(MAX_ROWS)
+        metrics.update(features_compared=len(df), features_fail=int(fail.sum()), features_warn=int(warn.sum()),
+                       max_effect=float(df["effect"].replace(np.inf, np.nan).max() if np.isfinite(df["effect"]).any() else 0.0),
+                       max_std_ratio=float(np.exp(np.abs(lr)).max()))
+        bad = df[df["verdict"] != "ok"]
+        if len(bad):
+            status = Status.FAIL if fail.any() else Status.WARN
+            names = [f"{r.input} {r.kind} {r.index} (mean {r.train_mean:.3g} vs {r.val_mean:.3g}, std {r.train_std:.3g} vs {r.val_std:.3g})"
+                     for r in bad.head(4).itertuples()]
+            more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+            sentence = (f"{len(bad)} input {bad['kind'].iloc[0]}(s) of the validation data are distributed differently from training "
+                        f"{'far ' if status is Status.FAIL else ''}beyond sampling noise: {'; '.join(names)}{more}")
+            if status is Status.FAIL:
+                findings.append((status, sentence, "Apply the training transform's preprocessing (normalisation, scaling, "
+                                 "feature encoding) to the validation data too, with the statistics fitted on the training data."))
+            else:
+                findings.append((status, sentence + " (a transform difference, or a genuine shift between the splits)",
+                                 "Check that the validation transform normalises like the training transform; if it does, "
+                                 "the splits differ (see data.label_shift / data.temporal_leakage)."))
+    else:
+        notes.append("no floating-point input tensor in both splits to compare" if dim is not None
+                     else "a custom split_fn layout: per-feature statistics not compared")
+    status = max((f[0] for f in findings), key=lambda s: s.rank, default=Status.PASS)
+    findings.sort(key=lambda f: -f[0].rank)
+    summary = "; ".join(f[1] for f in findings) if findings else (
+        "validation inputs are distributed like training inputs" + ("" if how is None else " and read deterministically"
+                                                                    if not setup.eval_augmentation else ""))
+    if notes:
+        summary += " (" + "; ".join(notes) + ")"
+    return CheckResult(CHECK, status, summary, metrics, tables, [f[2] for f in findings])

@@ -1,0 +1,229 @@
+"""``loop.train_mode``: do dropout and batch-norm run in training mode while the user's step trains, and in eval
+mode while the metric evaluates? (Karpathy: "forgot to toggle train/eval mode".)
+
+The user's own step runs on a fresh copy (``setup.build()`` keeps the mode the model was handed over in, and tropt
+switches no mode itself); forward pre-hooks on every mode-dependent module (dropout with p > 0, attention dropout,
+batch norms that track running statistics) record the mode each forward ran in, and an
+``Optimizer.register_step_pre_hook`` attributes those forwards to the update they fed (every call counts as an
+update when there is no optimizer). FAIL, naming the modules, when any ran in eval mode during a training step.
+Modules frozen on purpose (their parameters, or their parent's when they have none, all ``requires_grad=False``,
+e.g. a frozen backbone's BatchNorm) are listed, not failed.
+
+With ``Setup(metric=...)`` and ``val_data`` the reverse is checked too: the metric runs twice on one copy in eval mode
+(as tropt calls it); WARN when a mode-dependent module runs in training mode during it (the metric switches the model
+to train: dropout makes two evaluations differ, batch norm updates its running statistics).
+
+Cost: ``steps`` (2) calls of the user's step and two evaluations of the metric.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from ..data._batches import split_for
+from ..errors import TroptError
+from ..registry import register
+from ..result import CheckResult, Status
+from ..snapshot import preserved
+from .harness import require_steps
+
+CHECK = "loop.train_mode"
+
+
+def mode_dependent(model: nn.Module) -> dict[str, nn.Module]:
+    """Modules whose output depends on train/eval mode: dropout (p > 0), attention dropout, tracking batch norms."""
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            out[name or "(model)"] = m
+        elif isinstance(m, nn.MultiheadAttention) and m.dropout:
+            out[name or "(model)"] = m
+        elif isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.running_mean is not None:
+            out[name or "(model)"] = m
+    return out
+
+
+def _frozen(model: nn.Module, name: str, module: nn.Module) -> bool:
+    """Frozen on purpose: its own parameters all ``requires_grad=False``; for a module without parameters (dropout,
+    non-affine norms), those of its parent (the root model does not count as a parent)."""
+    own = list(module.parameters(recurse=False))
+    if own:
+        return not any(p.requires_grad for p in own)
+    if "." not in name:
+        return False
+    parent = model.get_submodule(name.rsplit(".", 1)[0])
+    params = list(parent.parameters())
+    return bool(params) and not any(p.requires_grad for p in params)
+
+
+def _mode(flag: bool | None) -> str:
+    return "not run" if flag is None else ("train" if flag else "eval")
+
+
+class ModeRecorder:
+    """Context manager: forward pre-hooks recording the mode each watched module ran in, grouped by update."""
+
+    def __init__(self, modules: dict[str, nn.Module], optimizer: Any = None) -> None:
+        self.modules, self.optimizer = modules, optimizer
+        self.pending: dict[str, set[bool]] = {}
+        self.updates: list[dict[str, set[bool]]] = []
+        self.at_step: dict[str, bool] = {}
+
+    def _pre(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            self.pending.setdefault(name, set()).add(bool(module.training))
+        return hook
+
+    def _step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.at_step = {n: bool(m.training) for n, m in self.modules.items()}
+        self.flush()
+
+    def flush(self) -> None:
+        """Close the current update (called at optimizer.step(), or after each call without an optimizer)."""
+        if self.pending:
+            self.updates.append(self.pending)
+        self.pending = {}
+
+    def __enter__(self) -> "ModeRecorder":
+        self.handles = [m.register_forward_pre_hook(self._pre(n)) for n, m in self.modules.items()]
+        if self.optimizer is not None:
+            self.handles.append(self.optimizer.register_step_pre_hook(self._step))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def modes(self, updates: list[dict[str, set[bool]]] | None = None) -> dict[str, bool | None]:
+        """Per module: True when it always ran in train mode, False when it ran in eval at least once, None if never run."""
+        seen: dict[str, set[bool]] = {}
+        for u in self.updates if updates is None else updates:
+            for n, s in u.items():
+                seen.setdefault(n, set()).update(s)
+        return {n: (None if n not in seen else all(seen[n])) for n in self.modules}
+
+
+def _names(names: list[str], limit: int = 5) -> str:
+    return ", ".join(repr(n) for n in names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+@register(CHECK, title="Train mode in the step, eval mode in the metric",
+          description="dropout/batch-norm modules run in train mode during the user's step (and in eval mode during the metric)")
+def check_train_mode(setup: Any, *, steps: int = 2, progress: bool = True) -> CheckResult:
+    """Run the user's step ``steps`` times and the metric twice, recording the mode of every mode-dependent module.
+
+    Parameters
+    ----------
+    setup
+        The :class:`tropt.Setup`.
+    steps
+        Calls of the user's step (each one optimizer step of ``accumulation_steps`` micro-batches).
+    progress
+        Unused (the check is quick); accepted for uniformity.
+    """
+    if steps < 1:
+        raise TroptError(f"check_train_mode needs steps >= 1 (got {steps})", "use steps=2")
+    setup.validate()
+    k = setup.accumulation_steps
+    with preserved(setup.model):
+        ctx = setup.build()
+        watched = mode_dependent(ctx.model)
+        if not watched:
+            return CheckResult(CHECK, Status.SKIP, "the model has no dropout or batch-norm module: train/eval mode does not change its step",
+                               {"mode_dependent_modules": 0})
+        handed = {n: bool(m.training) for n, m in watched.items()}
+        optimizer = getattr(ctx, "optimizer", None)
+        calls = []
+        with ModeRecorder(watched, optimizer) as rec:
+            for batch in setup.batches(steps):
+                before = len(rec.updates)
+                setup.run_step(ctx, split_for(setup, batch, k))
+                if optimizer is None:
+                    rec.flush()
+                calls.append(len(rec.updates) - before)
+        if optimizer is not None:
+            require_steps(setup, calls, f"{steps} step(s)")
+        during = rec.modes()
+        frozen = {n: _frozen(ctx.model, n, m) for n, m in watched.items()}
+        metric_modes, scores, metric_note = _metric_modes(setup)
+    rows = []
+    for n, m in watched.items():
+        verdict = ("not run" if during[n] is None else "ok" if during[n] else "frozen: listed" if frozen[n] else "eval while training")
+        row = {"module": n, "type": type(m).__name__, "handed_over": _mode(handed[n]), "in_step": _mode(during[n]),
+               "at_optimizer_step": _mode(rec.at_step.get(n)) if rec.at_step else "n/a", "frozen": frozen[n], "verdict": verdict}
+        if metric_modes is not None:
+            row["in_metric"] = _mode(metric_modes.get(n))
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    bad = [r["module"] for r in rows if r["verdict"] == "eval while training"]
+    listed = [r["module"] for r in rows if r["verdict"] == "frozen: listed"]
+    metrics: dict[str, Any] = {"mode_dependent_modules": len(watched), "eval_in_training": len(bad), "frozen_in_eval": len(listed),
+                               "steps": steps, "updates_observed": sum(calls),
+                               "grouped_by": "optimizer.step()" if optimizer is not None else "call of the step (no optimizer)"}
+    notes = [f"{len(listed)} frozen module(s) in eval mode on purpose: {_names(listed)}"] if listed else []
+    advice: list[str] = []
+    if bad:
+        left_on = [n for n in bad if not handed[n]]
+        if left_on and len(left_on) == len(bad):
+            why = "the model was handed over in eval mode and your step never switches it back (a model.eval() left on)"
+        else:
+            why = "your step switches them to eval mode (model.eval() inside the step)"
+        status = Status.FAIL
+        summary = (f"{len(bad)} dropout/batch-norm module(s) run in eval mode while your step trains: {_names(bad)}; {why}")
+        advice.append("Call model.train() before the training steps (after every validation pass that called model.eval()); "
+                      "tropt.standard_step does not switch modes. To freeze a part on purpose, set requires_grad=False on it "
+                      "too, and it is listed instead.")
+    else:
+        ran = sum(v is not None for v in during.values()) - len(listed)
+        status, summary = Status.PASS, f"the {ran} trainable dropout/batch-norm module(s) run in train mode during your step"
+    if scores is not None:
+        metrics.update(metric_first=scores[0], metric_second=scores[1])
+    if metric_modes is not None:
+        in_train = [n for n, v in metric_modes.items() if v]
+        metrics["train_in_metric"] = len(in_train)
+        differ = scores is not None and abs(scores[0] - scores[1]) > 1e-12 * max(1.0, abs(scores[0]))
+        if in_train:
+            effect = (f"two evaluations of the same model differ ({scores[0]:.6g} vs {scores[1]:.6g})" if differ
+                      else "batch norm updates its running statistics and uses batch statistics")
+            sentence = (f"the metric runs {_names(in_train)} in train mode: {effect}; the metric switches the model to train mode")
+            if status is Status.PASS:
+                status, summary = Status.WARN, sentence
+            else:
+                summary += f"; {sentence}"
+            advice.append("Evaluate in eval mode: call model.eval() (and torch.no_grad()) in the metric, and never model.train() "
+                          "inside it.")
+        elif differ:
+            notes.append(f"two evaluations of the metric differ ({scores[0]:.6g} vs {scores[1]:.6g}) with every module in eval "
+                         "mode: randomness in the validation data (see data.eval_transforms) or in the model")
+    if metric_note:
+        notes.append(metric_note)
+    if notes:
+        summary += " (" + "; ".join(notes) + ")"
+    return CheckResult(CHECK, status, summary, metrics, {"modules": table}, advice)
+
+
+def _metric_modes(setup: Any) -> tuple[dict[str, bool | None] | None, tuple[float, float] | None, str]:
+    """Two evaluations of the metric on one fresh copy in eval mode: the modules' modes during them and the scores."""
+    if setup.metric is None or setup.val_data is None:
+        return None, None, ""
+    ctx = setup.build()
+    watched = mode_dependent(ctx.model)
+    ctx.model.eval()
+    scores = []
+    try:
+        with ModeRecorder(watched) as rec, torch.no_grad():
+            for _ in range(2):  # no reseed between them: dropout left on must be allowed to differ
+                scores.append(setup.metric(ctx.model, setup.val_data))
+                rec.flush()
+    except TroptError as exc:
+        return None, None, f"metric not evaluated: {exc.message} (see model.eval_metric)"
+    # A module counts as "train in the metric" when it ever ran in train mode there.
+    seen: dict[str, set[bool]] = {}
+    for u in rec.updates:
+        for n, s in u.items():
+            seen.setdefault(n, set()).update(s)
+    return {n: (None if n not in seen else any(seen[n])) for n in watched}, (scores[0], scores[1]), ""
