@@ -29,6 +29,8 @@ _LAZY = {
     "run_identity": "tropt.identity",
     "GradientMonitor": "tropt.model.monitor",
     "dashboard": "tropt.widgets",
+    "explain": "tropt.checkdocs",
+    "verdict": "tropt.verdict",
 }
 _SUBMODULES = {"data", "model", "loop", "dynamics", "perf", "plots", "widgets", "report", "testing", "registry"}
 
