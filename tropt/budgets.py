@@ -81,15 +81,34 @@ def choose_threads(cores: int | None = None, load: float | None = None) -> int:
     return int(max(1, min(cores, round(cores - load + 0.49))))
 
 
+def oversubscribed(cores: int | None = None, load: float | None = None) -> str | None:
+    """A sentence when other work already keeps every core busy (timings are then slower than on an idle machine),
+    else None."""
+    cores = available_cores() if cores is None else cores
+    load = busy_cores() if load is None else load
+    if load is None or load <= cores:
+        return None
+    return (f"the machine is oversubscribed (load {load:.1f} on {cores} cores): step times and perf.* findings are "
+            f"slower than on an idle machine; rerun when it is quieter, or pass threads={choose_threads(cores, load)}")
+
+
 @contextmanager
-def tropt_threads(threads: int | None = None) -> Iterator[int]:
-    """Run the block with ``threads`` torch intra-op threads (default :func:`choose_threads`), then restore the
-    user's setting; yields the count used. A user who set ``torch.set_num_threads`` below it keeps theirs."""
+def tropt_threads(threads: int | str | None = None) -> Iterator[int]:
+    """Run the block with ``threads`` torch intra-op threads, then restore the user's setting; yields the count used.
+
+    None: the user's setting capped at the cores this process may use (torch counts the host's cores, so in a
+    container limited to 2 of 64 cores its default of 64 threads waits for cores; deterministic, so the same
+    inputs give the same findings). "auto": :func:`choose_threads` from the current load. A number: that many.
+    """
     import torch
 
     before = torch.get_num_threads()
-    chosen = choose_threads(load=busy_cores()) if threads is None else max(1, int(threads))
-    chosen = min(chosen, before)
+    if threads is None:
+        chosen = min(before, available_cores())
+    elif threads == "auto":
+        chosen = choose_threads(load=busy_cores())
+    else:
+        chosen = max(1, int(threads))
     torch.set_num_threads(chosen)
     try:
         yield chosen

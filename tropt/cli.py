@@ -67,6 +67,11 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
                       on_result=lambda r: print(result_line(r), flush=True))
     print()
     print(format_report(report))
+    from .budgets import oversubscribed
+
+    note = oversubscribed()
+    if note:
+        print(f"note: {note}")
     if args.json:
         report.to_json(args.json)
         print(f"findings written to {args.json}")

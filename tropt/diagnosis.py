@@ -66,7 +66,7 @@ def diagnose(
     callback: Any = None,
     budget: str = "standard",
     on_result: Any = None,
-    threads: int | None = None,
+    threads: int | str | None = None,
 ) -> Report:
     """Run the registered checks that apply, in contract order, and return a :class:`Report`.
 
@@ -94,8 +94,9 @@ def diagnose(
     on_result
         Optional ``on_result(result)``, called with each :class:`CheckResult` as soon as its check finishes.
     threads
-        torch intra-op threads for the checks (the user's setting is restored afterwards); None chooses the cores
-        left idle by other work on the machine (see :func:`tropt.budgets.choose_threads`).
+        torch intra-op threads for the checks (the user's setting is restored afterwards); None caps torch's setting
+        at the cores this process may use, "auto" takes the cores other work leaves idle (see
+        :func:`tropt.budgets.tropt_threads`).
 
     Inapplicable checks are SKIP with the reason; a check that raises becomes ERROR and the rest still run.
     """

@@ -98,10 +98,14 @@ def _frame_from_dict(d: Mapping) -> pd.DataFrame:
 
 
 def _fmt(value: Any) -> str:
+    """A number as people read it: large values plain with thousands separators (106,088, not 1.061e+05), tiny
+    ones in scientific notation (relative errors), the rest to 4 significant digits."""
     if isinstance(value, (float, np.floating)):
         value = float(value)
-        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        if value != 0 and abs(value) < 1e-3:
             return f"{value:.3e}"
+        if abs(value) >= 1e4 and math.isfinite(value):
+            return f"{value:,.0f}"
         return f"{value:.4g}"
     return str(value)
 
@@ -226,10 +230,14 @@ def _badge(status: Status) -> str:
 
 
 def _table_html(name: str, df: pd.DataFrame, max_rows: int = HTML_MAX_ROWS) -> str:
-    shown = df.head(max_rows).to_html(border=0, classes="tropt-table", float_format=_fmt, escape=True)
+    head = df.head(max_rows)
+    # A column of sentences (a reason, an advice) gets room to read instead of wrapping one word per line.
+    wide = {c: "22em" for c in head.columns if head[c].dtype == object and head[c].astype(str).str.len().max() > 40}
+    shown = head.to_html(border=0, classes="tropt-table", float_format=_fmt, escape=True, col_space=wide or None)
     more = len(df) - max_rows
     tail = f'<div class="tropt-more">{more} more rows</div>' if more > 0 else ""
-    return f'<div class="tropt-evidence"><b>{html.escape(name)}</b> ({len(df)} rows){shown}{tail}</div>'
+    return (f'<div class="tropt-evidence" style="overflow-x:auto"><b>{html.escape(name)}</b> ({len(df)} rows)'
+            f"{shown}{tail}</div>")
 
 
 def _result_html(r: CheckResult, open_details: bool = False, extra: str = "") -> str:

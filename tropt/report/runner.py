@@ -233,6 +233,7 @@ _NOISE_MIMETYPES = ("application/vnd.jupyter.widget-view+json",)
 def strip_noise(nb) -> None:
     """Drop what reads as an error but is not a finding: stderr streams (library warnings such as tqdm's
     "IProgress not found", progress bars) and live widget views (a static page cannot show them); in place."""
+    nb.metadata.pop("widgets", None)  # widget state makes the page fetch a widget manager from a CDN
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
