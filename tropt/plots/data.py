@@ -115,7 +115,6 @@ def plot_class_coverage(result: Any, ax: Any = None) -> Any:
     return titled(ax, result)
 
 
-@register_plot("data.near_duplicates")
 def _similarity_axis(ax: Any) -> None:
     """Label a log10(1 - cosine) axis in words: each tick shows the cosine similarity it stands for."""
     from matplotlib.ticker import FuncFormatter, MaxNLocator
@@ -129,6 +128,7 @@ def _similarity_axis(ax: Any) -> None:
     ax.set_xlabel("cosine similarity to the nearest earlier-split row (log spacing: near copies on the left)")
 
 
+@register_plot("data.near_duplicates")
 def plot_near_duplicates(result: Any, ax: Any = None) -> Any:
     """Image pairs side by side (images), else the nearest-neighbour distance histogram with the threshold."""
     images = result.series.get("pair_images")
