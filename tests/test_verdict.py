@@ -31,7 +31,7 @@ def test_fails_by_stage_then_errors_then_warns_with_severity_inside_a_stage():
     assert [f.check for f in v.findings] == ORDER  # the larger leak first inside stage 1; a leak before the loop
     assert v.passed == ["data.label_shift"] and v.skipped == ["loop.loss_scaling"]
     assert [f.first_fix for f in v.findings][:3] == ["Group near copies.", "Re-split by customer.", "Divide the loss by K."]
-    assert v.headline.startswith("FAIL: 3 FAIL, 1 ERROR, 2 WARN of 8 checks")
+    assert v.status.value == "fail" and v.headline.startswith("3 FAIL, 1 ERROR, 2 WARN of 8 checks")
 
 
 def test_severity_is_normalised_per_kind():

@@ -130,8 +130,8 @@ class Verdict:
         parts = [f"{n[s]} {s.value.upper()}" for s in _FINDING_ORDER if n[s]]
         total = len(self.findings) + len(self.passed) + len(self.skipped)
         if not parts:
-            return f"{self.status.value.upper()}: nothing to fix in {total} checks"
-        return f"{self.status.value.upper()}: {', '.join(parts)} of {total} checks; fix them in this order"
+            return f"nothing to fix in {total} checks"
+        return f"{', '.join(parts)} of {total} checks; fix them in this order"
 
     @property
     def rest_line(self) -> str:
@@ -177,7 +177,7 @@ def summary_lines(report: Report | Iterable[CheckResult], width: int = 110) -> l
     import textwrap
 
     v = verdict(report)
-    lines = [f"verdict: {v.headline}"]
+    lines = [f"verdict: {v.status.value.upper()}: {v.headline}"]
     pad = max((len(f.check) for f in v.findings), default=10)
     for i, f in enumerate(v.findings, 1):
         lines.append(f"{i:>2}. {_MARK[f.status.value]}  {f.check:<{pad}}  {f.result.summary}")
@@ -238,7 +238,7 @@ def summary_markdown(report: Report | Iterable[CheckResult]) -> list[str]:
     from .result import _md_id, _md_text
 
     v = verdict(report)
-    lines = [f"**Verdict: {_md_text(v.headline)}**", ""]
+    lines = [f"**Verdict: {v.status.value.upper()}: {_md_text(v.headline)}**", ""]
     for i, f in enumerate(v.findings, 1):
         key = f" ({_md_text(f.key_number)})" if f.key_number else ""
         lines.append(f"{i}. **{f.status.value.upper()}** {_md_id(f.check)} — {_md_text(f.result.summary)}{key}")
