@@ -96,17 +96,16 @@ def oversubscribed(cores: int | None = None, load: float | None = None) -> str |
 def tropt_threads(threads: int | str | None = None) -> Iterator[int]:
     """Run the block with ``threads`` torch intra-op threads, then restore the user's setting; yields the count used.
 
-    None: the user's setting capped at the cores this process may use (torch counts the host's cores, so in a
-    container limited to 2 of 64 cores its default of 64 threads waits for cores; deterministic, so the same
-    inputs give the same findings). "auto": :func:`choose_threads` from the current load. A number: that many.
+    None or "auto": the cores other work leaves idle (:func:`choose_threads` from the 1-minute load), capped at
+    the user's setting and at the cores this process may use. torch counts the host's cores, and its threads wait
+    for each other at every operation: on a 2-core machine under load 8, 300 small full-batch steps took 12.7 s
+    with 2 threads and 0.9 s with 1. A number: that many threads.
     """
     import torch
 
     before = torch.get_num_threads()
-    if threads is None:
-        chosen = min(before, available_cores())
-    elif threads == "auto":
-        chosen = choose_threads(load=busy_cores())
+    if threads is None or threads == "auto":
+        chosen = min(before, choose_threads(load=busy_cores()))
     else:
         chosen = max(1, int(threads))
     torch.set_num_threads(chosen)

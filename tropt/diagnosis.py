@@ -94,9 +94,8 @@ def diagnose(
     on_result
         Optional ``on_result(result)``, called with each :class:`CheckResult` as soon as its check finishes.
     threads
-        torch intra-op threads for the checks (the user's setting is restored afterwards); None caps torch's setting
-        at the cores this process may use, "auto" takes the cores other work leaves idle (see
-        :func:`tropt.budgets.tropt_threads`).
+        torch intra-op threads for the checks (the user's setting is restored afterwards); None takes the cores
+        other work on the machine leaves idle, at most the user's setting (see :func:`tropt.budgets.tropt_threads`).
 
     Inapplicable checks are SKIP with the reason; a check that raises becomes ERROR and the rest still run.
     """
