@@ -58,6 +58,19 @@ def plot_lr_sequences(result: Any, ax: Any = None) -> Any:
         if values.size and np.isfinite(values).any():
             top = max(top, float(np.nanmax(values)))
     ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
+    from matplotlib.ticker import MaxNLocator
+
+    longest = max((np.asarray(v).size for v in result.series.values()), default=1)
+    ax.set_xlim(-0.5 if initial is not None else 0.5, longest + 0.5)  # whole steps, never a 0.96-1.04 axis
+    if longest <= 12:
+        ax.set_xticks(range(0 if initial is not None else 1, longest + 1))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if longest == 1:  # one step each: say what the dots are
+        for name, values in result.series.items():
+            v = float(np.asarray(values, dtype=float).reshape(-1)[0])
+            ax.annotate(f"{plain(name).replace('lr_k', 'K = ')}: {v:.3g}", (1, v), xytext=(8, -12 if "k1" in name else 4),
+                        textcoords="offset points", fontsize=8)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("learning rate (group 0)")
     ax.legend(fontsize=8)
