@@ -95,7 +95,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .report import run_report
 
     params = {name: _parse_value(value) for name, value in (args.param or [])}
-    outcome = run_report(args.kind, params, args.output, no_input=not args.show_input, progress=not args.no_progress)
+    outcome = run_report(args.kind, params, args.output, no_input=not args.show_input,
+                         progress=not args.no_progress and sys.stderr.isatty())  # a bar in a CI log is noise
     if outcome.report is not None:
         print(format_report(outcome.report))
     if outcome.error:
@@ -171,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="OUT_DIR", help="where to write the report")
     p.add_argument("--show-input", action="store_true", help="show the notebook's code cells in the HTML (hidden by default)")
     p.add_argument("--no-input", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
-    p.add_argument("--no-progress", action="store_true", help="do not print which cell runs")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar over the notebook's cells (shown when stderr is a terminal)")
     p.add_argument("--fail-on", choices=["fail", "warn", "never"], default="fail", help="exit 1 at this status or worse")
     p.set_defaults(func=_cmd_report)
     return parser

@@ -157,3 +157,14 @@ def test_notebooks_ship_in_the_package():
         nb = nbformat.read(path, as_version=4)
         assert any("parameters" in c.metadata.get("tags", []) for c in nb.cells)
         assert os.path.samefile(path, os.path.join(ROOT, "notebooks", path.name))  # notebooks/ is the one source
+
+
+def test_report_shows_progress_over_its_cells_on_stderr(tmp_path, capfd):
+    from tropt.report import run_report
+
+    outcome = run_report("data", {"splits": SPLITS, "label": "churned"}, tmp_path / "out", progress=True)
+    err = capfd.readouterr().err
+    assert outcome.report is not None and "tropt report" in err and "cell" in err
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "tropt-verdict" in html and "show_report" not in html  # the verdict, and no code by default
+    assert 'data-mime-type="application/vnd.jupyter.stderr"' not in html  # progress and warnings never reach the page
