@@ -65,3 +65,39 @@ def test_console_script_lists_checks():
     assert out.returncode == 0, out.stderr
     for spec in registry.specs():
         assert spec.id in out.stdout
+
+
+def test_version_and_every_help_has_an_example(capsys):
+    import pytest as _pytest
+
+    from tropt import __version__
+    from tropt.cli import build_parser, main
+
+    with _pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"tropt {__version__}"
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert set(sub.choices) == {"checks", "diagnose", "report"}
+    for name, p in sub.choices.items():
+        assert "example" in p.format_help() and f"tropt {name}" in p.format_help(), name
+    help_text = sub.choices["report"].format_help()
+    for name in ("setup", "splits", "label", "group", "time", "task", "checks", "budget", "seed"):
+        assert name in help_text.split("report kinds and their parameters")[1]
+
+
+def test_diagnose_prints_each_line_as_its_check_finishes(monkeypatch, capsys):
+    import tropt.diagnosis as D
+    from tropt.cli import main
+
+    printed_before = []
+    real = D.run_check
+
+    def spy(spec, subject, options):  # what was printed when the next check starts
+        printed_before.append(capsys.readouterr().out)
+        return real(spec, subject, options)
+
+    monkeypatch.setattr(D, "run_check", spy)
+    main(["diagnose", "--split", f"train={SAMPLES}/train.csv", "--split", f"test={SAMPLES}/test.csv", "--label", "churned",
+          "--checks", "data.exact_duplicates,data.label_sanity", "--fail-on", "never"])
+    assert "data.exact_duplicates" in printed_before[1]  # the first check's line was out before the second ran

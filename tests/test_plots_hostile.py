@@ -50,7 +50,8 @@ def test_data_plots_draw_dollar_names_and_values():
     report = tropt.diagnose(splits=_dollar_splits(), label="label $y$", group="user_$id$", time="t $", checks="data", progress=False)
     assert report["data.target_leakage"].status.value in ("warn", "fail")  # the $-named feature is found and drawn
     drawn = _draw_all(report)
-    assert {"data.exact_duplicates", "data.label_shift", "data.target_leakage", "data.class_coverage"} <= set(drawn), drawn
+    assert {"data.label_shift", "data.target_leakage", "data.class_coverage"} <= set(drawn), drawn
+    assert "data.exact_duplicates" not in drawn  # two splits: one bar, which repeats the summary (#15), is not drawn
 
 
 def test_model_and_loop_plots_draw_dollar_layer_names():
@@ -91,3 +92,19 @@ def test_a_failing_plot_is_a_note_not_a_lost_result(monkeypatch):
     shown_items.clear()
     shown.show_report(tropt.Report([result]))  # the whole report still shows, the finding with it
     assert any("30 rows of test are in train" in getattr(o, "data", "") for o in shown_items if isinstance(o, ipd.HTML))
+
+
+def test_layers_are_labelled_by_module_class_not_sequential_index():
+    import matplotlib.pyplot as plt
+
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    setup = tropt.Setup(model, ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(x[:16], y[:16]), (x[16:], y[16:])])
+    result = tropt.diagnose(setup, checks=["model.gradient_flow"], progress=False)["model.gradient_flow"]
+    assert list(result.tables["layers"]["type"]) == ["Linear", "Linear"]
+    from tropt.plots.model import plot_gradient_bars
+
+    ax = plot_gradient_bars(result)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0 (Linear)", "2 (Linear)"]
+    plt.close(ax.figure)

@@ -36,6 +36,8 @@ _LAZY = {
     "suggest": "tropt.experiments.suggest",
     "OptimizationPlan": "tropt.experiments.plan",
     "optimize": "tropt.experiments.optimize",
+    "explain": "tropt.checkdocs",
+    "verdict": "tropt.verdict",
 }
 _SUBMODULES = {"data", "model", "loop", "dynamics", "perf", "plots", "widgets", "report", "testing", "registry", "experiments"}
 

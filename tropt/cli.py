@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import argparse
 import sys
-import textwrap
 from typing import Sequence
 
 from .errors import TroptError
 
-_MARK = {"pass": "PASS ", "warn": "WARN ", "fail": "FAIL ", "error": "ERROR", "skip": "SKIP "}
+def result_line(result, width: int = 26) -> str:
+    """One check's line: status, id, summary (what ``tropt diagnose`` prints as each check finishes)."""
+    from .verdict import _MARK
+
+    return f"{_MARK[result.status.value]}  {result.check:<{width}}  {result.summary}"
 
 
 def format_report(report) -> str:
-    """A readable plain-text table of a report: one line per check, advice indented under non-passing ones."""
-    lines = []
-    width = max((len(r.check) for r in report.results), default=10)
-    for r in report.results:
-        lines.append(f"{_MARK[r.status.value]}  {r.check:<{width}}  {r.summary}")
-        if not r.ok:
-            for advice in r.advice:
-                lines.append(textwrap.fill(advice, 110, initial_indent=" " * (width + 9) + "→ ", subsequent_indent=" " * (width + 11)))
+    """The verdict as plain text: the overall status, what to fix first in order (each with its first fix), PASS
+    and SKIP on one line, then the report status (see :func:`tropt.verdict.summary_lines`)."""
+    from .verdict import summary_lines
+
     counts = ", ".join(f"{n} {s}" for s, n in report.counts().items() if n)
-    lines.append(f"\nreport status: {report.status.value.upper()} ({counts or 'no checks'})")
-    return "\n".join(lines)
+    return "\n".join([*summary_lines(report), f"\nreport status: {report.status.value.upper()} ({counts or 'no checks'})"])
 
 
 def _parse_splits(items: Sequence[str] | None) -> dict[str, str] | None:
@@ -63,9 +61,17 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     setup = load_setup(args.setup) if args.setup else None
     if setup is not None and args.seed is not None:
         setup = setup.replace(seed=args.seed)
+    print("checks, as they finish:", flush=True)
     report = diagnose(setup, _parse_splits(args.split), label=args.label, group=args.group, time=args.time,
-                      checks=args.checks, task=args.task, progress=not args.no_progress)
+                      checks=args.checks, task=args.task, progress=False, budget=args.budget,
+                      on_result=lambda r: print(result_line(r), flush=True))
+    print()
     print(format_report(report))
+    from .budgets import oversubscribed
+
+    note = oversubscribed()
+    if note:
+        print(f"note: {note}")
     if args.json:
         report.to_json(args.json)
         print(f"findings written to {args.json}")
@@ -89,7 +95,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .report import run_report
 
     params = {name: _parse_value(value) for name, value in (args.param or [])}
-    outcome = run_report(args.kind, params, args.output, no_input=args.no_input)
+    outcome = run_report(args.kind, params, args.output, no_input=not args.show_input,
+                         progress=not args.no_progress and sys.stderr.isatty())  # a bar in a CI log is noise
     if outcome.report is not None:
         print(format_report(outcome.report))
     if outcome.error:
@@ -125,12 +132,49 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 1 if plan.escalates else 0
 
 
+_EPILOG = {
+    "checks": "example:\n  tropt checks",
+    "diagnose": ("examples:\n"
+                 "  tropt diagnose --setup data/samples/sample_setup.py:make_setup\n"
+                 "  tropt diagnose --split train=data/samples/train.csv --split test=data/samples/test.csv \\\n"
+                 "      --label churned --group customer_id --time signup_date --budget quick\n"
+                 "  tropt diagnose --setup my_project.train:make_setup --checks loop,2 --json findings.json"),
+}
+
+
+def _report_epilog() -> str:
+    """Each report notebook that ships, with its parameters (read from its ``parameters`` cell) and an example."""
+    from .report.runner import available_reports, declared_parameters, notebook_path
+
+    lines = ["report kinds and their parameters (-p NAME VALUE):"]
+    for kind in available_reports():
+        try:
+            names = [n for n in declared_parameters(notebook_path(kind)) if n != "output_dir"]
+        except TroptError as exc:  # the [report] extra is missing: say so instead of failing every command
+            names = [f"(cannot read them: {exc})"]
+        lines.append(f"  {kind}: {', '.join(names)}")
+    lines += ["", "example:",
+              "  tropt report diagnose -p setup data/samples/sample_setup.py:make_setup \\",
+              "      -p splits '{\"train\": \"data/samples/train.csv\", \"test\": \"data/samples/test.csv\"}' \\",
+              "      -p label churned -p budget quick -o reports/demo"]
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tropt", description="Diagnose PyTorch training setups.")
+    from . import __version__
+    from .report.runner import available_reports
+
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="tropt", description="Diagnose PyTorch training setups.", formatter_class=raw,
+                                     epilog="example:\n  tropt diagnose --setup data/samples/sample_setup.py:make_setup\n"
+                                            "run `tropt COMMAND --help` for each command's options and examples")
+    parser.add_argument("--version", action="version", version=f"tropt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("checks", help="list the implemented checks")
+    p = sub.add_parser("checks", help="list the implemented checks", epilog=_EPILOG["checks"], formatter_class=raw)
     p.set_defaults(func=_cmd_checks)
-    p = sub.add_parser("diagnose", help="run the checks on a setup and/or data splits")
+    p = sub.add_parser("diagnose", help="run the checks on a setup and/or data splits", epilog=_EPILOG["diagnose"],
+                       formatter_class=raw, description="Run the checks; each check's line prints as it finishes, "
+                       "then the verdict: what to fix first, in order.")
     p.add_argument("--setup", help="path/to/file.py:function or module:function returning a tropt.Setup")
     p.add_argument("--split", action="append", metavar="NAME=PATH", help="a data split (CSV/Parquet); repeat, in order")
     p.add_argument("--label", help="label column of the splits")
@@ -138,18 +182,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time", help="timestamp column of the splits")
     p.add_argument("--checks", help="comma-separated ids, prefixes (loop) or stage numbers; default all")
     p.add_argument("--task", choices=["classification", "regression"], help="the label's task (default: inferred from the labels)")
+    p.add_argument("--budget", choices=["quick", "standard", "thorough"], default="standard",
+                   help="quick: fewer steps for a first answer in seconds; thorough: more steps and seeds (default standard)")
     p.add_argument("--seed", type=int, help="override the Setup's seed")
     p.add_argument("--json", metavar="FILE", help="write findings as JSON")
     p.add_argument("--html", metavar="FILE", help="write a standalone HTML report")
     p.add_argument("--fail-on", choices=["fail", "warn", "never"], default="fail", help="exit 1 at this status or worse (default fail; ERROR counts as fail)")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--no-progress", action="store_true", help="accepted for compatibility: lines print as checks finish")
     p.set_defaults(func=_cmd_diagnose)
-    p = sub.add_parser("report", help="execute a report notebook into OUT_DIR/{report.ipynb,report.html,findings.json}")
-    p.add_argument("kind", choices=["diagnose", "data", "compare", "optimize"], help="which report notebook to run")
+    kinds = available_reports()
+    p = sub.add_parser("report", help="execute a report notebook into OUT_DIR/{report.ipynb,report.html,findings.json}",
+                       epilog=_report_epilog(), formatter_class=raw)
+    p.add_argument("kind", choices=kinds, help="which report notebook to run: " + ", ".join(kinds))
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="a notebook parameter; VALUE is JSON when it parses, else a string (repeat)")
     p.add_argument("-o", "--output", required=True, metavar="OUT_DIR", help="where to write the report")
-    p.add_argument("--no-input", action="store_true", help="hide code cells in the HTML")
+    p.add_argument("--show-input", action="store_true", help="show the notebook's code cells in the HTML (hidden by default)")
+    p.add_argument("--no-input", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
+    p.add_argument("--no-progress", action="store_true", help="no progress bar over the notebook's cells (shown when stderr is a terminal)")
     p.add_argument("--fail-on", choices=["fail", "warn", "never"], default="fail", help="exit 1 at this status or worse")
     p.set_defaults(func=_cmd_report)
     p = sub.add_parser("plan", help="write the optimization plan from findings.json (and comparison.json)",

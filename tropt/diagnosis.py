@@ -64,6 +64,9 @@ def diagnose(
     task: str | None = None,
     progress: bool = True,
     callback: Any = None,
+    budget: str = "standard",
+    on_result: Any = None,
+    threads: int | str | None = None,
 ) -> Report:
     """Run the registered checks that apply, in contract order, and return a :class:`Report`.
 
@@ -85,11 +88,18 @@ def diagnose(
     callback
         Optional ``callback(info)``: called before each check with ``{"check", "index", "count"}`` and passed on to
         the checks that take a per-step ``callback``; raising :class:`tropt.errors.Cancelled` in it stops the run.
+    budget
+        "quick" (a first answer in seconds: fewer steps, see :data:`tropt.budgets.BUDGETS`), "standard" (every
+        check's defaults) or "thorough" (more steps and seeds).
+    on_result
+        Optional ``on_result(result)``, called with each :class:`CheckResult` as soon as its check finishes.
+    threads
+        torch intra-op threads for the checks (the user's setting is restored afterwards); None takes the cores
+        other work on the machine leaves idle, at most the user's setting (see :func:`tropt.budgets.tropt_threads`).
 
     Inapplicable checks are SKIP with the reason; a check that raises becomes ERROR and the rest still run.
     """
-    from tqdm.auto import tqdm
-
+    from .budgets import budget_options, tropt_threads
     from .identity import run_identity
 
     if setup is None and splits is None:
@@ -103,6 +113,7 @@ def diagnose(
     if task not in (None, "classification", "regression"):
         raise TroptError(f"diagnose: task={task!r} is not 'classification' or 'regression'", "pass one of those, or None to infer it from the labels")
     specs = select(checks)
+    budget_options(budget, "")  # refuses an unknown budget before any check runs
     setup_error: BaseException | None = None
     if setup is not None and any(s.needs == "setup" for s in specs):
         try:
@@ -111,6 +122,20 @@ def diagnose(
             setup_error = exc
     options = {"label": label, "group": group, "time": time, "task": task, "progress": progress, "callback": callback}
     results = []
+    with tropt_threads(threads) as used_threads:
+        _run_specs(specs, setup, splits, setup_error, {**options, "budget": budget}, results, progress, callback, on_result)
+    identity = run_identity(setup if setup_error is None else None, splits, checks=[s.id for s in specs])
+    identity.update(budget=budget, threads=used_threads)
+    return Report(link_findings(results), identity)
+
+
+def _run_specs(specs, setup, splits, setup_error, options, results, progress, callback, on_result) -> None:
+    """The loop of :func:`diagnose`: each spec's result appended to ``results`` (and handed to ``on_result``)."""
+    from tqdm.auto import tqdm
+
+    from .budgets import budget_options
+
+    budget = options.pop("budget")
     bar = tqdm(specs, desc="tropt diagnose", disable=not progress, leave=False)
     for index, spec in enumerate(bar):
         bar.set_postfix_str(spec.id)
@@ -123,5 +148,6 @@ def diagnose(
         elif spec.needs == "setup" and setup_error is not None:
             results.append(error_result(spec.id, setup_error))
         else:
-            results.append(run_check(spec, setup if spec.needs == "setup" else splits, options))
-    return Report(link_findings(results), run_identity(setup if setup_error is None else None, splits, checks=[s.id for s in specs]))
+            results.append(run_check(spec, setup if spec.needs == "setup" else splits, {**options, **budget_options(budget, spec.id)}))
+        if on_result is not None:
+            on_result(results[-1])

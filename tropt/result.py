@@ -98,10 +98,14 @@ def _frame_from_dict(d: Mapping) -> pd.DataFrame:
 
 
 def _fmt(value: Any) -> str:
+    """A number as people read it: large values plain with thousands separators (106,088, not 1.061e+05), tiny
+    ones in scientific notation (relative errors), the rest to 4 significant digits."""
     if isinstance(value, (float, np.floating)):
         value = float(value)
-        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        if value != 0 and abs(value) < 1e-3:
             return f"{value:.3e}"
+        if abs(value) >= 1e4 and math.isfinite(value):
+            return f"{value:,.0f}"
         return f"{value:.4g}"
     return str(value)
 
@@ -195,7 +199,7 @@ class CheckResult:
         return plot_result(self, ax=ax)
 
     def _repr_html_(self) -> str:
-        return _result_html(self, open_details=True)
+        return _result_html(self, open_details=False)
 
     def __repr__(self) -> str:
         return f"<CheckResult {self.check} {self.status.value.upper()}: {self.summary}>"
@@ -226,18 +230,27 @@ def _badge(status: Status) -> str:
 
 
 def _table_html(name: str, df: pd.DataFrame, max_rows: int = HTML_MAX_ROWS) -> str:
-    shown = df.head(max_rows).to_html(border=0, classes="tropt-table", float_format=_fmt, escape=True)
+    head = df.head(max_rows)
+    # A column of sentences (a reason, an advice) gets room to read instead of wrapping one word per line.
+    wide = {c: "22em" for c in head.columns if head[c].dtype == object and head[c].astype(str).str.len().max() > 40}
+    shown = head.to_html(border=0, classes="tropt-table", float_format=_fmt, escape=True, col_space=wide or None)
     more = len(df) - max_rows
     tail = f'<div class="tropt-more">{more} more rows</div>' if more > 0 else ""
-    return f'<div class="tropt-evidence"><b>{html.escape(name)}</b> ({len(df)} rows){shown}{tail}</div>'
+    return (f'<div class="tropt-evidence" style="overflow-x:auto"><b>{html.escape(name)}</b> ({len(df)} rows)'
+            f"{shown}{tail}</div>")
 
 
-def _result_html(r: CheckResult, open_details: bool) -> str:
+def _result_html(r: CheckResult, open_details: bool = False, extra: str = "") -> str:
+    """One result as HTML: badge, id, title and its "what this means" link, summary, advice; metrics and evidence
+    inside a collapsed ``<details>`` (opened only when ``open_details`` and the result is not ok); ``extra`` is
+    trusted HTML (a picture) added to the evidence."""
+    from .verdict import doc_link_html
+
     e = html.escape
     parts = [
         f'<div class="tropt-result" data-check="{e(r.check)}" data-status="{r.status.value}" '
         f'style="border-left:4px solid {_COLOUR[r.status]};padding:4px 10px;margin:6px 0">',
-        f"<div>{_badge(r.status)} <code>{e(r.check)}</code> <b>{e(r.title)}</b></div>",
+        f"<div>{_badge(r.status)} <code>{e(r.check)}</code> <b>{e(r.title)}</b>{doc_link_html(r.check)}</div>",
         f'<div class="tropt-summary">{e(r.summary)}</div>',
     ]
     if r.advice:
@@ -247,6 +260,8 @@ def _result_html(r: CheckResult, open_details: bool) -> str:
         rows = "".join(f"<tr><th>{e(str(k))}</th><td>{e(_fmt(v))}</td></tr>" for k, v in r.metrics.items())
         body.append(f'<table class="tropt-metrics">{rows}</table>')
     body.extend(_table_html(name, df) for name, df in r.tables.items())
+    if extra:
+        body.append(extra)
     if body:
         attr = " open" if open_details and not r.ok else ""
         parts.append(f"<details{attr}><summary>metrics and evidence</summary>{''.join(body)}</details>")
@@ -370,9 +385,11 @@ class Report:
         Every piece of text (summaries, advice, table names, cells, column names) is escaped, so a value holding HTML
         or Markdown renders as that text, never as markup.
         """
+        from .verdict import summary_markdown
+
         t = _md_text
-        lines = [f"# tropt report — {self.status.value.upper()}", ""]
-        lines += ["| status | check | summary |", "|---|---|---|"]
+        lines = [f"# tropt report — {self.status.value.upper()}", "", *summary_markdown(self), ""]
+        lines += ["## All checks in contract order", "", "| status | check | summary |", "|---|---|---|"]
         for r in self.results:
             lines.append(f"| {r.status.value.upper()} | {_md_id(r.check)} | {_md_cell(r.summary)} |")
         for r in self.results:
@@ -387,12 +404,15 @@ class Report:
         return "\n".join(lines) + "\n"
 
     def _repr_html_(self) -> str:
-        counts = ", ".join(f"{n} {s}" for s, n in self.counts().items() if n)
-        head = (
-            f'<div class="tropt-report"><div style="font-size:110%">{_badge(self.status)} '
-            f"<b>tropt report</b> — {len(self.results)} checks ({html.escape(counts or 'none')})</div>"
+        """The verdict first (what to fix, in order), then every result in contract order, evidence collapsed."""
+        from .verdict import summary_html
+
+        details = "".join(_result_html(r) for r in self.results)
+        return (
+            f'<div class="tropt-report">{summary_html(self)}'
+            f'<details class="tropt-all"><summary>all {len(self.results)} checks in contract order, with evidence</summary>'
+            f"{details}</details></div>"
         )
-        return head + "".join(_result_html(r, open_details=True) for r in self.results) + "</div>"
 
     def to_html(self, path=None, title: str = "tropt report") -> str:
         """A standalone HTML page (no external resources); also written to ``path`` when given."""

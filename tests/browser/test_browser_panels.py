@@ -212,9 +212,15 @@ def test_dashboard(page, jupyter_server, notebook, artifacts):
     wait_done(action)
     report = action.locator(".tropt-report")
     expect(report).to_be_visible()
+    # The verdict first (#15): the leak is the first thing to fix; the per-check details are collapsed under it.
+    expect(report.locator(".tropt-verdict .tropt-finding").first).to_have_attribute("data-status", "fail")
+    expect(report.locator('.tropt-verdict .tropt-finding[data-check="data.group_leakage"] .tropt-badge.tropt-fail')).to_be_visible()
+    shot(page, board, artifacts, "dashboard")
+    report.locator("summary.tropt-all-summary, details.tropt-all > summary").first.click()
     expect(report.locator('.tropt-result[data-check="data.group_leakage"] .tropt-badge.tropt-fail')).to_be_visible()
     expect(report.locator('.tropt-result[data-check="loop.accumulation"] .tropt-badge.tropt-pass')).to_be_visible()
-    expect(report.locator("table.tropt-table").first).to_be_visible()
-    shot(page, board, artifacts, "dashboard")
+    leak = report.locator('.tropt-result[data-check="data.group_leakage"]')
+    leak.locator("summary", has_text="metrics and evidence").click()  # evidence collapsed until asked for
+    expect(leak.locator("table.tropt-table").first).to_be_visible()
     board.locator(".lm-TabBar-tab", has_text="Loop").click()  # tab switching shows the panel
     expect(board.locator(".tropt-loop-panel")).to_be_visible()

@@ -286,7 +286,7 @@ def test_results_round_trip_and_plot():
             plot_gradient_heatmap(r, axes[0])
             plot_global_norm(r, axes[1])
             labels = [t.get_text() for t in axes[0].get_yticklabels()]
-            assert labels[:2] == ["main.0", "side.0"] or "side.2" in labels
+            assert labels[:2] == ["main.0 (Linear)", "side.0 (Linear)"] or "side.2 (Linear)" in labels  # named with their class
             plt.close("all")
 
 

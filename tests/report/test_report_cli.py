@@ -109,7 +109,7 @@ def test_same_inputs_and_seed_give_the_same_findings(demo, tmp_path):
     assert proc.returncode == 0, proc.stderr  # --fail-on never
     first, second = (json.loads((d / "findings.json").read_text()) for d in (out, tmp_path))
     assert comparable(first) == comparable(second)
-    moving = ("created_at", "git_commit")  # the clock, and commits made between the two runs
+    moving = ("created_at", "git_commit", "threads")  # the clock, commits between the runs, the machine's load
     ident = {k: v for k, v in first["identity"].items() if k not in moving}
     assert ident == {k: v for k, v in second["identity"].items() if k not in moving}
     assert first["identity"]["config_hash"] and first["identity"]["data_fingerprint"]
@@ -152,3 +152,14 @@ def test_notebooks_ship_in_the_package():
         nb = nbformat.read(path, as_version=4)
         assert any("parameters" in c.metadata.get("tags", []) for c in nb.cells)
         assert os.path.samefile(path, os.path.join(ROOT, "notebooks", path.name))  # notebooks/ is the one source
+
+
+def test_report_shows_progress_over_its_cells_on_stderr(tmp_path, capfd):
+    from tropt.report import run_report
+
+    outcome = run_report("data", {"splits": SPLITS, "label": "churned"}, tmp_path / "out", progress=True)
+    err = capfd.readouterr().err
+    assert outcome.report is not None and "tropt report" in err and "cell" in err
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "tropt-verdict" in html and "show_report" not in html  # the verdict, and no code by default
+    assert 'data-mime-type="application/vnd.jupyter.stderr"' not in html  # progress and warnings never reach the page

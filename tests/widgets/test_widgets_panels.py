@@ -311,6 +311,28 @@ def test_dashboard_diagnose_all_ends_with_report(tiny_setup):
     assert "tropt-report" in html_of(board.action.results)
     direct = tropt.diagnose(tiny_setup, checks=["model.init_loss", "model.gradient_flow", "loop"], progress=False)
     assert [r.status for r in direct] == [r.status for r in board.report]  # never disagrees with diagnose
+    assert html_of(board.action.results).index("tropt-verdict") < html_of(board.action.results).index("tropt-result")
+
+
+def test_dashboard_budget_reaches_diagnose(tiny_setup, monkeypatch):
+    from tropt import diagnosis
+    from tropt.widgets import Dashboard
+
+    seen = {}
+    real = diagnosis.diagnose
+
+    def spy(*args, **kwargs):
+        seen["budget"] = kwargs.get("budget")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(diagnosis, "diagnose", spy)
+    board = Dashboard(tiny_setup, checks=["model.init_loss"], budget="quick")
+    assert board.budget.value == "quick" and list(board.budget.options) == ["quick", "standard", "thorough"]
+    board.budget.value = "thorough"
+    run(board.action)
+    assert board.action.state == "done" and seen == {"budget": "thorough"}
+    with pytest.raises(tropt.TroptError, match="budget='fast'"):
+        Dashboard(tiny_setup, budget="fast")
 
 
 def test_dashboard_stop_during_diagnose_all(tiny_setup):

@@ -28,6 +28,7 @@ def layer_table(mon: GradientMonitor, summary: pd.DataFrame | None = None) -> pd
     s = parameter_summary(mon) if summary is None else summary
     data = mon.array()
     order = list(mon.module_order) + [m for m in dict.fromkeys(s["module"]) if m not in mon.module_order]
+    kinds = {name: type(m).__name__ for name, m in mon.model.named_modules()}  # plots label "0" as "0 (Linear)"
     rows = []
     for module in order:
         idx = [i for i, m in enumerate(s["module"]) if m == module]
@@ -47,6 +48,7 @@ def layer_table(mon: GradientMonitor, summary: pd.DataFrame | None = None) -> pd
         with np.errstate(invalid="ignore"):
             rows.append({
                 "layer": module,
+                "type": kinds.get(module, ""),
                 "params": ", ".join(s["name"].iloc[idx].str.rsplit(".", n=1).str[-1]),
                 "numel": int(numel),
                 "grad_norm_mean": float(np.nanmean(per_step)) if np.isfinite(per_step).any() else math.nan,
@@ -58,7 +60,7 @@ def layer_table(mon: GradientMonitor, summary: pd.DataFrame | None = None) -> pd
                 "update_ratio_mean": float(np.nanmean(s["update_ratio_mean"].iloc[idx])) if s["update_ratio_mean"].iloc[idx].notna().any() else math.nan,
                 "zero_fraction": float(np.nanmean(s["zero_fraction"].iloc[idx])) if s["zero_fraction"].iloc[idx].notna().any() else math.nan,
             })
-    return pd.DataFrame(rows, columns=["layer", "params", "numel", "grad_norm_mean", "grad_rms_mean", "grad_rms_max",
+    return pd.DataFrame(rows, columns=["layer", "type", "params", "numel", "grad_norm_mean", "grad_rms_mean", "grad_rms_max",
                                        "grad_rms_active_mean", "grad_abs_mean", "grad_abs_max", "update_ratio_mean", "zero_fraction"])
 
 

@@ -39,6 +39,14 @@ def plain(text: Any) -> str:
     return re.sub(r"(?<!\\)\$", r"\\$", str(text))
 
 
+def layer_labels(table: Any) -> list[str]:
+    """Layer names a person reads: the module path with its class, "0 (Linear)", "encoder.attn (MultiheadAttention)"
+    (a Sequential's index alone says nothing); the class alone names the root module ("" path)."""
+    names = [str(n) for n in table["layer"]]
+    types = [str(t) for t in table["type"]] if "type" in getattr(table, "columns", []) else [""] * len(names)
+    return [plain(f"{n} ({t})" if n and t else (t or n or "model")) for n, t in zip(names, types)]
+
+
 def new_axes(ax: Any = None, figsize: tuple[float, float] = (7, 3.5)) -> Any:
     """``ax`` itself, or the Axes of a new figure (matplotlib imported lazily)."""
     if ax is not None:

@@ -21,6 +21,8 @@ def plot_pairs(result: Any, ax: Any = None) -> Any:
     pairs = result.tables.get("pairs")
     if pairs is None or pairs.empty:
         raise TroptError(f"{result.check} has no pairs to plot", "pass at least two splits")
+    if len(pairs) < 2:  # one bar repeats the summary's number and adds nothing
+        raise TroptError(f"{result.check}: one pair of splits, its number is in the summary", "read result.summary")
     col = "leaked_fraction" if "leaked_fraction" in pairs else "affected_fraction"
     ax = new_axes(ax)
     labels = [plain(f"{a} in {b}") for a, b in zip(pairs["split"], pairs["earlier_split"])]
@@ -113,6 +115,19 @@ def plot_class_coverage(result: Any, ax: Any = None) -> Any:
     return titled(ax, result)
 
 
+def _similarity_axis(ax: Any) -> None:
+    """Label a log10(1 - cosine) axis in words: each tick shows the cosine similarity it stands for."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    def similarity(x: float, _pos: Any = None) -> str:
+        sim = 1.0 - 10.0 ** x
+        return "1" if sim >= 1 else f"{sim:.{max(1, min(8, int(np.ceil(-x)) + 1))}f}".rstrip("0").rstrip(".")
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
+    ax.xaxis.set_major_formatter(FuncFormatter(similarity))
+    ax.set_xlabel("cosine similarity to the nearest earlier-split row (log spacing: near copies on the left)")
+
+
 @register_plot("data.near_duplicates")
 def plot_near_duplicates(result: Any, ax: Any = None) -> Any:
     """Image pairs side by side (images), else the nearest-neighbour distance histogram with the threshold."""
@@ -152,7 +167,7 @@ def plot_near_duplicates(result: Any, ax: Any = None) -> Any:
     if thr is not None:
         ax.axvline(np.log10(max(1 - float(thr), 1e-9)), color="#cf222e", ls="--", label="threshold")
         ax.legend(fontsize=8)
-    ax.set_xlabel("log10(1 - cosine similarity) to the nearest earlier-split row")
+    _similarity_axis(ax)
     ax.set_ylabel("rows")
     ax.set_yscale("symlog")
     return titled(ax, result)

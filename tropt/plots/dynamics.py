@@ -47,11 +47,26 @@ def plot_loss_curve(result: Any, ax: Any = None) -> Any:
     return titled(ax, result, str(m.get("classes", "")))
 
 
+def lr_range_ylim(curves: list[np.ndarray]) -> tuple[float, float] | None:
+    """y limits that keep the useful part of an LR sweep readable: from the lowest smoothed loss to a little above
+    the starting loss, so the divergent tail at the top of the sweep (fastai clips it too) runs off the top."""
+    starts = [c[np.isfinite(c)][:5] for c in curves]
+    finite = [c[np.isfinite(c)] for c in curves]
+    if not any(f.size for f in finite):
+        return None
+    low = float(min(f.min() for f in finite if f.size))
+    high = float(max(s.max() for s in starts if s.size)) if any(s.size for s in starts) else float(max(f.max() for f in finite if f.size))
+    span = max(high - low, 1e-12 * max(abs(high), 1.0))
+    return low - 0.1 * span, high + 0.35 * span
+
+
 @register_plot("dynamics.lr_range")
 def plot_lr_range(result: Any, ax: Any = None) -> Any:
-    """Smoothed loss against the learning rate for every seed; suggestions, the suggested range and the Setup's LR."""
+    """Smoothed loss against the learning rate for every seed, the divergent tail clipped; the suggestions marked on
+    the curve, the suggested range shaded and the Setup's LR."""
     ax = new_axes(ax)
     seeds = sorted(k[len("lr_seed"):] for k in result.series if k.startswith("lr_seed"))
+    smoothed, first = [], None
     for i, s in enumerate(seeds):
         lr, raw, sm = _arr(result, f"lr_seed{s}"), _arr(result, f"loss_seed{s}"), _arr(result, f"smoothed_seed{s}")
         n = min(lr.size, sm.size)
@@ -59,12 +74,24 @@ def plot_lr_range(result: Any, ax: Any = None) -> Any:
             ax.plot(lr[:n], raw[:n], color="#8c959f", lw=0.5, alpha=0.5, label="raw loss" if i == 0 else None)
         if n:
             ax.plot(lr[:n], sm[:n], lw=1.8, label=f"smoothed, seed {s}")
+            smoothed.append(sm[:n])
+            first = first or (lr[:n], sm[:n])
+    limits = lr_range_ylim(smoothed)
+    if limits is not None:
+        ax.set_ylim(*limits)
+        clipped = any(np.nanmax(c) > limits[1] for c in smoothed if np.isfinite(c).any())
+        if clipped:
+            ax.annotate("loss diverges beyond the top (clipped)", (0.99, 0.98), xycoords="axes fraction", ha="right",
+                        va="top", fontsize=7, color="#6e7781")
     m = result.metrics
     colours = {"steepest": "#1a7f37", "valley": "#0969da", "min_div_10": "#9a6700"}
     for method, colour in colours.items():
         v = m.get(f"suggested_{method}")
         if v is not None and np.isfinite(v):
-            ax.axvline(v, color=colour, ls="--", lw=1, label=f"{method} {v:.2g}")
+            ax.axvline(v, color=colour, ls="--", lw=1)
+            if first is not None:  # a dot on the first seed's curve where the suggestion lies
+                ax.plot([v], [np.interp(np.log(v), np.log(first[0]), first[1])], "o", color=colour, ms=7,
+                        label=f"{method.replace('_div_', ' / ')} {v:.2g}")
     if m.get("suggested_low") is not None and m.get("suggested_high") is not None:
         ax.axvspan(m["suggested_low"], m["suggested_high"], color="#1a7f37", alpha=0.08, label="suggested range")
     if m.get("setup_lr") is not None and np.isfinite(m["setup_lr"]) and m["setup_lr"] > 0:

@@ -43,12 +43,34 @@ def plot_parameter_errors(result: Any, ax: Any = None, max_bars: int = 25) -> An
 
 
 def plot_lr_sequences(result: Any, ax: Any = None) -> Any:
-    """The learning rate at each optimizer step in the two runs, side by side."""
+    """The learning rate against the optimizer step for both runs (K=1 and K=k) as step lines from step 0 (the
+    initial LR), with the y axis from zero so equal runs read as one line and a flat schedule as flat."""
     ax = new_axes(ax)
-    styles = ["-o", "--x"]
+    styles = [dict(ls="-", marker="o", lw=2.2, alpha=0.6), dict(ls="--", marker="x", lw=1.4)]
+    initial = result.metrics.get("initial_lr")
+    top = 0.0
     for (name, values), style in zip(result.series.items(), styles):
-        values = np.asarray(values, dtype=float)
-        ax.plot(np.arange(1, len(values) + 1), values, style, label=plain(name))
+        values = np.asarray(values, dtype=float).reshape(-1)
+        steps = np.arange(1, len(values) + 1)
+        if initial is not None and np.isfinite(float(initial)):
+            steps, values = np.r_[0, steps], np.r_[float(initial), values]
+        ax.step(steps, values, where="post", label=plain(name).replace("lr_k", "K = "), **style)
+        if values.size and np.isfinite(values).any():
+            top = max(top, float(np.nanmax(values)))
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
+    from matplotlib.ticker import MaxNLocator
+
+    longest = max((np.asarray(v).size for v in result.series.values()), default=1)
+    ax.set_xlim(-0.5 if initial is not None else 0.5, longest + 0.5)  # whole steps, never a 0.96-1.04 axis
+    if longest <= 12:
+        ax.set_xticks(range(0 if initial is not None else 1, longest + 1))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if longest == 1:  # one step each: say what the dots are
+        for name, values in result.series.items():
+            v = float(np.asarray(values, dtype=float).reshape(-1)[0])
+            ax.annotate(f"{plain(name).replace('lr_k', 'K = ')}: {v:.3g}", (1, v), xytext=(8, -12 if "k1" in name else 4),
+                        textcoords="offset points", fontsize=8)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("learning rate (group 0)")
     ax.legend(fontsize=8)

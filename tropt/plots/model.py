@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TroptError
-from . import new_axes, plain, register_plot, titled
+from . import layer_labels, new_axes, plain, register_plot, titled
 
 
 @register_plot("model.init_loss")
@@ -74,7 +74,7 @@ def plot_gradient_bars(result: Any, ax: Any = None) -> Any:
             ax.axvspan(i - 0.5, i + 0.5, color="#cf222e", alpha=0.12, lw=0)
     ax.set_yscale("log")
     ax.set_xticks(x)
-    ax.set_xticklabels([plain(n) for n in layers["layer"]], rotation=60, ha="right", fontsize=8)
+    ax.set_xticklabels(layer_labels(layers), rotation=60, ha="right", fontsize=8)
     ax.set_ylabel("|gradient|")
     ax.legend(fontsize=8)
     return titled(ax, result)
@@ -94,7 +94,7 @@ def plot_gradient_heatmap(result: Any, ax: Any = None) -> Any:
         logg = np.log10(np.where(grid > 0, grid, np.nan)).T
     steps = np.asarray(result.series.get("recorded_steps", np.arange(grid.shape[0])), dtype=int)
     sns.heatmap(logg, ax=ax, cmap="viridis", cbar_kws={"label": "log10 gradient RMS"},
-                yticklabels=[plain(n) for n in layers["layer"]], xticklabels=False)
+                yticklabels=layer_labels(layers), xticklabels=False)
     # At most about 12 step labels, so they never overlap however long the run.
     stride = max(1, int(np.ceil(len(steps) / 12)))
     ticks = np.arange(0, len(steps), stride)
@@ -168,7 +168,9 @@ def plot_activation_histogram(result: Any, ax: Any = None, layer: str | None = N
         ax.set_ylabel("activation")
     else:
         ax.set_ylabel("activation bin")
-    ax.set_title(plain(layer), fontsize=9, loc="left")
+    stats = result.tables.get("layers")
+    kind = stats.loc[stats["layer"] == layer, "type"] if stats is not None and "type" in stats else []
+    ax.set_title(plain(f"{layer} ({kind.iloc[0]})" if len(kind) else layer), fontsize=9, loc="left")
     return ax
 
 

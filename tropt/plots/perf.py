@@ -9,6 +9,15 @@ import numpy as np
 from . import new_axes, plain, register_plot, titled
 
 
+def ms_text(ms: float) -> str:
+    """A duration in milliseconds as a plain number with its unit: "1,660 ms", "12.3 ms", "0.81 ms" (never 1.66e+03)."""
+    if not np.isfinite(ms):
+        return "n/a"
+    if ms >= 1000:
+        return f"{ms:,.0f} ms"
+    return f"{ms:.3g} ms" if ms >= 0.01 else f"{ms:.4f} ms"
+
+
 @register_plot("perf.throughput")
 def plot_throughput(result: Any, ax: Any = None) -> Any:
     """Stacked bars per timed step: waiting for data, then the step itself."""
@@ -19,7 +28,8 @@ def plot_throughput(result: Any, ax: Any = None) -> Any:
     ax.bar(x, wait, color="#cf222e", label="waiting for data")
     ax.bar(x, comp, bottom=wait, color="#0969da", label="forward / backward / optimizer")
     ax.set_xlabel("timed step")
-    ax.set_ylabel("ms")
+    ax.set_ylabel("ms per step")
+    ax.ticklabel_format(axis="y", style="plain", useOffset=False)
     ax.legend(fontsize=8)
     share = result.metrics.get("data_wait_share")
     return titled(ax, result, f"data wait {share:.0%} of the step" if share is not None else None)
@@ -28,8 +38,12 @@ def plot_throughput(result: Any, ax: Any = None) -> Any:
 @register_plot("perf.precision")
 def plot_precision(result: Any, ax: Any = None) -> Any:
     """Median step time per precision (unstable ones hatched, skipped ones marked n/a)."""
-    ax = new_axes(ax)
     table = result.tables.get("precisions")
+    if table is None or int((table["status"] == "measured").sum()) < 2:  # a single bar compares nothing
+        from ..errors import TroptError
+
+        raise TroptError("perf.precision measured fewer than two precisions: nothing to compare", "read result.summary")
+    ax = new_axes(ax)
     names, times, hatches, labels = [], [], [], []
     if table is not None:
         for _, row in table.iterrows():
@@ -39,13 +53,14 @@ def plot_precision(result: Any, ax: Any = None) -> Any:
             times.append(t)
             stable = bool(row["stable"]) if measured else False
             hatches.append("" if stable or not measured else "//")
-            labels.append(f"{t:.3g} ms" + ("" if stable else " unstable") if measured else "n/a")
+            labels.append(ms_text(t) + ("" if stable else " unstable") if measured else "n/a")
     colours = ["#1a7f37" if n == result.metrics.get("recommended") else "#0969da" for n in names]
     bars = ax.bar(names, times, color=colours)
     for b, h, text in zip(bars, hatches, labels):
         b.set_hatch(h)
         ax.annotate(text, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("median step time (ms)")
+    ax.ticklabel_format(axis="y", style="plain", useOffset=False)
     return titled(ax, result, f"recommended: {result.metrics.get('recommended')}")
 
 

@@ -21,20 +21,27 @@ from typing import Any, Iterator, Mapping
 from ..errors import TroptError, require
 from ..result import Report
 
+# Report kinds and their notebooks; a kind is offered (CLI choices, help) only when its notebook ships.
 NOTEBOOKS = {"diagnose": "diagnose.ipynb", "data": "data_checks.ipynb", "compare": "compare.ipynb",
              "optimize": "optimize.ipynb"}
 KERNEL_NAME = "tropt-python"
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 
+def _shipped(kind: str) -> Path:
+    return Path(str(resources.files("tropt") / "notebooks" / NOTEBOOKS[kind]))
+
+
+def available_reports() -> list[str]:
+    """The report kinds whose notebook ships with this installation (what ``tropt report`` offers)."""
+    return [kind for kind in NOTEBOOKS if _shipped(kind).is_file()]
+
+
 def notebook_path(kind: str) -> Path:
-    """The shipped notebook for a report kind ("diagnose", "data" or "compare")."""
-    if kind not in NOTEBOOKS:
-        raise TroptError(f"unknown report kind {kind!r}", f"choose one of: {', '.join(NOTEBOOKS)}")
-    path = Path(str(resources.files("tropt") / "notebooks" / NOTEBOOKS[kind]))
-    if not path.is_file():
-        raise TroptError(f"the {kind} notebook is missing from this installation ({path})", "reinstall tropt")
-    return path
+    """The shipped notebook for a report kind (see :func:`available_reports`)."""
+    if kind not in available_reports():
+        raise TroptError(f"unknown report kind {kind!r}", f"choose one of: {', '.join(available_reports())}")
+    return _shipped(kind)
 
 
 def declared_parameters(notebook: Path) -> list[str]:
@@ -230,14 +237,37 @@ def _failure_line(exc: Exception) -> str:
     return f"cell {index} ({first!r}) failed: {ename}: {evalue}"
 
 
-def to_html(notebook: Path, html: Path, *, no_input: bool = False) -> None:
-    """Convert an executed notebook to one standalone HTML file (images embedded, no network resources)."""
+_NOISE_MIMETYPES = ("application/vnd.jupyter.widget-view+json",)
+
+
+def strip_noise(nb) -> None:
+    """Drop what reads as an error but is not a finding: stderr streams (library warnings such as tqdm's
+    "IProgress not found", progress bars) and live widget views (a static page cannot show them); in place."""
+    nb.metadata.pop("widgets", None)  # widget state makes the page fetch a widget manager from a CDN
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        cell.outputs = [
+            o for o in cell.get("outputs", [])
+            if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
+            and not any(m in o.get("data", {}) for m in _NOISE_MIMETYPES)
+        ]
+
+
+def to_html(notebook: Path, html: Path, *, no_input: bool = True) -> None:
+    """Convert an executed notebook to one standalone HTML file (images embedded, no network resources).
+
+    Code cells are hidden unless ``no_input=False``; stderr blocks and widget views never show (:func:`strip_noise`);
+    an error output does, so a failed cell is never hidden.
+    """
     nbconvert = require("nbconvert", "report")
     nbformat = require("nbformat", "report")
     templates = str(resources.files("tropt.report") / "templates")
     exporter = nbconvert.HTMLExporter(extra_template_basedirs=[templates], template_name="tropt_offline", embed_images=True,
                                       exclude_input=no_input, exclude_input_prompt=no_input, exclude_output_prompt=no_input)
-    body, _ = exporter.from_notebook_node(nbformat.read(str(notebook), as_version=4))
+    nb = nbformat.read(str(notebook), as_version=4)
+    strip_noise(nb)
+    body, _ = exporter.from_notebook_node(nb)
     html.write_text(body, encoding="utf-8")
 
 
@@ -245,14 +275,15 @@ OUTPUT_FILES = ("report.ipynb", "report.html", "findings.json", "comparison.json
                 "kernel.log")
 
 
-def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.PathLike, *, no_input: bool = False,
-               timeout_s: int = 900) -> ReportOutcome:
+def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.PathLike, *, no_input: bool = True,
+               timeout_s: int = 900, progress: bool = False) -> ReportOutcome:
     """Execute the ``kind`` notebook with ``parameters`` into ``output_dir``; never raises for a failing cell.
 
     Everything is checked before a kernel starts (parameter names, the output directory); the run writes into a
     hidden directory inside ``output_dir`` and its files replace the previous report's only when all are written,
     under a lock (a second run into the same directory refuses). Ctrl-C or SIGTERM leave the previous report as it
-    was and remove the temporary kernelspec and connection file.
+    was and remove the temporary kernelspec and connection file. ``no_input`` hides the code cells (the default);
+    ``progress`` shows a bar over the notebook's cells on stderr.
     """
     from .outputs import check_output_dir, move_into_place, output_lock, staging_dir
 
@@ -265,7 +296,8 @@ def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.Pa
     except OSError as exc:
         raise TroptError(f"-o {output_dir} cannot be created ({exc.strerror or exc})", "choose a writable location") from None
     with output_lock(out), _terminate_as_interrupt(), staging_dir(out) as work:
-        error, timings = _execute(papermill, source, dict(parameters), work, no_input=no_input, timeout_s=timeout_s)
+        error, timings = _execute(papermill, source, dict(parameters), work, no_input=no_input, timeout_s=timeout_s,
+                                  progress=progress)
         with _signals_deferred():
             move_into_place(work, out, OUTPUT_FILES)
     findings = out / "findings.json"
@@ -286,22 +318,29 @@ def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.Pa
     return outcome
 
 
-def _execute(papermill, source: Path, params: dict, work: Path, *, no_input: bool, timeout_s: int) -> tuple[str | None, dict]:
+def _execute(papermill, source: Path, params: dict, work: Path, *, no_input: bool, timeout_s: int,
+             progress: bool = False) -> tuple[str | None, dict]:
     """Run the notebook into ``work`` (report.ipynb, report.html, findings.json, kernel.log); the failing cell's line."""
     params["output_dir"] = str(work)
     nb_path = work / "report.ipynb"
     timings: dict[str, float] = {}
     error = None
     start = time.perf_counter()
+    # The bar writes to our stderr as it was before the kernel's chatter is sent to kernel.log.
+    bar_file = os.fdopen(os.dup(2), "w") if progress else None
+    bar = {"file": bar_file, "desc": "tropt report", "unit": "cell"} if progress else False
     with _private_kernel() as kernel, _kernel_stderr_to(work / "kernel.log"):
         try:
             papermill.execute_notebook(str(source), str(nb_path), parameters=params, kernel_name=kernel.name,
-                                       kernel_manager_class=kernel.manager_class, progress_bar=False, log_output=False,
+                                       kernel_manager_class=kernel.manager_class, progress_bar=bar, log_output=False,
                                        execution_timeout=timeout_s, cwd=os.getcwd())
         except papermill.PapermillExecutionError as exc:
             error = _failure_line(exc)
         except Exception as exc:  # noqa: BLE001 - kernel died, timeout, ...: still write what exists
             error = _failure_line(exc)
+        finally:
+            if bar_file is not None:
+                bar_file.close()
     timings["execute_s"] = time.perf_counter() - start
     start = time.perf_counter()
     if nb_path.exists():

@@ -22,10 +22,12 @@ class Dashboard(W.VBox):
         Initial column choices for the data checks (the Data tab's dropdowns win when it exists).
     checks
         What "Diagnose all" runs (as ``tropt.diagnose(checks=...)``; default everything implemented).
+    budget
+        The initial choice of the budget dropdown: "quick", "standard" or "thorough" (``tropt.diagnose(budget=...)``).
     """
 
     def __init__(self, setup: Any = None, splits: Any = None, *, label: Any = None, group: Any = None,
-                 time: Any = None, checks: Any = None) -> None:
+                 time: Any = None, checks: Any = None, budget: str = "standard") -> None:
         from ..errors import TroptError
         from .data import DataPanel
         from .dynamics import DynamicsPanel
@@ -51,12 +53,18 @@ class Dashboard(W.VBox):
             if setup.val_data is not None:  # compare selects on the validation split only
                 self.panels["Compare"] = ComparePanel(setup)
         self.report: Any = None
+        from ..budgets import BUDGETS, budget_options
+
+        budget_options(budget, "")  # an unknown budget is refused here, not when the button is pressed
+        self.budget = W.ToggleButtons(options=list(BUDGETS), value=budget, description="budget",
+                                      tooltips=["fewer steps: a first answer in seconds", "every check's defaults",
+                                                "more steps and seeds"])
         self.action = Action("Diagnose all", self._job, icon="stethoscope")
         what = " and ".join(x for x, v in (("the Setup", setup), ("the splits", splits)) if v is not None)
         overview = W.VBox([header("Diagnose all", f"Runs every check that applies to {what}, in contract order "
                                                   "(data → objective → can it learn → loop → dynamics → throughput), "
-                                                  "and ends with the report."),
-                           self.action.box])
+                                                  "and ends with the verdict: what to fix first, in order."),
+                           self.budget, self.action.box])
         titles = ["Diagnose all", *self.panels]
         self.tab = W.Tab(children=[overview, *self.panels.values()])
         self.tab.titles = tuple(titles)
@@ -84,7 +92,7 @@ class Dashboard(W.VBox):
                             f"{info.get('step', 0)}/{info.get('total', '?')}")
 
         report = diagnose(self.setup, self.splits, label=opts["label"], group=opts["group"], time=opts["time"],
-                          checks=self.checks, progress=False, callback=callback)
+                          checks=self.checks, progress=False, callback=callback, budget=self.budget.value)
         self.report = report
         action.show(W.HTML(report._repr_html_()))
 

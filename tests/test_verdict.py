@@ -1,0 +1,135 @@
+"""The verdict first: one ordering (FAIL by contract stage, ERROR, WARN; severity within) used by every surface."""
+
+import os
+import re
+
+import pytest
+import torch
+
+import tropt
+from tropt.budgets import BUDGETS, budget_options, choose_threads, oversubscribed, tropt_threads
+from tropt.cli import format_report
+from tropt.result import CheckResult, Report
+from tropt.verdict import severity, summary_html, verdict
+
+# Contract order on purpose: the verdict must reorder it.
+RESULTS = [
+    CheckResult("data.exact_duplicates", "warn", "2 leaked rows", {"leaked_fraction": 0.002}, advice=["Drop them."]),
+    CheckResult("data.group_leakage", "fail", "5% of test rows share a customer", {"affected_fraction": 0.05}, advice=["Re-split by customer."]),
+    CheckResult("data.near_duplicates", "fail", "30% of test rows are near copies", {"leaked_fraction": 0.3}, advice=["Group near copies."]),
+    CheckResult("data.label_shift", "pass", "labels agree"),
+    CheckResult("model.init_loss", "error", "could not run: bad loss", advice=["Return a scalar."]),
+    CheckResult("loop.accumulation", "fail", "gradient differs with K", {"max_rel_error": 3.0}, advice=["Divide the loss by K."]),
+    CheckResult("loop.loss_scaling", "skip", "no scaler"),
+    CheckResult("perf.precision", "warn", "bf16 is 2x faster", {"speedup_vs_fp32": 2.0}, advice=["Use bf16."]),
+]
+ORDER = ["data.near_duplicates", "data.group_leakage", "loop.accumulation", "model.init_loss", "data.exact_duplicates", "perf.precision"]
+
+
+def test_fails_by_stage_then_errors_then_warns_with_severity_inside_a_stage():
+    v = verdict(Report(RESULTS))
+    assert [f.check for f in v.findings] == ORDER  # the larger leak first inside stage 1; a leak before the loop
+    assert v.passed == ["data.label_shift"] and v.skipped == ["loop.loss_scaling"]
+    assert [f.first_fix for f in v.findings][:3] == ["Group near copies.", "Re-split by customer.", "Divide the loss by K."]
+    assert v.status.value == "fail" and v.headline.startswith("3 FAIL, 1 ERROR, 2 WARN of 8 checks")
+
+
+def test_severity_is_normalised_per_kind():
+    assert severity(RESULTS[2]) == (0.3, "leaked_fraction")
+    assert severity(RESULTS[5]) == (0.75, "max_rel_error")  # e / (1 + e)
+    assert severity(RESULTS[7]) == (0.5, "speedup_vs_fp32")  # 1 - 1/s
+    assert severity(CheckResult("loop.resume", "fail", "s")) == (0.5, None)
+
+
+def _positions(text, ids):
+    return [text.index(i) for i in ids]
+
+
+def test_every_surface_opens_with_the_same_order():
+    report = Report(RESULTS)
+    md = report.to_markdown()
+    head = md.split("## All checks")[0]
+    assert _positions(head, ORDER) == sorted(_positions(head, ORDER))
+    assert "→ Group near copies." in head and "1 PASS (data.label\\_shift)" in head
+    text = format_report(report)
+    assert text.startswith("verdict: FAIL") and _positions(text, ORDER) == sorted(_positions(text, ORDER))
+    page = report._repr_html_()
+    assert page.index("tropt-verdict") < page.index("tropt-all")  # the summary before the per-check details
+    found = re.findall(r'class="tropt-finding" data-check="([^"]+)"', page)
+    assert found == ORDER
+    assert re.findall(r'class="tropt-finding" data-check="([^"]+)"', summary_html(report)) == ORDER
+
+
+def test_report_notebook_display_opens_with_the_verdict(monkeypatch):
+    import IPython.display as ipd
+
+    from tropt.report import display as shown
+
+    items = []
+    monkeypatch.setattr(ipd, "display", lambda *objs, **k: items.extend(objs))
+    shown.show_report(Report(RESULTS), plots=False)
+    assert "tropt-verdict" in items[0].data
+    assert all("<details open" not in getattr(o, "data", "") for o in items)  # evidence collapsed
+
+
+def test_unknown_budget_is_refused_before_any_check():
+    with pytest.raises(tropt.TroptError, match="budget='fast' is not one of quick, standard, thorough"):
+        tropt.diagnose(splits={"train": [[1]]}, budget="fast")
+    assert budget_options("standard", "model.overfit_batch") == {}
+
+
+def test_budget_reaches_the_checks_it_names(monkeypatch):
+    from tropt import registry
+
+    seen = {}
+    spec = registry.find_spec("data.label_sanity")
+
+    def fake(splits, *, label=None, max_evidence=10, progress=True):
+        seen["max_evidence"] = max_evidence
+        return CheckResult("data.label_sanity", "pass", "ok")
+
+    monkeypatch.setitem(registry._REGISTRY, "data.label_sanity", registry.CheckSpec(spec.id, spec.stage, spec.title, spec.description, fake, spec.needs))
+    monkeypatch.setitem(BUDGETS, "quick", {**BUDGETS["quick"], "data.label_sanity": {"max_evidence": 3}})
+    tropt.diagnose(splits={"train": [[1]]}, checks=["data.label_sanity"], budget="quick", progress=False)
+    assert seen == {"max_evidence": 3}
+    tropt.diagnose(splits={"train": [[1]]}, checks=["data.label_sanity"], budget="standard", progress=False)
+    assert seen == {"max_evidence": 10}
+
+
+def test_every_budget_option_is_accepted_by_its_check():
+    import inspect
+
+    from tropt.registry import find_spec
+
+    for budget, table in BUDGETS.items():
+        for check, opts in table.items():
+            spec = find_spec(check)
+            if spec is None:
+                continue
+            params = inspect.signature(spec.func).parameters
+            assert set(opts) <= set(params), f"{budget}: {check} does not take {set(opts) - set(params)}"
+
+
+def test_thread_count_is_chosen_and_restored():
+    assert choose_threads(cores=2, load=5.0) == 1 and choose_threads(cores=8, load=2.0) == 6 and choose_threads(cores=4, load=None) == 4
+    before = torch.get_num_threads()
+    with tropt_threads(1) as used:
+        assert used == 1 and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    torch.set_num_threads(64)  # torch's default on a big host, in a container allowed fewer cores
+    try:
+        with tropt_threads() as used:
+            cores = os.cpu_count() if not hasattr(os, "sched_getaffinity") else len(os.sched_getaffinity(0))
+            assert 1 <= used <= min(64, cores) and torch.get_num_threads() == used
+        assert torch.get_num_threads() == 64
+    finally:
+        torch.set_num_threads(before)
+    assert oversubscribed(cores=2, load=5.0).startswith("the machine is oversubscribed (load 5.0 on 2 cores)")
+    assert oversubscribed(cores=8, load=1.0) is None
+
+
+def test_diagnose_hands_each_result_over_as_it_finishes():
+    seen = []
+    report = tropt.diagnose(splits={"train": [[1, 0]], "test": [[2, 1]]}, checks=["data.exact_duplicates", "data.group_leakage"],
+                            progress=False, on_result=seen.append)
+    assert [r.check for r in seen] == report.checks and report.identity["budget"] == "standard"

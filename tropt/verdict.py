@@ -1,0 +1,249 @@
+"""The verdict first: one function orders a report's findings, and every surface renders that order.
+
+:func:`verdict` is the only place that decides what a person reads first: FAILs by contract stage (a leak before
+an optimizer change), then ERRORs (a check that could not run proves nothing), then WARNs, each with its one-line
+summary and its first fix; PASS and SKIP collapse into one line. Within a status and a stage, findings sort by
+:func:`severity`. The HTML report, ``Report._repr_html_``, ``Report.to_markdown``, the CLI text and the Dashboard
+all call :func:`verdict` and only format what it returns.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .result import CheckResult, Report, Status, _COLOUR, _badge, _fmt
+
+# Metrics that measure how bad a finding is, strongest evidence first, and how each maps to [0, 1].
+# fraction: already in [0, 1] (leaked rows, dead units); error: a relative error e -> e / (1 + e);
+# speedup: a factor s >= 1 -> 1 - 1/s (2x -> 0.5, 10x -> 0.9).
+_SEVERITY_KEYS: tuple[tuple[str, str], ...] = (
+    ("leaked_fraction", "fraction"),
+    ("overlap_fraction", "fraction"),
+    ("affected_fraction", "fraction"),
+    ("max_pair_fraction", "fraction"),
+    ("target_fraction", "fraction"),
+    ("zero_fraction", "fraction"),
+    ("loss_fraction", "fraction"),
+    ("fraction", "fraction"),
+    ("max_rel_error", "error"),
+    ("global_rel_error", "error"),
+    ("pre_clip_max_rel_error", "error"),
+    ("final_rel_error", "error"),
+    ("final_param_max_rel_error", "error"),
+    ("after_load_rel_error", "error"),
+    ("rel_error", "error"),
+    ("speedup_vs_fp32", "speedup"),
+    ("speedup", "speedup"),
+)
+_DEFAULT_SEVERITY = 0.5  # a finding with no measured size sorts between a small and a large one
+
+# The order statuses are read in; PASS and SKIP are not findings.
+_FINDING_ORDER = (Status.FAIL, Status.ERROR, Status.WARN)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def severity(result: CheckResult) -> tuple[float, str | None]:
+    """How bad a finding is, in [0, 1], and the metric it was read from (None when none applies).
+
+    Normalised so findings of one status compare: a fraction as is (the leaked fraction), a relative error ``e``
+    as ``e / (1 + e)``, a speed-up ``s`` as ``1 - 1/s``. Without such a metric the score is 0.5.
+    """
+    for key, kind in _SEVERITY_KEYS:
+        x = _number(result.metrics.get(key))
+        if x is None or isinstance(result.metrics.get(key), bool):
+            continue
+        if kind == "fraction":
+            return min(max(x, 0.0), 1.0), key
+        if kind == "error":
+            x = abs(x)
+            return x / (1.0 + x), key
+        if x > 1.0:
+            return 1.0 - 1.0 / x, key
+        return 0.0, key
+    return _DEFAULT_SEVERITY, None
+
+
+def _stage(check: str) -> int:
+    from .registry import PUBLIC_IDS
+
+    return PUBLIC_IDS.get(check, 99)
+
+
+def _contract_index(check: str) -> int:
+    from .registry import _ORDER
+
+    return _ORDER.get(check, len(_ORDER))
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One non-passing result as the verdict shows it."""
+
+    result: CheckResult
+    severity: float
+    severity_metric: str | None
+
+    @property
+    def check(self) -> str:
+        return self.result.check
+
+    @property
+    def status(self) -> Status:
+        return self.result.status
+
+    @property
+    def first_fix(self) -> str | None:
+        return self.result.advice[0] if self.result.advice else None
+
+    @property
+    def key_number(self) -> str | None:
+        """``metric=value`` of the number the severity was read from (the key number shown in the summary)."""
+        if self.severity_metric is None:
+            return None
+        return f"{self.severity_metric}={_fmt(self.result.metrics[self.severity_metric])}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A report's verdict: its status, the findings in the order to fix them, and what passed or was skipped."""
+
+    status: Status
+    findings: list[Finding] = field(default_factory=list)
+    passed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def headline(self) -> str:
+        """The overall verdict in one sentence."""
+        n = {s: sum(f.status is s for f in self.findings) for s in _FINDING_ORDER}
+        parts = [f"{n[s]} {s.value.upper()}" for s in _FINDING_ORDER if n[s]]
+        total = len(self.findings) + len(self.passed) + len(self.skipped)
+        if not parts:
+            return f"nothing to fix in {total} checks"
+        return f"{', '.join(parts)} of {total} checks; fix them in this order"
+
+    @property
+    def rest_line(self) -> str:
+        """PASS and SKIP collapsed into one line."""
+        bits = []
+        if self.passed:
+            bits.append(f"{len(self.passed)} PASS ({', '.join(self.passed)})")
+        if self.skipped:
+            bits.append(f"{len(self.skipped)} SKIP ({', '.join(self.skipped)})")
+        return "; ".join(bits)
+
+
+def verdict_order(results: Iterable[CheckResult]) -> list[Finding]:
+    """The non-passing results in the order to fix them: FAIL, ERROR, WARN; within each by contract stage, then
+    by severity (highest first), then contract order."""
+    findings = []
+    for r in results:
+        if r.status in _FINDING_ORDER:
+            score, metric = severity(r)
+            findings.append(Finding(r, score, metric))
+    findings.sort(key=lambda f: (_FINDING_ORDER.index(f.status), _stage(f.check), -f.severity, _contract_index(f.check)))
+    return findings
+
+
+def verdict(report: Report | Iterable[CheckResult]) -> Verdict:
+    """The verdict of a report (or of a list of results): see :func:`verdict_order`."""
+    results = list(report.results if isinstance(report, Report) else report)
+    status = max((r.status for r in results), key=lambda s: s.rank, default=Status.SKIP)
+    return Verdict(
+        status,
+        verdict_order(results),
+        [r.check for r in results if r.status is Status.PASS],
+        [r.check for r in results if r.status is Status.SKIP],
+    )
+
+
+# ------------------------------------------------------------------------------------------------ renderings
+_MARK = {"pass": "PASS ", "warn": "WARN ", "fail": "FAIL ", "error": "ERROR", "skip": "SKIP "}
+
+
+def summary_lines(report: Report | Iterable[CheckResult], width: int = 110) -> list[str]:
+    """The verdict as plain-text lines (the CLI): headline, numbered findings with their first fix, the rest."""
+    import textwrap
+
+    v = verdict(report)
+    lines = [f"verdict: {v.status.value.upper()}: {v.headline}"]
+    pad = max((len(f.check) for f in v.findings), default=10)
+    for i, f in enumerate(v.findings, 1):
+        lines.append(f"{i:>2}. {_MARK[f.status.value]}  {f.check:<{pad}}  {f.result.summary}")
+        if f.first_fix:
+            lines.append(textwrap.fill(f.first_fix, width, initial_indent=" " * (pad + 12) + "→ ", subsequent_indent=" " * (pad + 14)))
+    if v.rest_line:
+        lines.append(v.rest_line)
+    return lines
+
+
+def doc_url(check: str) -> str:
+    """Where the "what this means" page of a check lives: ``$TROPT_DOCS_URL/<id>.md`` when that variable is set
+    (e.g. a docs site), else the page shipped inside the installed package (a ``file://`` URL)."""
+    base = os.environ.get("TROPT_DOCS_URL")
+    if base:
+        return f"{base.rstrip('/')}/{check}.md"
+    from .checkdocs import check_doc_path
+
+    return check_doc_path(check).as_uri()
+
+
+def doc_link_html(check: str) -> str:
+    """The "what this means" link of a check (empty for an unregistered id, which has no page)."""
+    from .registry import PUBLIC_IDS
+
+    if check not in PUBLIC_IDS:
+        return ""
+    return f' <a class="tropt-doc" href="{html.escape(doc_url(check))}" target="_blank" rel="noopener">what this means</a>'
+
+
+def summary_html(report: Report | Iterable[CheckResult]) -> str:
+    """The verdict as an HTML block: the overall badge and headline, then what to fix first, in order."""
+    e = html.escape
+    v = verdict(report)
+    rows = []
+    for i, f in enumerate(v.findings, 1):
+        key = f' <span class="tropt-key">({e(f.key_number)})</span>' if f.key_number else ""
+        fix = f'<div class="tropt-fix">→ {e(f.first_fix)}</div>' if f.first_fix else ""
+        rows.append(
+            f'<li class="tropt-finding" data-check="{e(f.check)}" data-status="{f.status.value}" '
+            f'style="margin:4px 0;border-left:4px solid {_COLOUR[f.status]};padding-left:8px;list-style-position:inside">'
+            f"{_badge(f.status)} <code>{e(f.check)}</code> {e(f.result.summary)}{key}{doc_link_html(f.check)}{fix}</li>"
+        )
+    rest = ""
+    if v.passed or v.skipped:
+        badges = " ".join(_badge(s) for s, ids in ((Status.PASS, v.passed), (Status.SKIP, v.skipped)) if ids)
+        rest = f'<div class="tropt-rest" style="color:#57606a">{badges} {e(v.rest_line)}</div>'
+    fixes = f'<ol class="tropt-fix-first" style="padding-left:0">{"".join(rows)}</ol>' if rows else ""
+    return (
+        f'<div class="tropt-verdict" data-status="{v.status.value}">'
+        f'<div class="tropt-headline" style="font-size:115%;margin:4px 0">{_badge(v.status)} <b>{e(v.headline)}</b></div>'
+        f"{fixes}{rest}</div>"
+    )
+
+
+def summary_markdown(report: Report | Iterable[CheckResult]) -> list[str]:
+    """The verdict as Markdown lines (every piece of text escaped as ``Report.to_markdown`` does)."""
+    from .result import _md_id, _md_text
+
+    v = verdict(report)
+    lines = [f"**Verdict: {v.status.value.upper()}: {_md_text(v.headline)}**", ""]
+    for i, f in enumerate(v.findings, 1):
+        key = f" ({_md_text(f.key_number)})" if f.key_number else ""
+        lines.append(f"{i}. **{f.status.value.upper()}** {_md_id(f.check)} — {_md_text(f.result.summary)}{key}")
+        if f.first_fix:
+            lines.append(f"   → {_md_text(f.first_fix)}")
+    if v.rest_line:
+        lines += ["", _md_text(v.rest_line)]
+    return lines
