@@ -78,7 +78,7 @@ def test_version_and_every_help_has_an_example(capsys):
     assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"tropt {__version__}"
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    assert set(sub.choices) == {"checks", "diagnose", "report"}
+    assert set(sub.choices) == {"checks", "diagnose", "report", "plan"}
     for name, p in sub.choices.items():
         assert "example" in p.format_help() and f"tropt {name}" in p.format_help(), name
     help_text = sub.choices["report"].format_help()
