@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import Cancelled, SetupError, TroptError
+from .errors import Cancelled, DataError, SetupError, TroptError
 from .registry import CheckSpec, select
 from .result import CheckResult, Report, Status
 from .setup import Setup
@@ -49,6 +49,42 @@ def run_check(spec: CheckSpec, subject: Any, options: Mapping[str, Any]) -> Chec
     return result
 
 
+def _meta_tensor(obj: Any, depth: int = 0) -> bool:
+    """Whether ``obj`` is, or directly holds, a tensor on the meta device (shapes only, no data to read)."""
+    if getattr(obj, "is_meta", False) is True:
+        return True
+    if depth < 2 and isinstance(obj, (tuple, list)):
+        return any(_meta_tensor(v, depth + 1) for v in obj)
+    if depth < 2 and isinstance(obj, Mapping):
+        return any(_meta_tensor(v, depth + 1) for v in obj.values())
+    return False
+
+
+def check_splits_readable(splits: Mapping[str, Any]) -> None:
+    """Raise a :class:`DataError` naming the split when a split cannot be read at all, before any check runs.
+
+    Each split is opened the way the data checks open it (a file's format and columns, an array's shape, a
+    Dataset's length); what the cells hold is the checks' business (they report it as their ERROR)."""
+    from .data.sources import Options, _Reader, validate_splits
+
+    for name, obj in validate_splits(splits):
+        if _meta_tensor(obj):
+            raise DataError(f"split {name!r} holds a tensor on the meta device, which has a shape but no data to check",
+                            "pass the real data (materialise the tensor on the CPU or your device first)")
+        try:
+            reader = _Reader(obj, name, Options())
+            if getattr(reader, "columns", None) == []:
+                where = f" at {reader.path!r}" if hasattr(reader, "path") else ""
+                raise DataError(f"split {name!r} has no columns{where} (an empty directory or file?)",
+                                "pass a table with feature columns, or a directory of Parquet files")
+        except TroptError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a reader's own exception (pyarrow, csv) names no split
+            raise DataError(f"split {name!r} cannot be read: {type(exc).__name__}: {exc}",
+                            "pass a DataFrame, an array or tensor, a map-style Dataset, a .csv/.parquet file or a "
+                            "directory of Parquet files") from exc
+
+
 def diagnose(
     setup: Setup | None = None,
     splits: Mapping[str, Any] | None = None,
@@ -78,10 +114,17 @@ def diagnose(
         Optional ``callback(info)``: called before each check with ``{"check", "index", "count"}`` and passed on to
         the checks that take a per-step ``callback``; raising :class:`tropt.errors.Cancelled` in it stops the run.
 
-    Inapplicable checks are SKIP with the reason; a check that raises becomes ERROR and the rest still run.
+    Inapplicable checks are SKIP with the reason; a check that raises becomes ERROR and the rest still run. A split
+    that cannot be read at all raises :class:`tropt.errors.DataError` naming it, before any check runs. The data
+    checks share one scan of the splits, whose row fingerprints also give the report's data fingerprint; when that
+    fails, the identity says why (``data_fingerprint_error``) and the report is kept.
     """
+    from contextlib import nullcontext
+
     from tqdm.auto import tqdm
 
+    from .data._common import scan_needs
+    from .data.sources import session
     from .identity import run_identity
 
     if setup is None and splits is None:
@@ -93,6 +136,8 @@ def diagnose(
         raise TroptError(f"diagnose: splits is a {type(splits).__name__}, expected a mapping of split name to data",
                          "pass e.g. {'train': df_train, 'test': df_test}")
     specs = select(checks)
+    if splits is not None:
+        check_splits_readable(splits)
     setup_error: Exception | None = None
     if setup is not None and any(s.needs == "setup" for s in specs):
         try:
@@ -100,7 +145,21 @@ def diagnose(
         except Exception as exc:  # noqa: BLE001 - reported once per setup check, the data checks still run
             setup_error = exc
     options = {"label": label, "group": group, "time": time, "progress": progress, "callback": callback}
-    results = []
+    results: list[CheckResult] = []
+    data_ids = [s.id for s in specs if s.needs == "splits"]
+    with session(scan_needs(data_ids)) if splits is not None else nullcontext():
+        _run_all(specs, setup, splits, setup_error, options, callback, progress, results)
+        # Inside the session: the identity's data fingerprint reuses the scan the data checks made.
+        identity = run_identity(setup if setup_error is None else None, splits, checks=[s.id for s in specs],
+                                label=label, group=group, time=time)
+    return Report(results, identity)
+
+
+def _run_all(specs: list[CheckSpec], setup: Setup | None, splits: Mapping | None, setup_error: Exception | None,
+             options: Mapping[str, Any], callback: Any, progress: bool, results: list[CheckResult]) -> None:
+    """Run ``specs`` in order into ``results`` (inapplicable ones SKIP, a raising one ERROR)."""
+    from tqdm.auto import tqdm
+
     bar = tqdm(specs, desc="tropt diagnose", disable=not progress, leave=False)
     for index, spec in enumerate(bar):
         bar.set_postfix_str(spec.id)
@@ -114,4 +173,3 @@ def diagnose(
             results.append(error_result(spec.id, setup_error))
         else:
             results.append(run_check(spec, setup if spec.needs == "setup" else splits, options))
-    return Report(results, run_identity(setup if setup_error is None else None, splits, checks=[s.id for s in specs]))
