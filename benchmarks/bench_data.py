@@ -156,7 +156,12 @@ def work_alternate(n_train: int, n_test: int, repeats: int) -> dict:
         assert rep.identity["data_fingerprint"] and not rep.identity["data_fingerprint_error"]
         return rep["data.exact_duplicates"].metrics["leaked_rows"]
 
-    tools = {"hash+isin": floor, "check": check, "diagnose": diagnose}
+    def hash_only():
+        pd.util.hash_pandas_object(train, index=False)
+        pd.util.hash_pandas_object(test, index=False)
+        return None
+
+    tools = {"hash only": hash_only, "hash+isin": floor, "check": check, "diagnose": diagnose}
     found = {name: fn() for name, fn in tools.items()}  # warm-up: imports and first-call costs, untimed
     times: dict = {name: [] for name in tools}
     for r in range(repeats):
@@ -278,13 +283,15 @@ def show_alternate(n_train: int, n_test: int, repeats: int) -> None:
         print(f"  -> alternating: ERROR {alt.get('error')}")
         return
     t = alt["times"]
-    print(f"  interleaved in one process, {repeats} repeats (found {alt['found']}, planted {alt['planted']}):")
+    print(f"  interleaved in one process, {repeats} repeats (found {alt['found']}, planted {alt['planted']}); the floor of "
+          "the old note is hash+isin (hash both frames, test membership); 'hash only' is hash_pandas_object alone:")
     for name in t:
         print(f"    {name:<10} {spread(t[name], 1, ' s')}")
-    for name in ("check", "diagnose"):
-        ratios = [a / b for a, b in zip(t[name], t["hash+isin"])]
-        ok = statistics.median(ratios) <= 2.0
-        print(f"  -> {name} / raw hash floor: {spread(ratios, 1, 'x', 2)}  target <= 2x: {'met' if ok else 'NOT met'}")
+    for floor in ("hash+isin", "hash only"):
+        for name in ("check", "diagnose"):
+            ratios = [a / b for a, b in zip(t[name], t[floor])]
+            ok = statistics.median(ratios) <= 2.0
+            print(f"  -> {name:<8} / {floor:<9} floor: {spread(ratios, 1, 'x', 2)}  target <= 2x: {'met' if ok else 'NOT met'}")
 
 
 def main() -> None:
