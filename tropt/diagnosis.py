@@ -121,8 +121,6 @@ def diagnose(
     """
     from contextlib import nullcontext
 
-    from tqdm.auto import tqdm
-
     from .data._common import scan_needs
     from .data.sources import session
     from .identity import run_identity

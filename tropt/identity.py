@@ -111,7 +111,10 @@ def run_identity(setup: Any = None, splits: Mapping | None = None, *, checks: li
 
     from . import __version__
 
-    config = setup.describe() if setup is not None else {}
+    try:
+        config = setup.describe() if setup is not None else {}
+    except Exception as exc:  # noqa: BLE001 - an identity never loses a report
+        config = {"describe_error": f"{type(exc).__name__}: {exc}"}
     fp, fp_error = fingerprint(setup, splits, label=label, group=group, time=time, features=features)
     return {
         "tropt": __version__,
