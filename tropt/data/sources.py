@@ -151,15 +151,13 @@ def _string_hash(values: np.ndarray) -> np.ndarray:
 
 
 def _string_hash_series(s: pd.Series) -> np.ndarray:
-    """:func:`_string_hash` of a column's values, hashing each distinct value once.
+    """:func:`_string_hash` of a column's values, computed on the column's own storage.
 
-    ``pd.factorize`` works on the column's own storage (Arrow strings, categorical codes) without building a
-    Python object per row; the hashes equal :func:`_string_hash`'s, so splits stored either way still match.
-    """
-    codes, uniques = pd.factorize(s, use_na_sentinel=True)
-    h = pd.util.hash_array(np.asarray(uniques, dtype=object), categorize=False)
-    out = h[codes]  # a new array
-    out[codes < 0] = _MISSING
+    ``hash_pandas_object`` hashes Arrow strings and categorical codes without building a Python object per row
+    (each distinct value is hashed once); the hashes equal :func:`_string_hash`'s, so splits stored either way
+    still match."""
+    out = pd.util.hash_pandas_object(s, index=False, categorize=True).to_numpy(dtype=np.uint64, copy=True)
+    out[out == _NA_HASH] = _MISSING
     return out
 
 
