@@ -19,9 +19,10 @@ MAX_EVIDENCE = 1000  # evidence rows kept per table; metrics always count everyt
 
 # The optional parts of a split scan (see sources.scan) each data check uses; FINGERPRINT_ONLY checks need only the
 # fingerprints, labels, group and time. A session (diagnose) scans once for the union of its checks' needs.
-SCAN_NEEDS = {"data.exact_duplicates": {"sample"}, "data.near_duplicates": {"numeric"}, "data.target_leakage": {"sample"}}
-FINGERPRINT_ONLY = {"data.group_leakage", "data.temporal_leakage", "data.label_shift", "data.class_coverage",
-                    "data.label_sanity"}
+# (data.exact_duplicates reads the row sample only to judge a FAIL-sized leak; then it scans again.)
+SCAN_NEEDS = {"data.near_duplicates": {"numeric"}, "data.target_leakage": {"sample"}}
+FINGERPRINT_ONLY = {"data.exact_duplicates", "data.group_leakage", "data.temporal_leakage", "data.label_shift",
+                    "data.class_coverage", "data.label_sanity"}
 
 
 def scan_needs(check_ids) -> frozenset:
