@@ -24,6 +24,7 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 import tropt  # noqa: E402
+from _common import LoadWatch, spread  # noqa: E402
 from tropt.dynamics import diagnose_curves  # noqa: E402
 from tropt.dynamics.lr_range import check_lr_range  # noqa: E402
 
@@ -87,6 +88,7 @@ def tropt_lr_range() -> float:
 def main() -> None:
     import torch_lr_finder
 
+    watch = LoadWatch("bench_dynamics")
     print(f"torch {torch.__version__}, torch-lr-finder {getattr(torch_lr_finder, '__version__', '0.2.x')}, "
           f"tropt {tropt.__version__}, threads {torch.get_num_threads()}")
     print(f"LR range test: MLP 784-512-256-10, batch {BATCH}, {ITERS} iterations, {PASSES} alternating passes")
@@ -101,8 +103,8 @@ def main() -> None:
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"  {name:16s} median {med:6.3f} s  (min {min(ts):.3f}, max {max(ts):.3f})  ratio to plain steps {med / base:.2f}x")
-    ratio = statistics.median(times["tropt lr_range"]) / statistics.median(times["torch-lr-finder"])
-    print(f"  tropt / torch-lr-finder: {ratio:.2f}x")
+    ratios = [a / b for a, b in zip(times["tropt lr_range"], times["torch-lr-finder"])]
+    print(f"  tropt / torch-lr-finder, per alternating pass: {spread(ratios, 1, 'x', 2)}")
 
     print("Curve classifier: 1,000,000 logged steps")
     rng = np.random.default_rng(0)
@@ -113,7 +115,8 @@ def main() -> None:
         t0 = time.perf_counter()
         r = diagnose_curves(y)
         runs.append(time.perf_counter() - t0)
-    print(f"  diagnose_curves median {statistics.median(runs):.3f} s (min {min(runs):.3f}), class: {r.metrics['class']}")
+    print(f"  diagnose_curves {spread(runs, 1, ' s')}, class: {r.metrics['class']}")
+    watch.done()
 
 
 if __name__ == "__main__":

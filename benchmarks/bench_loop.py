@@ -19,6 +19,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tropt  # noqa: E402
+from _common import LoadWatch  # noqa: E402
 from tropt.loop import check_accumulation, check_ddp, check_loss_scaling, check_resume, check_scheduler_cadence, check_zero_grad  # noqa: E402
 from tropt.snapshot import preserved  # noqa: E402
 
@@ -50,12 +51,16 @@ def cnn_setup(**kw):
                        scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 10), **kw)
 
 
-def median_time(fn) -> float:
+SPREAD: dict[str, tuple[float, float]] = {}  # the last median_time's (min, max), printed beside each row
+
+
+def median_time(fn, key: str = "") -> float:
     times = []
     for _ in range(REPEATS):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
+    SPREAD[key] = (min(times), max(times))
     return statistics.median(times)
 
 
@@ -75,8 +80,10 @@ def baseline(setup):
 
 def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    watch = LoadWatch("bench_loop")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {REPEATS}")
-    print(f"{'setup':<16}{'check':<24}{'check ms':>9}{'step ms':>9}{'copy ms':>9}{'fresh ms':>9}{'× step':>8}{'× fresh':>9}")
+    print(f"{'setup':<16}{'check':<24}{'check ms':>9}{'step ms':>9}{'copy ms':>9}{'fresh ms':>9}{'× step':>8}{'× fresh':>9}"
+          f"  check min..max ms")
     for name, make in (("MLP", mlp_setup), ("CNN", cnn_setup)):
         for precision in ("fp32", "fp16+scaler"):
             setup = make() if precision == "fp32" else make(precision="fp16", use_scaler=True)
@@ -88,12 +95,14 @@ def main() -> None:
                     continue
                 step, build, fresh = baseline(setup)
                 check(setup)  # warm-up
-                t = median_time(lambda: check(setup))
+                t = median_time(lambda: check(setup), "check")
+                lo, hi = SPREAD["check"]
                 print(f"{name + ' ' + precision:<16}{check.check_id:<24}{t * 1e3:>9.1f}{step * 1e3:>9.1f}{build * 1e3:>9.1f}"
-                      f"{fresh * 1e3:>9.1f}{t / step:>8.2f}{t / fresh:>9.2f}")
+                      f"{fresh * 1e3:>9.1f}{t / step:>8.2f}{t / fresh:>9.2f}  {lo * 1e3:.1f}..{hi * 1e3:.1f}")
     print("× step: check time / one warm optimizer step; × fresh: / (a fresh copy + its first step), what each run of a "
           "check costs. Runs per check: zero_grad 3 steps on 1 copy, accumulation 2 runs when it passes (1 and K unequal micro-batches; +1 equal split otherwise), "
           "scheduler_cadence 2 runs, resume 3 steps + a checkpoint through torch.save/load, loss_scaling 2 runs, ddp 1 run + 2 forked processes.")
+    watch.done()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import Cancelled, SetupError, TroptError
+from .errors import Cancelled, DataError, SetupError, TroptError
 from .registry import CheckSpec, select
 from .result import CheckResult, Report, Status, link_findings
 from .setup import Setup
@@ -51,6 +51,42 @@ def run_check(spec: CheckSpec, subject: Any, options: Mapping[str, Any]) -> Chec
     if result.duration_s is None:
         object.__setattr__(result, "duration_s", time.perf_counter() - start)
     return result
+
+
+def _meta_tensor(obj: Any, depth: int = 0) -> bool:
+    """Whether ``obj`` is, or directly holds, a tensor on the meta device (shapes only, no data to read)."""
+    if getattr(obj, "is_meta", False) is True:
+        return True
+    if depth < 2 and isinstance(obj, (tuple, list)):
+        return any(_meta_tensor(v, depth + 1) for v in obj)
+    if depth < 2 and isinstance(obj, Mapping):
+        return any(_meta_tensor(v, depth + 1) for v in obj.values())
+    return False
+
+
+def check_splits_readable(splits: Mapping[str, Any]) -> None:
+    """Raise a :class:`DataError` naming the split when a split cannot be read at all, before any check runs.
+
+    Each split is opened the way the data checks open it (a file's format and columns, an array's shape, a
+    Dataset's length); what the cells hold is the checks' business (they report it as their ERROR)."""
+    from .data.sources import Options, _Reader, validate_splits
+
+    for name, obj in validate_splits(splits):
+        if _meta_tensor(obj):
+            raise DataError(f"split {name!r} holds a tensor on the meta device, which has a shape but no data to check",
+                            "pass the real data (materialise the tensor on the CPU or your device first)")
+        try:
+            reader = _Reader(obj, name, Options())
+            if getattr(reader, "columns", None) == []:
+                where = f" at {reader.path!r}" if hasattr(reader, "path") else ""
+                raise DataError(f"split {name!r} has no columns{where} (an empty directory or file?)",
+                                "pass a table with feature columns, or a directory of Parquet files")
+        except TroptError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a reader's own exception (pyarrow, csv) names no split
+            raise DataError(f"split {name!r} cannot be read: {type(exc).__name__}: {exc}",
+                            "pass a DataFrame, an array or tensor, a map-style Dataset, a .csv/.parquet file or a "
+                            "directory of Parquet files") from exc
 
 
 def diagnose(
@@ -97,9 +133,16 @@ def diagnose(
         torch intra-op threads for the checks (the user's setting is restored afterwards); None takes the cores
         other work on the machine leaves idle, at most the user's setting (see :func:`tropt.budgets.tropt_threads`).
 
-    Inapplicable checks are SKIP with the reason; a check that raises becomes ERROR and the rest still run.
+    Inapplicable checks are SKIP with the reason; a check that raises becomes ERROR and the rest still run. A split
+    that cannot be read at all raises :class:`tropt.errors.DataError` naming it, before any check runs. The data
+    checks share one scan of the splits, whose row fingerprints also give the report's data fingerprint; when that
+    fails, the identity says why (``data_fingerprint_error``) and the report is kept.
     """
+    from contextlib import nullcontext
+
     from .budgets import budget_options, tropt_threads
+    from .data._common import scan_needs
+    from .data.sources import session
     from .identity import run_identity
 
     if setup is None and splits is None:
@@ -114,6 +157,8 @@ def diagnose(
         raise TroptError(f"diagnose: task={task!r} is not 'classification' or 'regression'", "pass one of those, or None to infer it from the labels")
     specs = select(checks)
     budget_options(budget, "")  # refuses an unknown budget before any check runs
+    if splits is not None:
+        check_splits_readable(splits)
     setup_error: BaseException | None = None
     if setup is not None and any(s.needs == "setup" for s in specs):
         try:
@@ -121,10 +166,13 @@ def diagnose(
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported once per setup check, the data checks still run
             setup_error = exc
     options = {"label": label, "group": group, "time": time, "task": task, "progress": progress, "callback": callback}
-    results = []
-    with tropt_threads(threads) as used_threads:
+    results: list[CheckResult] = []
+    data_ids = [s.id for s in specs if s.needs == "splits"]
+    with tropt_threads(threads) as used_threads, session(scan_needs(data_ids)) if splits is not None else nullcontext():
         _run_specs(specs, setup, splits, setup_error, {**options, "budget": budget}, results, progress, callback, on_result)
-    identity = run_identity(setup if setup_error is None else None, splits, checks=[s.id for s in specs])
+        # Inside the session: the identity's data fingerprint reuses the scan the data checks made.
+        identity = run_identity(setup if setup_error is None else None, splits, checks=[s.id for s in specs],
+                                label=label, group=group, time=time)
     identity.update(budget=budget, threads=used_threads)
     return Report(link_findings(results), identity)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
 import platform
 import subprocess
 from collections.abc import Mapping
@@ -44,44 +43,79 @@ def _tensor_bytes(x: Any, out: list[bytes]) -> None:
         out.append(repr(x).encode())
 
 
-def data_fingerprint(setup: Any = None, splits: Mapping | None = None) -> str | None:
-    """A short hash of the data a report was computed on (first training batch; split contents or file stats)."""
-    parts: list[bytes] = []
+def _split_parts(datas: list, h: "hashlib._Hash") -> None:
+    """Feed the scanned splits into ``h``: the row fingerprints the data checks computed, plus labels/group/time."""
+    import pandas as pd
+
+    for d in datas:
+        h.update(f"|{d.name}:{d.kind}:{d.n}|".encode())
+        if d.fp is not None:
+            h.update(memoryview(np.ascontiguousarray(d.fp)))
+        for role in ("label", "group", "time"):
+            col = getattr(d, role)
+            if col is not None:
+                h.update(role.encode())
+                h.update(memoryview(pd.util.hash_pandas_object(col, index=False).to_numpy()))
+
+
+def fingerprint(setup: Any = None, splits: Mapping | None = None, *, label=None, group=None, time=None,
+                features=None) -> tuple[str | None, str | None]:
+    """``(data fingerprint, why it could not be taken)``: a short hash of the data a report was computed on.
+
+    Splits are fingerprinted by the data checks' own scan (row fingerprints of the features, plus labels, group and
+    time): inside a data session (``diagnose``, ``check_splits``) the scan the checks made is reused, not repeated.
+    A Setup contributes its first training batch. Never raises: a failure becomes the second element (and the
+    fingerprint covers what could be read), so a report is never lost to its identity.
+    """
+    h = hashlib.sha256()
+    errors: list[str] = []
+    used = False
     if setup is not None:
         from .snapshot import preserved
 
+        parts: list[bytes] = []
         try:
             with preserved():  # sample_batch seeds the global RNG; a report must not move the user's RNG state
                 _tensor_bytes(setup.sample_batch(), parts)
-        except Exception:  # noqa: BLE001 - an unreadable batch is reported by the checks themselves
-            parts.append(b"unreadable")
+        except Exception as exc:  # noqa: BLE001 - an unreadable batch is reported by the checks themselves
+            errors.append(f"training batch: {type(exc).__name__}: {exc}")
+            parts = [b"unreadable"]
+        for part in parts:
+            h.update(part)
+        used = True
     if splits is not None:
-        import pandas as pd
+        from .data.sources import Options, load_splits
 
-        for name, split in splits.items():
-            parts.append(str(name).encode())
-            if isinstance(split, pd.DataFrame):
-                parts.append(pd.util.hash_pandas_object(split, index=True).to_numpy().tobytes())
-            elif isinstance(split, (str, os.PathLike)) and os.path.exists(split):
-                st = os.stat(split)
-                parts.append(f"{os.path.basename(split)}:{st.st_size}".encode())
-                with open(split, "rb") as fh:
-                    parts.append(fh.read(1 << 20))
-            elif isinstance(split, np.ndarray) or hasattr(split, "detach"):
-                _tensor_bytes(split, parts)
-            else:  # a Dataset: its type and length (reading every sample is the data checks' job)
-                parts.append(f"{type(split).__name__}:{len(split) if hasattr(split, '__len__') else '?'}".encode())
-    return _sha(b"|".join(parts)) if parts else None
+        try:
+            datas = load_splits(splits, Options.make(label, group, time, features), needs=frozenset())
+        except Exception as exc:  # noqa: BLE001 - the identity records why; the findings stay
+            errors.append(f"splits: {type(exc).__name__}: {exc}")
+        else:
+            _split_parts(datas, h)
+            used = True
+    return (h.hexdigest()[:16] if used else None), ("; ".join(errors) or None)
 
 
-def run_identity(setup: Any = None, splits: Mapping | None = None, *, checks: list[str] | None = None) -> dict[str, Any]:
-    """Versions, device, seed, configuration hash, data fingerprint, git commit and time of a diagnosis."""
+def data_fingerprint(setup: Any = None, splits: Mapping | None = None, **options: Any) -> str | None:
+    """A short hash of the data a report was computed on (see :func:`fingerprint`; None when nothing was read)."""
+    return fingerprint(setup, splits, **options)[0]
+
+
+def run_identity(setup: Any = None, splits: Mapping | None = None, *, checks: list[str] | None = None,
+                 label=None, group=None, time=None, features=None) -> dict[str, Any]:
+    """Versions, device, seed, configuration hash, data fingerprint (and why it failed, if it did), git commit and
+    time of a diagnosis. ``label``/``group``/``time``/``features`` are the data checks' options, so the scan they
+    made in the same data session is reused."""
     import pandas as pd
     import torch
 
     from . import __version__
 
-    config = setup.describe() if setup is not None else {}
+    try:
+        config = setup.describe() if setup is not None else {}
+    except Exception as exc:  # noqa: BLE001 - an identity never loses a report
+        config = {"describe_error": f"{type(exc).__name__}: {exc}"}
+    fp, fp_error = fingerprint(setup, splits, label=label, group=group, time=time, features=features)
     return {
         "tropt": __version__,
         "torch": torch.__version__,
@@ -93,7 +127,8 @@ def run_identity(setup: Any = None, splits: Mapping | None = None, *, checks: li
         "seed": setup.seed if setup is not None else None,
         "checks": checks,
         "config_hash": _sha(json.dumps(config, sort_keys=True, default=str).encode()) if config else None,
-        "data_fingerprint": data_fingerprint(setup, splits),
+        "data_fingerprint": fp,
+        "data_fingerprint_error": fp_error,
         "git_commit": _git_commit(),
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }

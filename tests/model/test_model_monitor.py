@@ -53,11 +53,11 @@ def test_monitor_records_exact_norms_in_a_plain_loop_and_removes_its_hooks():
 
 
 def test_monitor_measures_updates_on_every_kth_recorded_step_exactly():
-    """Default cadence: update norms and zero counts on recorded rows 0, 10, 20 (NaN elsewhere); gradient norm,
-    parameter norm and non-finite count every row."""
+    """Default cadence: update norms, parameter norms and zero counts on recorded rows 0, 10, 20 (NaN elsewhere);
+    gradient norm and non-finite count every row."""
     model = mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    expected = {}
+    expected, params = {}, {}
     with tropt.GradientMonitor(model) as mon:
         assert mon.full_every == 10
         for step, (x, y) in enumerate((data() * 4)[:23]):
@@ -65,16 +65,26 @@ def test_monitor_measures_updates_on_every_kth_recorded_step_exactly():
             before = [p.detach().clone() for p in model.parameters()]
             opt.step()
             expected[step] = [(p.detach() - b).norm().item() for p, b in zip(model.parameters(), before)]
+            params[step] = [p.norm().item() for p in model.parameters()]
             opt.zero_grad()
     df = mon.frame()
     measured = sorted(df.loc[df["update_norm"].notna(), "step"].unique())
     assert measured == [0, 10, 20]
     for step in measured:
         np.testing.assert_allclose(df.loc[df["step"] == step, "update_norm"], expected[step], rtol=1e-4)
-    assert sorted(df.loc[df["zero_fraction"].notna(), "step"].unique()) == [0, 10, 20]  # the other costly statistic
-    assert df["grad_norm"].notna().all() and df["param_norm"].notna().all() and df["nonfinite"].notna().all()
+    assert sorted(df.loc[df["zero_fraction"].notna(), "step"].unique()) == [0, 10, 20]  # the other slow statistics
+    assert sorted(df.loc[df["param_norm"].notna(), "step"].unique()) == [0, 10, 20]
+    for step in measured:
+        np.testing.assert_allclose(df.loc[df["step"] == step, "param_norm"], params[step], rtol=1e-5)
+    assert df["grad_norm"].notna().all() and df["nonfinite"].notna().all()
     assert len(df) == 23 * 6
-    assert mon.summary()["update_ratio_mean"].notna().all()
+    summary = mon.summary()
+    assert summary["update_ratio_mean"].notna().all()
+    np.testing.assert_allclose(summary["param_norm"], params[20], rtol=1e-5)  # the latest measured, not a NaN row
+    # One pass over the gradients per recorded step; on rows 0, 10, 20 the zero count (1), the parameter norm (1)
+    # and AdamW's copy-based update (6).
+    np.testing.assert_allclose(mon.passes["gradients"], 23 + 3)
+    np.testing.assert_allclose(mon.passes["parameters"], 3 * (1 + 6))
 
 
 def test_monitor_two_optimizers_each_measure_their_own_update():
@@ -181,3 +191,65 @@ def test_monitor_update_norms_are_exact_with_parameters_of_two_dtypes():
     df = mon.frame()
     for step, upd in enumerate(expected):
         np.testing.assert_allclose(df.loc[df["step"] == step, "update_norm"], upd, rtol=1e-5)
+
+
+def _sgd_run(opt_kwargs: dict, steps: int = 4, skip: str | None = None):
+    """Monitor an SGD loop (full_every=1); returns the frame, the measured updates and the monitor."""
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), **opt_kwargs)
+    expected = []
+    with tropt.GradientMonitor(model, full_every=1) as mon:
+        for x, y in (data() * 2)[:steps]:
+            F.cross_entropy(model(x), y).backward()
+            if skip is not None:
+                model.get_parameter(skip).grad = None  # the step leaves this parameter alone
+            before = [p.detach().clone() for p in model.parameters()]
+            opt.step()
+            expected.append([(p.detach() - b).norm().item() for p, b in zip(model.parameters(), before)])
+            opt.zero_grad()
+    return mon.frame(), expected, mon
+
+
+@pytest.mark.parametrize("opt_kwargs, copies", [
+    ({"lr": 0.1}, False),                                                   # lr * ||grad||
+    ({"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-2, "dampening": 0.1}, False),  # lr * ||buffer||
+    ({"lr": 0.1, "momentum": 0.9, "nesterov": True}, True),                 # not read from the step: copied
+    ({"lr": 0.1, "weight_decay": 1e-2}, True),
+])
+def test_monitor_sgd_update_norm_from_the_step_matches_the_parameter_difference(opt_kwargs, copies):
+    """SGD's update is read from its own step (no parameter copy, at most one pass) where that is exact; the result
+    equals the measured parameter difference, and a parameter the step skips (no gradient) has update 0."""
+    df, expected, mon = _sgd_run(opt_kwargs, skip="2.bias")
+    for step, upd in enumerate(expected):
+        np.testing.assert_allclose(df.loc[df["step"] == step, "update_norm"], upd, rtol=1e-4, atol=1e-12)
+    assert (df.loc[df["name"] == "2.bias", "update_norm"] == 0).all()
+    per_step = mon.passes_per_step()["parameters"]
+    if copies:  # the copy is made only where the step cannot give the update
+        assert per_step >= 7 - 1e-9  # parameter norm + copy (2) + difference (3) + its norm (1)
+    else:
+        assert per_step <= 2 + 1e-9  # parameter norm (+ the momentum buffer's norm)
+
+
+def test_monitor_sgd_subclass_is_measured_by_copy():
+    """A subclass of SGD may change step(): its update is measured from the parameters, not from the formula; its
+    super().step() call (which fires the global hooks again, nested) is one optimizer step, not two."""
+    class HalfSGD(torch.optim.SGD):
+        def step(self, closure=None):
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(0.5)
+            return super().step(closure)
+
+    torch.manual_seed(0)
+    model = mlp()
+    opt = HalfSGD(model.parameters(), lr=0.1, momentum=0.9)
+    with tropt.GradientMonitor(model, full_every=1) as mon:
+        x, y = data()[0]
+        F.cross_entropy(model(x), y).backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.step()
+        upd = [(p.detach() - b).norm().item() for p, b in zip(model.parameters(), before)]
+    assert mon.steps_seen == 1
+    np.testing.assert_allclose(mon.frame()["update_norm"], upd, rtol=1e-4)

@@ -33,6 +33,17 @@ class SlowDataset(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """These tests run real steps on a shared machine: the oversubscription note (tested with injected timings in
+    test_perf_timing.py) would depend on the machine's load, so it is off here."""
+    from tropt.perf import precision as prec
+    from tropt.perf import throughput as thr
+
+    monkeypatch.setattr(prec, "oversubscription", lambda *a, **k: [])
+    monkeypatch.setattr(thr, "oversubscription", lambda *a, **k: [], raising=False)
+
+
 def mlp_setup(data, **kw):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
@@ -160,14 +171,15 @@ def test_precision_keeps_the_setups_precision_unless_another_beats_the_speedup_t
 
     from tropt.perf import precision as prec
 
-    real = prec._run
+    real = prec._measure
 
-    def timed(setup, p, steps, warmup, seed, *a, **k):  # the real run, with known step times
-        out = real(setup, p, steps, warmup, seed, *a, **k)
-        out["times"] = np.full(len(out["times"]), (1.26 if p == "fp32" else bf16_ms) / 1e3)
-        return out
+    def timed(setup, order, steps, warmup, seed, *a, **k):  # the real runs, with known step times
+        runs, reasons, fp32 = real(setup, order, steps, warmup, seed, *a, **k)
+        for p, out in runs.items():
+            out["times"] = np.full(len(out["times"]), (1.26 if p == "fp32" else bf16_ms) / 1e3)
+        return runs, reasons, fp32
 
-    monkeypatch.setattr(prec, "_run", timed)
+    monkeypatch.setattr(prec, "_measure", timed)
     r = check_precision(tiny_setup, precisions=("fp32", "bf16"), steps=4, warmup=0, progress=False)
     assert r.metrics["fastest_stable"] == "bf16"
     assert r.metrics["recommended"] == expected, r.summary

@@ -17,6 +17,26 @@ from .sources import Options, SplitData, column_kind, hash_column, load_splits, 
 
 MAX_EVIDENCE = 1000  # evidence rows kept per table; metrics always count everything
 
+# The optional parts of a split scan (see sources.scan) each data check uses; FINGERPRINT_ONLY checks need only the
+# fingerprints, labels, group and time. A session (diagnose) scans once for the union of its checks' needs.
+# (data.exact_duplicates reads the row sample only to judge a FAIL-sized leak; then it scans again.)
+SCAN_NEEDS = {"data.near_duplicates": {"numeric"}, "data.target_leakage": {"sample"}}
+FINGERPRINT_ONLY = {"data.exact_duplicates", "data.group_leakage", "data.temporal_leakage", "data.label_shift",
+                    "data.class_coverage", "data.label_sanity"}
+
+
+def scan_needs(check_ids) -> frozenset:
+    """The scan parts the given checks need together (a data check not listed above: everything, to be safe)."""
+    from .sources import ALL_NEEDS
+
+    needs: set = set()
+    for c in check_ids:
+        if c in SCAN_NEEDS:
+            needs |= SCAN_NEEDS[c]
+        elif c.startswith("data.") and c not in FINGERPRINT_ONLY:
+            return ALL_NEEDS
+    return frozenset(needs)
+
 
 def _load(splits, label, group, time, features, progress, min_splits=2, needs=frozenset()) -> list[SplitData]:
     return load_splits(splits, Options.make(label, group, time, features), progress=progress, min_splits=min_splits,

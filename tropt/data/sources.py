@@ -47,11 +47,18 @@ _MISSING = np.uint64(0x6E61_6E5F_6D69_7373)  # "nan_miss": the one hash of a mis
 
 def mix(z: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser on a uint64 array (new array; numpy wraps uint64 arithmetic silently)."""
-    z = z ^ (z >> np.uint64(30))
-    z = z * _C1
-    z = z ^ (z >> np.uint64(27))
-    z = z * _C2
-    return z ^ (z >> np.uint64(31))
+    return _mix_(z ^ (z >> np.uint64(30)), pre_shifted=True)
+
+
+def _mix_(z: np.ndarray, pre_shifted: bool = False) -> np.ndarray:
+    """:func:`mix` in place on ``z`` (a uint64 array the caller owns): fewer temporaries on million-row columns."""
+    if not pre_shifted:
+        z ^= z >> np.uint64(30)
+    z *= _C1
+    z ^= z >> np.uint64(27)
+    z *= _C2
+    z ^= z >> np.uint64(31)
+    return z
 
 
 def _name_seed(name: Any) -> np.uint64:
@@ -147,6 +154,17 @@ def _string_hash(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def _string_hash_series(s: pd.Series) -> np.ndarray:
+    """:func:`_string_hash` of a column's values, computed on the column's own storage.
+
+    ``hash_pandas_object`` hashes Arrow strings and categorical codes without building a Python object per row
+    (each distinct value is hashed once); the hashes equal :func:`_string_hash`'s, so splits stored either way
+    still match."""
+    out = pd.util.hash_pandas_object(s, index=False, categorize=True).to_numpy(dtype=np.uint64, copy=True)
+    out[out == _NA_HASH] = _MISSING
+    return out
+
+
 def hash_column(s: pd.Series, kind: str) -> np.ndarray:
     """Canonical uint64 value hashes of one column (a new array; ``s`` is not touched)."""
     if kind == "numeric" and (pd.api.types.is_numeric_dtype(s.dtype) or pd.api.types.is_bool_dtype(s.dtype)):
@@ -174,20 +192,22 @@ def hash_column(s: pd.Series, kind: str) -> np.ndarray:
         if rest.any():
             out[rest] = _string_hash(s.to_numpy(dtype=object)[rest])
         return out
-    if isinstance(s.dtype, pd.CategoricalDtype):
+    if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_datetime64_any_dtype(s.dtype.categories.dtype):
         s = s.astype(object)
     if pd.api.types.is_datetime64_any_dtype(s.dtype):
         s = s.astype(str).where(s.notna(), None)
-    return _string_hash(s.to_numpy(dtype=object))
+    return _string_hash_series(s)
 
 
 def hash_rows(frame: pd.DataFrame, columns: list, kinds: Mapping[Any, str]) -> np.ndarray:
     """Row fingerprints over ``columns`` (order-independent: each column's hash is seeded by its name)."""
     acc = np.zeros(len(frame), dtype=np.uint64)
     for col in columns:
-        h = hash_column(frame[col], kinds[col])
-        acc += mix(h ^ _name_seed(col))
-    return mix(acc + _GOLD)
+        h = hash_column(frame[col], kinds[col])  # a new array: mixed in place
+        h ^= _name_seed(col)
+        acc += _mix_(h)
+    acc += _GOLD
+    return _mix_(acc)
 
 
 def hash_array_rows(x: np.ndarray) -> np.ndarray:
@@ -403,9 +423,9 @@ class _Reader:
 
                 if os.path.isfile(self.path):
                     return list(pq.ParquetFile(self.path).schema_arrow.names)
-                import pyarrow.dataset as ds
+                import pyarrow.dataset as pads  # a partitioned dataset: its schema, without reading the rows
 
-                return list(ds.dataset(self.path, format="parquet").schema.names)  # the schema, not the data
+                return list(pads.dataset(self.path, format="parquet").schema.names)  # as chunks() reads it
             return list(pd.read_csv(self.path, nrows=0, sep=None if self.path.lower().endswith(".tsv") else ",",
                                     engine="python" if self.path.lower().endswith(".tsv") else "c").columns)
         except DataError:
@@ -730,10 +750,17 @@ _FILE_CACHE: OrderedDict = OrderedDict()  # (path, size, mtime, options, kinds) 
 _FILE_CACHE_SIZE = 8
 
 
+_NEEDS = "__needs__"  # the session's key for the optional parts its scans compute
+
+
 @contextmanager
-def session() -> Iterator[None]:
-    """Within one ``check_splits`` call, scan each split once and share it between the checks."""
-    token = _SESSION.set({})
+def session(needs: frozenset = ALL_NEEDS) -> Iterator[None]:
+    """Within one ``check_splits`` / ``diagnose`` call, scan each split once and share it between the checks.
+
+    Every scan in the session computes ``needs`` (the optional parts the session's checks use, see :func:`scan`)
+    besides what its own check asks for, so one pass serves them all; pass fewer needs when only cheap checks run
+    (vectorising free text for a neighbour search that will not run costs far more than the fingerprints)."""
+    token = _SESSION.set({_NEEDS: frozenset(needs)})
     try:
         yield
     finally:
@@ -809,8 +836,12 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
             _FILE_CACHE.move_to_end(fkey)
             data = _FILE_CACHE[fkey]
         else:
-            # Files are read once for everything; inside a session, too. Alone, a check reads what it needs.
-            want = ALL_NEEDS if (fkey is not None or key is not None) else frozenset(needs)
+            # Inside a session, a scan computes what the session's checks need; alone, files are read once for
+            # everything and other splits for what this check needs.
+            if sess is not None:
+                want = frozenset(needs) | sess.get(_NEEDS, ALL_NEEDS)
+            else:
+                want = ALL_NEEDS if fkey is not None else frozenset(needs)
             data = scan(reader, name, opts, kinds if tables else None, progress, want,
                         numeric_rows=None if "numeric" in needs else EAGER_NUMERIC_ROWS)
             if fkey is not None:

@@ -45,4 +45,6 @@ def check_splits(splits: Mapping[str, Any], *, label=None, group=None, time=None
             if cid == "data.near_duplicates":
                 opts["enabled"] = near_duplicates
             results.append(run_check(find_spec(cid), splits, opts))
-    return Report(results, run_identity(None, splits, checks=list(CHECKS)))
+        # Inside the session: the data fingerprint reuses the scan the checks made.
+        identity = run_identity(None, splits, checks=list(CHECKS), label=label, group=group, time=time, features=features)
+    return Report(results, identity)

@@ -14,11 +14,15 @@ Drop it into any loop::
 It records at the moment an optimizer that holds any of the model's parameters calls ``step()`` (global
 optimizer step hooks, removed on exit; pass ``optimizer=`` to watch only that one). Statistics are computed with
 batched ``torch._foreach_norm`` calls into preallocated tensors on the parameters' device: on an accelerator nothing
-is copied to the host and nothing synchronises until you read the results. (On CPU, where reading a number costs no
-device sync, the monitor checks the norms for NaN/inf before counting non-finite entries, to skip that pass.)
-The two costly statistics, the exact update norm (a copy of the parameters and a difference pass) and the exact-zero
-count (a pass over the gradients), are measured on every ``full_every``-th recorded step (10 by default); gradient
-norm, parameter norm and the non-finite count are measured at every recorded step.
+is copied to the host and nothing synchronises until you read the results.
+
+Cost is counted in passes over gradient- or parameter-sized memory (:attr:`GradientMonitor.passes`). A recorded step
+makes one pass over the gradients: their L2 norms, which also flag non-finite entries (a NaN/inf entry makes its norm
+non-finite; on CPU the entries are counted only then). The statistics that drift slowly are measured on every
+``full_every``-th recorded step (10 by default): the parameter norm (one pass), the exact-zero count (one pass over the
+gradients) and the update norm. The update norm is read from the optimizer's own step where that is exact
+(``torch.optim.SGD``: ``lr * ||grad||`` without momentum, ``lr * ||momentum buffer||`` with it: no copy, at most
+one pass); for other optimizers it is ``||p_after - p_before||`` from a copy of the parameters (six passes).
 """
 
 from __future__ import annotations
@@ -61,16 +65,18 @@ class GradientMonitor:
     optimizer
         Watch only this optimizer's steps; by default any optimizer that holds one of the model's parameters.
     track_updates
-        Also measure the update the optimizer applies (``||p_after - p_before||``, exact); keeps one copy of the
-        watched parameters on their device.
+        Also measure the update the optimizer applies (its L2 norm per parameter, exact). For ``torch.optim.SGD``
+        it is read from the step itself (``lr`` times the norm of the gradient or of the momentum buffer: no copy);
+        for other optimizers ``||p_after - p_before||`` from one copy of the watched parameters on their device.
     full_every
-        Measure the update norm and the exact-zero count on one recorded step in ``full_every`` (rows 0, k, 2k, ...;
-        ``update_norm`` and ``zero_fraction`` are NaN on the others). The update needs a parameter copy and a
-        difference pass (about four passes over the parameters) and the zero count another pass over the gradients:
-        on a CPU MLP that is more than everything else together. Both drift slowly (dead units stay dead), so the
-        default of 10 keeps the monitor within 5% of a training step at one thread (``benchmarks/bench_gradflow.py``);
-        the cheap statistics, non-finite gradients included, are still measured at every step. Use 1 to measure
-        everything at every recorded step (the ``model.gradient_flow`` check does).
+        Measure the parameter norm, the update norm and the exact-zero count on one recorded step in ``full_every``
+        (rows 0, k, 2k, ...; ``param_norm``, ``update_norm`` and ``zero_fraction`` are NaN on the others). They
+        drift slowly (dead units stay dead, parameters move by ~lr per step), and each costs one or more passes over
+        parameter-sized memory (a copy-based update norm six), against the one pass over the gradients every
+        recorded step makes. The default of 10 keeps the monitor within 5% of a training step at one and two
+        threads (``benchmarks/bench_gradflow.py``); the gradient norm and non-finite gradients are still measured
+        at every recorded step. Use 1 to measure everything at every recorded step (the ``model.gradient_flow``
+        check does).
     detail
         Also record the mean and max absolute gradient entry per parameter (two more passes over the gradients;
         the gradient-flow check turns it on for its bar chart).
@@ -80,8 +86,10 @@ class GradientMonitor:
         Optional ``callback({"step": optimizer step, "monitor": self})`` after each recorded step (a live display,
         e.g. ``tropt.widgets.GradientFlowPanel.attach``); it may raise :class:`tropt.errors.Cancelled` to stop.
 
-    Per recorded step and parameter: gradient L2 norm (NaN when the parameter has no gradient), parameter L2 norm
-    (after the step), update L2 norm, count of non-zero gradient entries and of non-finite ones.
+    Per recorded step and parameter: gradient L2 norm (NaN when the parameter has no gradient), count of
+    non-finite gradient entries, and on ``full_every`` rows the parameter L2 norm (after the step), update L2 norm
+    and count of non-zero gradient entries. :attr:`passes` counts the passes over gradient- and parameter-sized
+    memory made so far (a read or a write of every watched tensor once is one pass).
     """
 
     def __init__(self, model: nn.Module, every: int = 1, *, optimizer: torch.optim.Optimizer | None = None,
@@ -119,6 +127,7 @@ class GradientMonitor:
         self._data: torch.Tensor | None = None
         self._prev: dict[int, torch.Tensor] = {}
         self._rows = 0
+        self.passes: dict[str, float] = {"gradients": 0.0, "parameters": 0.0}
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> "GradientMonitor":
@@ -140,6 +149,9 @@ class GradientMonitor:
         self.steps_seen = 0
         self.recorded_steps = []
         self._rows = 0
+        self.passes = {"gradients": 0.0, "parameters": 0.0}
+        self._total_numel = max(1.0, float(self._numel.sum()))
+        self._frac_cache: dict[tuple[int, ...], float] = {}
         self._index_cache: dict[tuple[int, ...], torch.Tensor] = {}
         self._devices = {p.device for p in self._params}
         device = self._params[0].device if self._params else torch.device("cpu")
@@ -147,8 +159,9 @@ class GradientMonitor:
         self._data = torch.full((self._capacity, len(self._params), len(FIELDS)), float("nan"),
                                 dtype=torch.float32, device=self._device)
         self._prev: dict[int, torch.Tensor] = {}  # parameter index -> its value before the step (update norms)
-        self._pending: tuple[int, list[int], bool] | None = None
+        self._pending: tuple[int, list[int], list, bool] | None = None
         self._layouts: dict[int, tuple] = {}
+        self._depth: dict[int, int] = {}  # optimizer id -> step() calls in progress
         self._all_in_optimizer = False
         self._outside = list(range(len(self._params)))
         if self.optimizer is not None:
@@ -212,6 +225,11 @@ class GradientMonitor:
         idx, per_group = self._layout(optimizer)
         if not idx:
             return
+        # A subclass whose step() calls super().step() fires the global hooks twice, nested: one optimizer step.
+        depth = self._depth.get(id(optimizer), 0)
+        self._depth[id(optimizer)] = depth + 1
+        if depth:
+            return
         step = self.steps_seen
         self.steps_seen += 1
         if not self._all_in_optimizer:
@@ -224,21 +242,29 @@ class GradientMonitor:
                 self.lr_nonzero[gidx] = True
         if step % self.every:
             return
-        self._record_grads(step, idx)
+        self._record_grads(step, idx, optimizer)
 
-    def _record_grads(self, step: int, opt_idx: list[int]) -> None:
+    def _count(self, kind: str, idx: list[int] | tuple[int, ...], times: int = 1) -> None:
+        """Add ``times`` passes over the memory of parameters ``idx`` (a fraction of all watched ones) to :attr:`passes`."""
+        key = tuple(idx)
+        frac = self._frac_cache.get(key)
+        if frac is None:
+            frac = self._frac_cache[key] = float(self._numel[list(key)].sum()) / self._total_numel if key else 0.0
+        self.passes[kind] += times * frac
+
+    def _record_grads(self, step: int, opt_idx: list[int], optimizer: torch.optim.Optimizer | None = None) -> None:
         if self._rows == self._data.shape[0]:
             grown = torch.full((2 * self._rows, *self._data.shape[1:]), float("nan"), dtype=self._data.dtype, device=self._device)
             grown[: self._rows] = self._data
             self._data = grown
         row = self._data[self._rows]
+        full = self._rows % self.full_every == 0
         have = [i for i, p in enumerate(self._params) if p.grad is not None]
         self.grad_seen[have] += 1
         if have:
             grads = [self._params[i].grad for i in have]
             # With every parameter holding a gradient (the usual case) the row's columns are written directly.
-            cols = row if len(have) == len(self._params) else None
-            idx = None if cols is not None else self._index(tuple(have))
+            idx = None if len(have) == len(self._params) else self._index(tuple(have))
 
             def put(col: int, values: torch.Tensor) -> None:
                 if idx is None:
@@ -246,36 +272,47 @@ class GradientMonitor:
                 else:
                     row[:, col].index_copy_(0, idx, values)
 
+            # The one pass every recorded step makes: L2 norms, whose finiteness also flags NaN/inf entries.
             norms = self._stack(torch._foreach_norm(grads))
             put(0, norms)
-            full = self._rows % self.full_every == 0
+            self._count("gradients", have)
             if self._device.type == "cpu":
-                # On CPU reading a number is not a device sync, so the costly non-finite count runs only when the
-                # norms say some entry is NaN/inf (a NaN/inf entry always makes its L2 norm non-finite).
+                # On CPU reading a number is not a device sync, so the non-finite entries are counted (another pass)
+                # only when the norms say there are some.
                 if full:
                     put(3, torch.stack([_count_nonzero(g) for g in grads]).float())
+                    self._count("gradients", have)
                 if math.isfinite(float(norms.sum())):
                     put(4, torch.zeros(len(have)))
                 else:
                     put(4, torch.stack([(~torch.isfinite(g)).sum() for g in grads]).float())
+                    self._count("gradients", have)
             else:
                 # On accelerators everything stays on the device, batched: no host sync per step.
                 if full:
                     put(3, self._stack(torch._foreach_norm(grads, 0)))
+                    self._count("gradients", have)
                 # NaN * 0 and inf * 0 are NaN, finite * 0 is 0: the non-zero count of g * 0 counts non-finite entries.
                 put(4, self._stack(torch._foreach_norm(torch._foreach_mul(grads, 0.0), 0)))
+                self._count("gradients", have, 3)
             if self.detail:
                 put(5, self._stack(torch._foreach_norm(grads, 1)))
-                put(6, self._stack([g.abs().amax() for g in grads]))
+                put(6, self._stack(torch._foreach_norm(grads, float("inf"))))
+                self._count("gradients", have, 2)
         self.recorded_steps.append(step)
-        measure = self.track_updates and self._rows % self.full_every == 0
-        if measure and opt_idx:
-            if any(i not in self._prev or self._prev[i].shape != self._params[i].shape for i in opt_idx):
+        measure = self.track_updates and full and bool(opt_idx)
+        copy_idx, rules = [], []
+        if measure:
+            rules = self._update_rules(optimizer, opt_idx) if optimizer is not None else []
+            ruled = {i for _, members, _ in rules for i in members}
+            copy_idx = [i for i in opt_idx if i not in ruled]
+        if copy_idx:
+            if any(i not in self._prev or self._prev[i].shape != self._params[i].shape for i in copy_idx):
                 # One flat buffer, viewed per parameter: separate per-parameter buffers kept between steps made the
                 # CPU allocator hand each step's new gradients fresh pages (page faults in every backward, ~3x the
                 # monitor's own cost in bench_gradflow); one block leaves the gradients' reuse alone.
                 groups: dict[tuple, list[int]] = {}
-                for i in opt_idx:  # one block per dtype and device (mixed-precision models have several)
+                for i in copy_idx:  # one block per dtype and device (mixed-precision models have several)
                     groups.setdefault((self._params[i].dtype, self._params[i].device), []).append(i)
                 for (dtype, device), members in groups.items():
                     flat = torch.empty(sum(self._params[i].numel() for i in members), dtype=dtype, device=device)
@@ -285,34 +322,90 @@ class GradientMonitor:
                         self._prev[i] = flat[off:off + k].view(self._params[i].shape)
                         off += k
             with torch.no_grad():
-                torch._foreach_copy_([self._prev[i] for i in opt_idx], [self._params[i] for i in opt_idx])
-        self._pending = (self._rows, opt_idx if measure else [], measure)
+                torch._foreach_copy_([self._prev[i] for i in copy_idx], [self._params[i] for i in copy_idx])
+            self._count("parameters", copy_idx, 2)  # read the parameters, write the copy
+        self._pending = (self._rows, copy_idx, rules, full)
         self._rows += 1
 
+    def _update_rules(self, optimizer: torch.optim.Optimizer, opt_idx: list[int]) -> list[tuple[str, list[int], dict]]:
+        """Groups whose update norm the optimizer's own step gives exactly, without a copy of the parameters.
+
+        ``torch.optim.SGD`` (the class itself: a subclass may change ``step``) applies ``p -= lr * d`` with ``d`` the
+        gradient (no momentum; weight decay would add ``wd * p``, so only without it) or the new momentum buffer
+        (weight decay and dampening are inside the buffer; Nesterov adds a term, so not then). The norm of that
+        update is ``lr * ||d||``: the step the optimizer applies, which the parameter difference equals up to the
+        rounding of the parameters. Returns (rule, parameter indices with a gradient, group) per such group.
+        """
+        if type(optimizer) is not torch.optim.SGD or getattr(optimizer, "grad_scale", None) is not None:
+            return []
+        mine = set(opt_idx)
+        out = []
+        for group in optimizer.param_groups:
+            if group.get("nesterov") or group.get("fused") or group.get("differentiable"):
+                continue
+            members = [self._pid[id(p)] for p in group["params"] if id(p) in self._pid and self._pid[id(p)] in mine]
+            params = [self._params[i] for i in members]
+            if not members or any(p.dtype not in (torch.float32, torch.float64) or (p.grad is not None and p.grad.is_sparse)
+                                  for p in params):
+                continue
+            if group.get("momentum", 0) != 0:
+                out.append(("buffer", members, group))
+            elif group.get("weight_decay", 0) == 0:
+                out.append(("gradient", members, group))
+        return out
+
     def _post_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self._pending is None or not self._layout(optimizer)[0]:
+        if not self._layout(optimizer)[0]:
             return
-        row_i, opt_idx, measured = self._pending
+        depth = self._depth.get(id(optimizer), 0) - 1
+        self._depth[id(optimizer)] = max(depth, 0)
+        if depth > 0 or self._pending is None:  # the inner call of a nested step, or a step not recorded
+            return
+        row_i, copy_idx, rules, full = self._pending
         self._pending = None
         row = self._data[row_i]
         with torch.no_grad():
-            row[:, 1].copy_(self._stack(torch._foreach_norm(self._params)))
-            if opt_idx:
-                prev = [self._prev[i] for i in opt_idx]
-                torch._foreach_sub_(prev, [self._params[i] for i in opt_idx])
-                row[:, 2].index_copy_(0, self._index(tuple(opt_idx)), self._stack(torch._foreach_norm(prev)))
+            if full:
+                row[:, 1].copy_(self._stack(torch._foreach_norm(self._params)))
+                self._count("parameters", range(len(self._params)))
+            if copy_idx:
+                prev = [self._prev[i] for i in copy_idx]
+                torch._foreach_sub_(prev, [self._params[i] for i in copy_idx])
+                row[:, 2].index_copy_(0, self._index(tuple(copy_idx)), self._stack(torch._foreach_norm(prev)))
+                self._count("parameters", copy_idx, 4)  # read both, write the difference, read it for its norm
+            for rule, members, group in rules:
+                self._rule_update(row, rule, members, group, optimizer)
 
         # Parameters outside every optimizer that stepped are not updated by it: their update is exactly 0
         # unless another optimizer steps them (then its own row fills it).
-        if measured and self._outside:
+        if (copy_idx or rules) and self._outside:
             row[:, 2].index_fill_(0, self._index(tuple(self._outside)), 0.0)
         if self.callback is not None:
             self.callback({"step": self.steps_seen - 1, "monitor": self})
 
+    def _rule_update(self, row: torch.Tensor, rule: str, members: list[int], group: dict,
+                     optimizer: torch.optim.Optimizer) -> None:
+        """Write ``lr * ||d||`` for one SGD group (see :meth:`_update_rules`); 0 for parameters the step skipped."""
+        lr = float(group["lr"])
+        stepped = [i for i in members if self._params[i].grad is not None]
+        values = torch.zeros(len(members), device=self._device)
+        if stepped:
+            if rule == "gradient":  # the gradient norms this step already measured
+                norms = row[:, 0].index_select(0, self._index(tuple(stepped)))
+            else:
+                bufs = [optimizer.state[self._params[i]].get("momentum_buffer") for i in stepped]
+                if any(b is None for b in bufs):
+                    return  # the optimizer did not keep its buffer: leave the update unmeasured (NaN)
+                norms = self._stack(torch._foreach_norm(bufs))
+                self._count("parameters", stepped)
+            pos = self._index(tuple(members.index(i) for i in stepped))
+            values.index_copy_(0, pos, norms.to(values.device) * lr)
+        row[:, 2].index_copy_(0, self._index(tuple(members)), values)
+
     def record(self) -> None:
         """Record the current gradients by hand (for loops that update parameters without a torch optimizer).
 
-        Gradient and parameter norms only; the update is not measured.
+        Gradient norms at each recorded step, parameter norms on ``full_every`` rows; the update is not measured.
         """
         if not self._active:
             raise TroptError("GradientMonitor.record() called outside the monitor", "use it inside: with GradientMonitor(model) as mon: ...")
@@ -321,12 +414,19 @@ class GradientMonitor:
         if step % self.every:
             return
         self._record_grads(step, [])
-        row_i = self._pending[0]
+        row_i, _, _, full = self._pending
         self._pending = None
-        with torch.no_grad():
-            self._data[row_i][:, 1].copy_(self._stack(torch._foreach_norm([p.detach() for p in self._params])))
+        if full:
+            with torch.no_grad():
+                self._data[row_i][:, 1].copy_(self._stack(torch._foreach_norm([p.detach() for p in self._params])))
+            self._count("parameters", range(len(self._params)))
         if self.callback is not None:
             self.callback({"step": step, "monitor": self})
+
+    def passes_per_step(self) -> dict[str, float]:
+        """Mean passes over gradient- and parameter-sized memory per recorded step so far (see :attr:`passes`)."""
+        n = max(1, self._rows)
+        return {k: v / n for k, v in self.passes.items()}
 
     def _stack(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         out = torch.stack([t.to(self._device) for t in tensors]) if len(self._devices) > 1 else torch.stack(tensors)
@@ -353,7 +453,10 @@ class GradientMonitor:
         return self._data[: self._rows].detach().cpu().double().numpy()
 
     def frame(self) -> pd.DataFrame:
-        """One row per (recorded step, parameter): grad/param/update norms and ratios, zero fraction, non-finite."""
+        """One row per (recorded step, parameter): grad/param/update norms and ratios, zero fraction, non-finite.
+
+        ``param_norm``, ``update_norm``, ``update_ratio`` and ``zero_fraction`` are NaN except on ``full_every`` rows.
+        """
         data = self.array()
         steps, n, _ = data.shape
         numel = self._numel.numpy() if self.names else np.zeros(0)
@@ -429,7 +532,7 @@ def parameter_summary(mon: GradientMonitor) -> pd.DataFrame:
             "grad_norm_mean": float(finite_g.mean()) if finite_g.size else math.nan,
             "grad_norm_max": float(finite_g.max()) if finite_g.size else math.nan,
             "grad_rms_mean": float(finite_g.mean() / math.sqrt(numel[i])) if finite_g.size else math.nan,
-            "param_norm": float(par[-1]) if steps else math.nan,
+            "param_norm": float(par[np.isfinite(par)][-1]) if np.isfinite(par).any() else math.nan,  # the latest measured
             "update_norm_max": float(np.nanmax(upd)) if steps and np.isfinite(upd).any() else math.nan,
             "update_ratio_mean": float(np.nanmean(ratio)) if steps and np.isfinite(ratio).any() else math.nan,
             "zero_fraction": float(np.nanmean(1.0 - nz / numel[i])) if steps and np.isfinite(nz).any() else math.nan,

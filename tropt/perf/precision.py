@@ -1,8 +1,9 @@
 """``perf.precision``: which precision is fast *and* stable on this device for this Setup.
 
-Each precision the device supports runs the same seeded steps from the same copy of the model as fp32; we
-compare step time, memory and stability (loss-trajectory deviation from fp32, non-finite losses, GradScaler
-skipped steps) and recommend the fastest one inside the stability guardrail. Unsupported precisions are SKIP
+Each precision the device supports runs the same seeded steps from the same copy of the model as fp32, the timed
+steps interleaved round by round; we compare step time (with its spread and the speed-up's interval), memory and
+stability (loss-trajectory deviation from fp32, non-finite losses, GradScaler skipped steps) and recommend the
+fastest one inside the stability guardrail when its speed-up is beyond timing noise. Unsupported precisions are SKIP
 with the hardware reason. An optional batch-size search doubles the batch until memory runs out or a budget is
 reached, and keeps the throughput curve.
 """
@@ -21,6 +22,7 @@ import torch
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
+from ._timing import machine_load, oversubscription, oversubscription_advice, thread_probe
 
 CHECK_ID = "perf.precision"
 PRECISIONS = ("fp32", "bf16", "fp16", "tf32")
@@ -103,46 +105,172 @@ def _cat(batches: list) -> Any:
     return first
 
 
-def _run(setup: Any, precision: str, steps: int, warmup: int, seed: int, batches: list | None = None) -> dict[str, Any]:
-    """Train a fresh copy for ``warmup + steps`` steps in ``precision``; losses of every step, times of the timed ones."""
-    from ..dynamics._run import StepRunner, sync
+class _PrecisionRun:
+    """A fresh copy of the Setup training in one precision, one step at a time (so precisions can interleave).
 
-    amp = "fp32" if precision == "tf32" else precision
-    run_setup = setup.replace(precision=amp, use_scaler=amp == "fp16")
-    device = setup.device
-    cuda = device.type == "cuda"
-    with _tf32(precision == "tf32") if cuda else contextlib.nullcontext():
-        ctx = run_setup.build(seed=seed)
-        if ctx.scaler is None and setup.use_scaler:
+    Each run keeps its own torch RNG stream: interleaved with other runs it draws the same dropout masks it would
+    draw alone, so its losses do not depend on the order the steps ran in."""
+
+    def __init__(self, setup: Any, precision: str, seed: int, source: list, clock: Any = time.perf_counter) -> None:
+        from ..dynamics._run import StepRunner
+
+        self.precision, self.source, self.clock = precision, source, clock
+        amp = "fp32" if precision == "tf32" else precision
+        self.setup = setup.replace(precision=amp, use_scaler=amp == "fp16")
+        self.device = setup.device
+        self.cuda = self.device.type == "cuda"
+        base = torch.cuda.memory_allocated(self.device) if self.cuda else 0
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        with self._tf32():
+            self.ctx = self.setup.build(seed=seed)
+        if self.ctx.scaler is None and setup.use_scaler:
             # The Setup's step is written for AMP (ctx.scaler.scale(loss).backward(), scaler.step(...)): in a precision
             # without loss scaling it gets a disabled scaler, whose scale/unscale_/step/update are pass-throughs.
-            ctx.scaler = torch.amp.GradScaler(device.type, enabled=False)
-        runner = StepRunner(run_setup, ctx)
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-        source = batches if batches is not None else list(setup.batches(warmup + steps, seed=seed))
-        losses, times, skips, saved = [], [], 0, _SavedBytes()
-        for i, batch in enumerate(source):
-            micro = ctx.split(batch, ctx.accumulation_steps)
-            scale = ctx.scaler.get_scale() if ctx.scaler is not None else None
-            sync(device)
-            t0 = time.perf_counter()
-            if i == 0:
-                with saved.hooks():
-                    loss = runner.step(micro)
-            else:
-                loss = runner.step(micro)
-            sync(device)
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-            if ctx.scaler is not None and ctx.scaler.get_scale() < scale:
-                skips += 1  # the scaler found inf/NaN gradients, skipped the step and lowered the scale
-            losses.append(math.nan if loss is None else float(loss))
-        peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else math.nan
-        n = setup.size(source[0])
-    return {"losses": np.asarray(losses), "times": np.asarray(times), "skips": skips, "peak_mb": peak,
-            "activation_mb": saved.total / 2**20, "batch_size": n, "loss_from": runner.source}
+            self.ctx.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
+        self.runner = StepRunner(self.setup, self.ctx)
+        self._base_mem = base
+        self._rng = self._get_rng()
+        self.losses: list[float] = []
+        self.times: list[float] = []
+        self.skips = 0
+        self.saved = _SavedBytes()
+        self.peak_mb = math.nan
+
+    def _tf32(self):
+        return _tf32(self.precision == "tf32") if self.cuda else contextlib.nullcontext()
+
+    def _get_rng(self) -> tuple:
+        return (torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self.cuda else None)
+
+    def _set_rng(self, state: tuple) -> None:
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], self.device)
+
+    def step(self, i: int, timed: bool) -> None:
+        """Run step ``i`` (batch ``i`` of the shared source): its loss always, its time when ``timed``."""
+        from ..dynamics._run import sync
+
+        outer = self._get_rng()
+        self._set_rng(self._rng)
+        try:
+            micro = self.ctx.split(self.source[i], self.ctx.accumulation_steps)
+            scale = self.ctx.scaler.get_scale() if self.ctx.scaler is not None else None
+            with self._tf32():
+                sync(self.device)
+                t0 = self.clock()
+                if i == 0:
+                    with self.saved.hooks():
+                        loss = self.runner.step(micro)
+                else:
+                    loss = self.runner.step(micro)
+                sync(self.device)
+                elapsed = self.clock() - t0
+        finally:
+            self._rng = self._get_rng()
+            self._set_rng(outer)
+        if timed:
+            self.times.append(elapsed)
+        if self.ctx.scaler is not None and self.ctx.scaler.get_scale() < scale:
+            self.skips += 1  # the scaler found inf/NaN gradients, skipped the step and lowered the scale
+        self.losses.append(math.nan if loss is None else float(loss))
+
+    def note_peak(self) -> None:
+        """Peak device memory of this run so far, over what was allocated before it was built (CUDA only)."""
+        if self.cuda:
+            self.peak_mb = (torch.cuda.max_memory_allocated(self.device) - self._base_mem) / 2**20
+
+    def result(self) -> dict[str, Any]:
+        return {"losses": np.asarray(self.losses), "times": np.asarray(self.times), "skips": self.skips,
+                "peak_mb": self.peak_mb, "activation_mb": self.saved.total / 2**20,
+                "batch_size": self.setup.size(self.source[0]), "loss_from": self.runner.source}
+
+
+def _run(setup: Any, precision: str, steps: int, warmup: int, seed: int, batches: list | None = None) -> dict[str, Any]:
+    """Train a fresh copy for ``warmup + steps`` steps in ``precision``; losses of every step, times of the timed ones."""
+    source = batches if batches is not None else list(setup.batches(warmup + steps, seed=seed))
+    run = _PrecisionRun(setup, precision, seed, source)
+    for i in range(len(source)):
+        run.step(i, timed=i >= warmup)
+    run.note_peak()
+    return run.result()
+
+
+def _measure(setup: Any, order: list[str], steps: int, warmup: int, seed: int,
+             clock: Any = time.perf_counter) -> tuple[dict[str, dict], dict[str, str], Any]:
+    """Run every supported precision of ``order`` on the same seeded batches, timed steps interleaved.
+
+    Each run's build and warm-up steps go one precision at a time (so its peak memory is its own); then the timed
+    steps take turns, round by round, the order rotating each round, so a burst of machine noise lands on every
+    precision alike and step ``i`` of each precision forms a pair. Returns (results, reasons for those not
+    measured, the fp32 run for a thread probe)."""
+    reasons: dict[str, str] = {}
+    live: dict[str, _PrecisionRun] = {}
+    source = list(setup.batches(warmup + steps, seed=seed))
+    first = max(1, warmup)  # at least one step alone: the peak memory of each run
+    for p in order:
+        ok, why = support(p, setup.device)
+        if not ok:
+            reasons[p] = why
+            continue
+        try:
+            run = _PrecisionRun(setup, p, seed, source, clock)
+            for i in range(min(first, len(source))):
+                run.step(i, timed=i >= warmup)
+            run.note_peak()
+            live[p] = run
+        except Exception as exc:  # noqa: BLE001 - one precision failing is a finding, not a crash
+            if p == "fp32":
+                raise
+            reasons[p] = f"failed: {type(exc).__name__}: {exc}"
+    for i in range(first, len(source)):
+        names = list(live)
+        k = i % max(1, len(names))
+        for p in names[k:] + names[:k]:
+            try:
+                live[p].step(i, timed=True)
+            except Exception as exc:  # noqa: BLE001
+                if p == "fp32":
+                    raise
+                reasons[p] = f"failed: {type(exc).__name__}: {exc}"
+                del live[p]
+    return {p: r.result() for p, r in live.items()}, reasons, live.get("fp32")
+
+
+def choose(times: dict[str, np.ndarray], stable: dict[str, bool], current: str,
+           speedup_threshold: float = 1.2) -> dict[str, Any]:
+    """Which precision to recommend from interleaved step times, by rules that survive timing noise.
+
+    Speed-ups are measured against the Setup's own precision (fp32 when it was not measured) as the median of
+    paired per-round ratios with a 95% interval (:func:`tropt.perf._timing.speedup`). A stable precision is
+    recommended over the Setup's own only when its interval excludes 1 and its median reaches
+    ``speedup_threshold``; it is a WARN only when even the interval's low end reaches the threshold (the Setup's
+    precision is clearly slower beyond noise), otherwise advice with a PASS. A median at the threshold whose
+    interval includes 1 is "timings too noisy to decide". An unstable Setup precision always gives way to the
+    fastest stable one (WARN). Returns the recommendation, the verdict and every speed-up interval."""
+    from ._timing import clear, speedup
+
+    ref = current if current in times else "fp32"
+    ups = {p: speedup(times[ref], t) for p, t in times.items()}
+    stable_ps = [p for p in times if stable.get(p)]
+    fastest = min(stable_ps, key=lambda p: float(np.median(times[p]))) if stable_ps else next(iter(times))
+    out = {"reference": ref, "speedups": ups, "fastest": fastest, "recommended": ref, "verdict": "keep", "warn": False}
+    if current in times and not stable.get(current):
+        out.update(recommended=fastest, verdict="unstable", warn=fastest != current)
+        return out
+    faster = [p for p in stable_ps if p != ref and clear(ups[p])]
+    worth = [p for p in faster if ups[p][0] >= speedup_threshold]
+    noisy = [p for p in stable_ps if p != ref and ups[p][0] >= speedup_threshold and not clear(ups[p])]
+    if worth:
+        best = max(worth, key=lambda p: ups[p][0])
+        out.update(recommended=best, verdict="clear" if clear(ups[best], speedup_threshold) else "likely",
+                   warn=clear(ups[best], speedup_threshold))
+    elif noisy:
+        out.update(verdict="noisy", candidate=max(noisy, key=lambda p: ups[p][0]))
+    elif faster:
+        out.update(verdict="marginal", candidate=max(faster, key=lambda p: ups[p][0]))
+    return out
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -208,8 +336,13 @@ def check_precision(
     max_skip_share
         ... and the GradScaler may skip at most this share of the steps (fp16).
     speedup_threshold
-        WARN when a stable precision is at least this many times faster than the Setup's own; below it the
-        Setup's own (stable) precision stays the recommendation (a smaller difference is within timing noise).
+        Recommend a stable precision over the Setup's own only when its speed-up's 95% interval excludes 1 and its
+        median reaches this; WARN only when the interval's low end reaches it too (else PASS with the advice). A
+        median above it with an interval that includes 1 is "timings too noisy to decide" (see :func:`choose`).
+
+    The precisions' timed steps are interleaved round by round; each speed-up is the median of per-round ratios.
+    Oversubscription (torch's threads slower than one thread, repeats far apart, or the load average plus torch's
+    threads above the cores) is named in the summary and the advice.
     batch_size_search, max_doublings, memory_budget_mb
         Also double the batch in the recommended precision until out of memory, ``memory_budget_mb`` (on CPU the
         activation memory saved for backward) or ``max_doublings``; the curve is in ``tables['batch_size']``.
@@ -229,25 +362,18 @@ def check_precision(
     setup.validate()
     device = setup.device
     order = ["fp32"] + [p for p in PRECISIONS if p in precisions and p != "fp32"]
-    runs: dict[str, dict] = {}
-    reasons: dict[str, str] = {}
+    machine = machine_load()  # before the runs: the load other processes put on the cores
     with preserved(setup.model):
-        bar = tqdm(order, desc=CHECK_ID, disable=not progress, leave=False)
-        for p in bar:
-            ok, why = support(p, device)
-            if not ok:
-                reasons[p] = why
-                continue
-            try:
-                runs[p] = _run(setup, p, steps, warmup, setup.seed)
-            except Exception as exc:  # noqa: BLE001 - one precision failing is a finding, not a crash
-                if p == "fp32":
-                    raise
-                reasons[p] = f"failed: {type(exc).__name__}: {exc}"
+        bar = tqdm(total=1, desc=CHECK_ID, disable=not progress, leave=False)
+        runs, reasons, fp32_run = _measure(setup, order, steps, warmup, setup.seed)
+        probe = None
+        if device.type == "cpu" and fp32_run is not None:  # after the losses are recorded: extra steps change nothing
+            probe = thread_probe(lambda: fp32_run.step(len(fp32_run.source) - 1, timed=False))
         bar.close()
         ref = runs["fp32"]
         tail = max(1, (warmup + steps) // 5)
         ref_tail = float(np.nanmean(ref["losses"][-tail:]))
+        stable: dict[str, bool] = {}
         rows = []
         for p in order:
             if p not in runs:
@@ -262,54 +388,80 @@ def check_precision(
             both = finite & np.isfinite(ref["losses"])
             dev_max = float(np.max(np.abs(losses[both] - ref["losses"][both]) / np.maximum(np.abs(ref["losses"][both]), 1e-12))) if both.any() else math.nan
             step = float(np.median(r["times"]))
-            stable = non_finite == 0 and dev_tail <= max_deviation and r["skips"] <= max_skip_share * len(losses)
+            stable[p] = bool(non_finite == 0 and dev_tail <= max_deviation and r["skips"] <= max_skip_share * len(losses))
             rows.append({
                 "precision": p, "status": "measured", "reason": "",
-                "step_ms": step * 1e3, "samples_per_s": r["batch_size"] / step,
-                "speedup_vs_fp32": float(np.median(ref["times"])) / step,
+                "step_ms": step * 1e3, "step_ms_min": float(np.min(r["times"])) * 1e3,
+                "step_ms_max": float(np.max(r["times"])) * 1e3, "samples_per_s": r["batch_size"] / step,
                 "peak_memory_mb": r["peak_mb"], "activation_mb": r["activation_mb"],
                 "loss_deviation": dev_tail, "max_step_deviation": dev_max,
-                "non_finite": non_finite, "scaler_skips": int(r["skips"]), "stable": bool(stable),
+                "non_finite": non_finite, "scaler_skips": int(r["skips"]), "stable": stable[p],
             })
-        table = pd.DataFrame(rows, columns=["precision", "status", "reason", "step_ms", "samples_per_s", "speedup_vs_fp32",
+        current = setup.precision
+        decision = choose({p: r["times"] for p, r in runs.items()}, stable, current, speedup_threshold)
+        for row in rows:
+            if row["status"] == "measured":
+                s_, lo, hi = decision["speedups"][row["precision"]]
+                row.update(speedup=s_, speedup_low=lo, speedup_high=hi)
+        table = pd.DataFrame(rows, columns=["precision", "status", "reason", "step_ms", "step_ms_min", "step_ms_max",
+                                            "samples_per_s", "speedup", "speedup_low", "speedup_high",
                                             "peak_memory_mb", "activation_mb", "loss_deviation", "max_step_deviation",
                                             "non_finite", "scaler_skips", "stable"])
         measured = table[table["status"] == "measured"]
         stable_rows = measured[measured["stable"].astype(bool)]
-        best = stable_rows.sort_values("step_ms").iloc[0] if not stable_rows.empty else measured.iloc[0]
-        fastest = str(best["precision"])
-        current = setup.precision
+        recommended, fastest = decision["recommended"], decision["fastest"]
+        ref_p = decision["reference"]
         cur = measured[measured["precision"] == current]
-        kept = ""  # why the Setup's own precision is kept over a marginally faster one
-        if (fastest != current and not cur.empty and bool(cur.iloc[0]["stable"])
-                and float(cur.iloc[0]["step_ms"]) / float(best["step_ms"]) < speedup_threshold):
-            ratio = float(cur.iloc[0]["step_ms"]) / float(best["step_ms"])
-            kept = (f"{fastest} is only {ratio:.2f}× faster than the Setup's {current}, under the "
-                    f"{speedup_threshold:g}× speedup threshold (within timing noise), so {current} is kept")
-            best = cur.iloc[0]
-        recommended = str(best["precision"])
         tables = {"precisions": table}
         if batch_size_search:
             tables["batch_size"] = _batch_search(setup, recommended, setup.seed, max_doublings, memory_budget_mb)
 
+    over = oversubscription(ref["times"], machine, probe, device.type)
     metrics: dict[str, Any] = {"recommended": recommended, "setup_precision": current, "device": str(device),
                                "steps": steps, "max_deviation": max_deviation, "fastest_stable": fastest,
-                               "speedup_threshold": speedup_threshold}
+                               "speedup_threshold": speedup_threshold, "speedup_reference": ref_p,
+                               "timing_verdict": decision["verdict"], "oversubscribed": bool(over), **machine}
+    if probe is not None:
+        metrics["one_thread_speedup"] = probe[0]
     for _, row in table.iterrows():
         p = row["precision"]
         if row["status"] == "measured":
             metrics[f"{p}_step_ms"] = float(row["step_ms"])
             metrics[f"{p}_loss_deviation"] = float(row["loss_deviation"])
+            metrics[f"{p}_speedup"] = float(row["speedup"])
+            metrics[f"{p}_speedup_low"] = float(row["speedup_low"])
+            metrics[f"{p}_speedup_high"] = float(row["speedup_high"])
         else:
             metrics[f"{p}_skipped"] = str(row["reason"])
     series = {f"loss_{p}": r["losses"] for p, r in runs.items()}
     series.update({f"step_ms_{p}": r["times"] * 1e3 for p, r in runs.items()})
     skipped = ", ".join(f"{p} ({'not supported here' if not reasons[p].startswith('failed') else 'failed'})" for p in order if p in reasons)
-    compared = ", ".join(f"{p} {float(measured.loc[measured['precision'] == p, 'step_ms'].iloc[0]):.3g} ms"
-                         + ("" if bool(measured.loc[measured['precision'] == p, 'stable'].iloc[0]) else " (unstable)")
-                         for p in measured["precision"])
-    summary = (f"recommend {recommended}: {compared}" + (f"; {kept}" if kept else "")
+
+    def ms(p: str) -> str:
+        row = measured[measured["precision"] == p].iloc[0]
+        return (f"{p} {float(row['step_ms']):.3g} ms ({float(row['step_ms_min']):.3g}-{float(row['step_ms_max']):.3g})"
+                + ("" if bool(row["stable"]) else " (unstable)"))
+
+    def up(p: str) -> str:
+        s_, lo, hi = decision["speedups"][p]
+        return f"{s_:.2f}× faster than {ref_p} (95% interval {lo:.2f}-{hi:.2f}×)"
+
+    compared = ", ".join(ms(p) for p in measured["precision"])
+    verdict = decision["verdict"]
+    note = ""
+    if verdict == "noisy":
+        c = decision["candidate"]
+        note = (f"timings too noisy to decide: {c} looks {up(c)}, an interval that includes 1, so {recommended} "
+                "is kept")
+    elif verdict == "marginal":
+        c = decision["candidate"]
+        s_ = decision["speedups"][c][0]
+        note = (f"{c} is only {s_:.2f}× faster than the Setup's {current}, under the {speedup_threshold:g}× speedup "
+                f"threshold, so {current} is kept")
+    summary = (f"recommend {recommended}: {compared}" + (f"; {note}" if note else "")
                + (f"; skipped {skipped}" if skipped else ""))
+    if over:
+        summary += "; timings may be inflated by oversubscription (" + "; ".join(over) + ")"
     advice: list[str] = []
     status = Status.PASS
     if cur.empty:
@@ -324,15 +476,21 @@ def check_precision(
                           f"({reasons[current]}); the fastest stable precision measured here is {recommended}.")
     else:
         c = cur.iloc[0]
-        if not bool(c["stable"]):
+        if verdict == "unstable":
             status = Status.WARN
             advice.append(f"{current} is outside the stability guardrail here (loss {float(c['loss_deviation']):.1%} from fp32, "
                           f"{int(c['non_finite'])} non-finite, {int(c['scaler_skips'])} scaler skip{'' if int(c['scaler_skips']) == 1 else 's'}): "
                           f"train in {recommended}.")
-        elif recommended != current and float(c["step_ms"]) / float(best["step_ms"]) >= speedup_threshold:
-            status = Status.WARN
-            advice.append(f"Train in {recommended}: it is {float(c['step_ms']) / float(best['step_ms']):.2f}× faster than "
-                          f"{current} here and stays within {max_deviation:.0%} of fp32's loss.")
+        elif verdict in ("clear", "likely"):
+            status = Status.WARN if decision["warn"] else Status.PASS
+            advice.append(f"Train in {recommended}: it is {up(recommended)} here and stays within {max_deviation:.0%} of "
+                          "fp32's loss" + ("." if decision["warn"] else
+                                           f" (a PASS: the interval's low end is under the {speedup_threshold:g}× threshold)."))
+        elif verdict == "noisy":
+            advice.append(f"Rerun with more steps= or on a quieter machine before switching to {decision['candidate']}: "
+                          "the speed-up's interval includes 1.")
+    if over:
+        advice.append(oversubscription_advice(machine))
     if stable_rows.empty:
         status = Status.WARN
         advice.append("No precision stayed inside the stability guardrail, not even fp32 against itself; look at dynamics.loss_curve.")

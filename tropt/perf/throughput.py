@@ -18,6 +18,7 @@ import torch
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
+from ._timing import machine_load, median_interval, oversubscription, oversubscription_advice, thread_probe
 
 CHECK_ID = "perf.throughput"
 
@@ -172,11 +173,17 @@ def check_throughput(
         DataLoader / Dataset and moving the batch to the device) and the step itself (forward, backward, optimizer,
         scheduler: the Setup's step function), with device synchronisation on GPU.
     data_threshold
-        WARN when waiting for data takes more than this share of the step time.
+        WARN when waiting for data takes more than this share of the step time, beyond noise: the 95% interval of
+        the per-step share lies above it (a median above it with an interval that reaches below is "too noisy to
+        decide", a PASS that says so).
     profile, profile_steps
         Also run ``profile_steps`` steps under ``torch.profiler`` for the top-operators table.
     progress
         Show a progress bar.
+
+    Step times are reported with their spread (min, p10, p90, max). On CPU a short probe alternates torch's
+    threads with one thread; oversubscription (one thread faster, repeats far apart, or the load average plus
+    torch's threads above the cores) is named in the summary and the advice.
 
     Memory: on CUDA the allocator's peak (``torch.cuda.max_memory_allocated``); on CPU the process's resident
     set size (current and lifetime peak) and the bytes of parameters, gradients and optimizer state.
@@ -192,6 +199,8 @@ def check_throughput(
     setup.validate()
     device = setup.device
     cuda = device.type == "cuda"
+    machine = machine_load()  # before the steps: the load other processes put on the cores
+    probe = None
     with preserved(setup.model):
         ctx = setup.build()
         if cuda:
@@ -224,6 +233,8 @@ def check_throughput(
             if cuda:
                 memory["peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
                 memory["peak_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
+            if device.type == "cpu":  # after the timed steps: the probe's extra steps change nothing measured
+                probe = thread_probe(lambda: setup.run_step(ctx, micro))
             ops = profile_ops(setup, ctx, [next(it) for _ in range(profile_steps)]) if profile else None
         finally:
             bar.close()
@@ -242,6 +253,10 @@ def check_throughput(
         "timed_steps": int(steps),
         "warmup_steps": int(warmup),
         "step_time_cv": float(np.std(step) / np.mean(step)) if step.mean() > 0 else 0.0,
+        "step_ms_min": float(np.min(step)) * 1e3,
+        "step_ms_p10": float(np.percentile(step, 10)) * 1e3,
+        "step_ms_p90": float(np.percentile(step, 90)) * 1e3,
+        "step_ms_max": float(np.max(step)) * 1e3,
         "device": str(device),
         "precision": setup.precision,
         **memory,
@@ -252,15 +267,42 @@ def check_throughput(
     if ops is not None and not ops.empty:
         tables["top_operators"] = ops
     series = {"data_wait_ms": wait * 1e3, "compute_ms": comp * 1e3}
-    limit = "data loading" if frac > data_threshold else ("device compute" if cuda else "compute")
+    verdict = data_verdict(wait, step, data_threshold)
+    metrics.update(data_wait_share_low=verdict["low"], data_wait_share_high=verdict["high"])
+    limit = "data loading" if verdict["bound"] else ("device compute" if cuda else "compute")
     metrics["limited_by"] = limit
+    over = oversubscription(step, machine, probe, device.type)
+    metrics.update(machine, oversubscribed=bool(over))
+    if probe is not None:
+        metrics["one_thread_speedup"] = probe[0]
     mem = (f"peak GPU memory {memory['peak_allocated_mb']:.0f} MiB" if cuda
            else f"RSS {memory['rss_mb']:.0f} MiB")
-    summary = (f"{med * 1e3:.3g} ms/step, {metrics['samples_per_s']:.4g} samples/s; waiting for data takes "
-               f"{frac:.0%} of the step; {mem}")
-    if frac > data_threshold:
+    summary = (f"{med * 1e3:.3g} ms/step ({metrics['step_ms_min']:.3g}-{metrics['step_ms_max']:.3g} over {steps} "
+               f"steps), {metrics['samples_per_s']:.4g} samples/s; waiting for data takes {frac:.0%} of the step; {mem}")
+    if verdict["noisy"]:
+        summary += (f"; timings too noisy to decide whether data loading limits the step (its share per step: median "
+                    f"{verdict['median']:.0%}, interval {verdict['low']:.0%}-{verdict['high']:.0%} around the "
+                    f"{data_threshold:.0%} threshold)")
+    extra = []
+    if over:
+        summary += "; timings may be inflated by oversubscription (" + "; ".join(over) + ")"
+        extra.append(oversubscription_advice(machine))
+    if verdict["bound"]:
         # Sub-millisecond waits are per-sample overhead, not slow loading: more workers would not help, so the
         # worker / prefetch advice is left out rather than contradicted.
         advice = [_cheap_batches_advice(setup)] if metrics["data_wait_ms"] < 1.0 else _loader_advice(setup, device)
-        return CheckResult(CHECK_ID, Status.WARN, f"data-loading bound: {summary}", metrics, tables, advice, series)
-    return CheckResult(CHECK_ID, Status.PASS, f"{limit}-bound: {summary}", metrics, tables, [], series)
+        return CheckResult(CHECK_ID, Status.WARN, f"data-loading bound: {summary}", metrics, tables, advice + extra, series)
+    return CheckResult(CHECK_ID, Status.PASS, f"{limit}-bound: {summary}", metrics, tables, extra, series)
+
+
+def data_verdict(wait: np.ndarray, step: np.ndarray, threshold: float) -> dict[str, Any]:
+    """Whether waiting for data limits the step beyond noise: the per-step wait share's median and 95% interval.
+
+    ``bound`` when the whole interval lies above ``threshold``; ``noisy`` when the median does but the interval
+    reaches below it (then no verdict either way)."""
+    shares = [w / t for w, t in zip(wait, step) if t > 0]
+    med, lo, hi = median_interval(shares)
+    if not shares:
+        med = lo = hi = 0.0
+    return {"median": med, "low": lo, "high": hi, "bound": bool(lo > threshold),
+            "noisy": bool(med > threshold >= lo)}
