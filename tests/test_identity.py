@@ -49,9 +49,9 @@ def test_diagnose_scans_only_what_the_selected_checks_need(monkeypatch):
     train, test = _frames()
     wanted, real_scan = [], sources.scan
 
-    def spy(obj, name, opts, kinds=None, progress=False, needs=sources.ALL_NEEDS):
+    def spy(obj, name, opts, kinds=None, progress=False, needs=sources.ALL_NEEDS, **kw):
         wanted.append(needs)
-        return real_scan(obj, name, opts, kinds, progress, needs)
+        return real_scan(obj, name, opts, kinds, progress, needs, **kw)
 
     monkeypatch.setattr(sources, "scan", spy)
     tropt.diagnose(splits={"train": train, "test": test}, label="y", checks=["data.exact_duplicates"], progress=False)
@@ -110,13 +110,23 @@ def test_partitioned_parquet_directory_is_fingerprinted(tmp_path):
     (lambda tmp: torch.empty(10, 3, device="meta"), "meta device"),                   # shapes without data
     (lambda tmp: (torch.empty(10, 3, device="meta"), torch.zeros(10)), "meta device"),  # inside (X, y)
 ])
-def test_bad_split_raises_a_data_error_naming_it_before_any_check(tmp_path, make, words):
-    seen = []
+def test_bad_split_is_a_data_error_naming_it_found_before_any_check(tmp_path, make, words, monkeypatch):
+    import tropt.data.sources as sources
+
+    scans = []
+    real_scan = sources.scan
+    monkeypatch.setattr(sources, "scan", lambda *a, **k: scans.append(a[1]) or real_scan(*a, **k))
     train, _ = _frames()
-    with pytest.raises(DataError, match=words) as info:
-        tropt.diagnose(splits={"train": train, "holdout": make(tmp_path)}, progress=False, callback=seen.append)
-    assert "split 'holdout'" in str(info.value)
-    assert seen == []  # no check ran
+    report = tropt.diagnose(splits={"train": train, "holdout": make(tmp_path)}, checks="data", progress=False)
+    data = [r for r in report if r.check.startswith("data.") and r.status is not tropt.Status.SKIP]
+    assert data and all(r.status is tropt.Status.ERROR and "split 'holdout'" in r.summary for r in data)
+    assert all(words in r.summary for r in data) and all(r.metrics["error_type"] == "DataError" for r in data)
+    assert scans == []  # found before any check read the data
+    assert "split 'holdout'" in report.identity["data_fingerprint_error"]  # the report and its identity are kept
+    # A Setup's checks still run beside it (the rest of the report is not lost).
+    with pytest.raises(DataError, match=words):
+        from tropt.diagnosis import check_splits_readable
+        check_splits_readable({"train": train, "holdout": make(tmp_path)})
 
 
 def test_fingerprint_never_raises():

@@ -90,9 +90,12 @@ def test_budget_reaches_the_checks_it_names(monkeypatch):
 
     monkeypatch.setitem(registry._REGISTRY, "data.label_sanity", registry.CheckSpec(spec.id, spec.stage, spec.title, spec.description, fake, spec.needs))
     monkeypatch.setitem(BUDGETS, "quick", {**BUDGETS["quick"], "data.label_sanity": {"max_evidence": 3}})
-    tropt.diagnose(splits={"train": [[1]]}, checks=["data.label_sanity"], budget="quick", progress=False)
+    import pandas as pd
+
+    splits = {"train": pd.DataFrame({"a": [1.0, 2.0], "y": [0, 1]})}
+    tropt.diagnose(splits=splits, checks=["data.label_sanity"], budget="quick", progress=False)
     assert seen == {"max_evidence": 3}
-    tropt.diagnose(splits={"train": [[1]]}, checks=["data.label_sanity"], budget="standard", progress=False)
+    tropt.diagnose(splits=splits, checks=["data.label_sanity"], budget="standard", progress=False)
     assert seen == {"max_evidence": 10}
 
 

@@ -72,10 +72,7 @@ def check_splits_readable(splits: Mapping[str, Any]) -> None:
     from .data.sources import Options, _Reader, validate_splits
 
     for name, obj in validate_splits(splits):
-        if _meta_tensor(obj):
-            raise DataError(f"split {name!r} holds a tensor on the meta device, which has a shape but no data to check",
-                            "pass the real data (materialise the tensor on the CPU or your device first)")
-        try:
+        try:  # the reader names what it finds wrong, and where (e.g. "X of the (X, y) tuple is on the meta device")
             reader = _Reader(obj, name, Options())
             if getattr(reader, "columns", None) == []:
                 where = f" at {reader.path!r}" if hasattr(reader, "path") else ""
@@ -87,6 +84,9 @@ def check_splits_readable(splits: Mapping[str, Any]) -> None:
             raise DataError(f"split {name!r} cannot be read: {type(exc).__name__}: {exc}",
                             "pass a DataFrame, an array or tensor, a map-style Dataset, a .csv/.parquet file or a "
                             "directory of Parquet files") from exc
+        if _meta_tensor(obj):
+            raise DataError(f"split {name!r} holds a tensor on the meta device, which has a shape but no data to check",
+                            "pass the real data (materialise the tensor on the CPU or your device first)")
 
 
 def diagnose(
@@ -134,7 +134,7 @@ def diagnose(
         other work on the machine leaves idle, at most the user's setting (see :func:`tropt.budgets.tropt_threads`).
 
     Inapplicable checks are SKIP with the reason; a check that raises becomes ERROR and the rest still run. A split
-    that cannot be read at all raises :class:`tropt.errors.DataError` naming it, before any check runs. The data
+    that cannot be read at all is found before any check runs: every data check is ERROR with a DataError naming it. The data
     checks share one scan of the splits, whose row fingerprints also give the report's data fingerprint; when that
     fails, the identity says why (``data_fingerprint_error``) and the report is kept.
     """
@@ -157,8 +157,12 @@ def diagnose(
         raise TroptError(f"diagnose: task={task!r} is not 'classification' or 'regression'", "pass one of those, or None to infer it from the labels")
     specs = select(checks)
     budget_options(budget, "")  # refuses an unknown budget before any check runs
-    if splits is not None:
-        check_splits_readable(splits)
+    splits_error: DataError | None = None
+    if splits is not None and any(s.needs == "splits" for s in specs):
+        try:  # an unreadable split is found before any check runs; its data checks are ERROR, the rest still run
+            check_splits_readable(splits)
+        except DataError as exc:
+            splits_error = exc
     setup_error: BaseException | None = None
     if setup is not None and any(s.needs == "setup" for s in specs):
         try:
@@ -169,15 +173,19 @@ def diagnose(
     results: list[CheckResult] = []
     data_ids = [s.id for s in specs if s.needs == "splits"]
     with tropt_threads(threads) as used_threads, session(scan_needs(data_ids)) if splits is not None else nullcontext():
-        _run_specs(specs, setup, splits, setup_error, {**options, "budget": budget}, results, progress, callback, on_result)
+        _run_specs(specs, setup, splits, setup_error, {**options, "budget": budget}, results, progress, callback, on_result,
+                   splits_error)
         # Inside the session: the identity's data fingerprint reuses the scan the data checks made.
-        identity = run_identity(setup if setup_error is None else None, splits, checks=[s.id for s in specs],
-                                label=label, group=group, time=time)
+        identity = run_identity(setup if setup_error is None else None, splits if splits_error is None else None,
+                                checks=[s.id for s in specs], label=label, group=group, time=time)
     identity.update(budget=budget, threads=used_threads)
+    if splits_error is not None:
+        identity["data_fingerprint_error"] = str(splits_error)
     return Report(link_findings(results), identity)
 
 
-def _run_specs(specs, setup, splits, setup_error, options, results, progress, callback, on_result) -> None:
+def _run_specs(specs, setup, splits, setup_error, options, results, progress, callback, on_result,
+               splits_error=None) -> None:
     """The loop of :func:`diagnose`: each spec's result appended to ``results`` (and handed to ``on_result``)."""
     from tqdm.auto import tqdm
 
@@ -195,6 +203,8 @@ def _run_specs(specs, setup, splits, setup_error, options, results, progress, ca
             results.append(CheckResult(spec.id, Status.SKIP, "no data splits given: pass splits={'train': ..., 'test': ...} to run data checks"))
         elif spec.needs == "setup" and setup_error is not None:
             results.append(error_result(spec.id, setup_error))
+        elif spec.needs == "splits" and splits_error is not None:
+            results.append(error_result(spec.id, splits_error))
         else:
             results.append(run_check(spec, setup if spec.needs == "setup" else splits, {**options, **budget_options(budget, spec.id)}))
         if on_result is not None:
