@@ -38,7 +38,8 @@ def test_compare_report_writes_comparison_and_html(tmp_path):
     assert page.count("data:image/png") >= 2  # curves and trade-off
     for verdict in comp.decision()["verdict"]:
         assert verdict in page
-    assert "val_loss_mean" in page  # the per-candidate table
+    # the per-candidate table, scored by the Setup's own metric (the sample's balanced accuracy)
+    assert "balanced_accuracy_mean" in comp.to_frame().columns and "balanced_accuracy_mean" in page
 
 
 def test_compare_report_without_candidates_fails_with_the_fix(tmp_path):
