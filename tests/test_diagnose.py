@@ -125,3 +125,27 @@ def test_diagnose_stays_the_function_after_submodule_imports():
     code = "import tropt, tropt.diagnosis, tropt.data.splits; print(callable(tropt.diagnose), tropt.diagnose.__module__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "tropt.diagnosis"]
+
+
+def test_options_reach_one_check_and_typos_are_errors():
+    import pytest
+    import torch
+    from torch import nn
+
+    import tropt
+    from tropt.errors import TroptError
+    from support import ce_loss, make_classification
+
+    x, y = make_classification(n=64, d=8, classes=3, seed=0)
+    torch.manual_seed(0)
+    setup = tropt.Setup(nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 3)), ce_loss,
+                        lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), [(x[:32], y[:32]), (x[32:], y[32:])])
+    plain = tropt.diagnose(setup, checks=["perf.memory"], progress=False)["perf.memory"]
+    tiny = tropt.diagnose(setup, checks=["perf.memory"], progress=False,
+                          options={"perf.memory": {"memory_limit": 1e-5}})["perf.memory"]  # ~10 KiB: nothing fits
+    assert plain.status is tropt.Status.PASS, plain.summary  # on CPU no limit is assumed: no fit verdict
+    assert tiny.status is tropt.Status.FAIL, tiny.summary
+    with pytest.raises(TroptError, match="takes no keyword 'memory_limt'"):
+        tropt.diagnose(setup, checks=["perf.memory"], progress=False, options={"perf.memory": {"memory_limt": 80}})
+    with pytest.raises(TroptError, match="not among the selected checks"):
+        tropt.diagnose(setup, checks=["perf.memory"], progress=False, options={"loop.ddp": {}})

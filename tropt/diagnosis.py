@@ -103,6 +103,7 @@ def diagnose(
     budget: str = "standard",
     on_result: Any = None,
     threads: int | str | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Report:
     """Run the registered checks that apply, in contract order, and return a :class:`Report`.
 
@@ -132,6 +133,9 @@ def diagnose(
     threads
         torch intra-op threads for the checks (the user's setting is restored afterwards); None takes the cores
         other work on the machine leaves idle, at most the user's setting (see :func:`tropt.budgets.tropt_threads`).
+    options
+        Keyword arguments for single checks, by id, over the budget's: e.g.
+        ``{"perf.memory": {"memory_limit": 80}}`` to plan for an 80 GB accelerator.
 
     Inapplicable checks are SKIP with the reason; a check that raises becomes ERROR and the rest still run. A split
     that cannot be read at all is found before any check runs: every data check is ERROR with a DataError naming it. The data
@@ -157,6 +161,7 @@ def diagnose(
         raise TroptError(f"diagnose: task={task!r} is not 'classification' or 'regression'", "pass one of those, or None to infer it from the labels")
     specs = select(checks)
     budget_options(budget, "")  # refuses an unknown budget before any check runs
+    per_check = _check_options(options, specs)
     splits_error: DataError | None = None
     if splits is not None and any(s.needs == "splits" for s in specs):
         try:  # an unreadable split is found before any check runs; its data checks are ERROR, the rest still run
@@ -173,8 +178,8 @@ def diagnose(
     results: list[CheckResult] = []
     data_ids = [s.id for s in specs if s.needs == "splits"]
     with tropt_threads(threads) as used_threads, session(scan_needs(data_ids)) if splits is not None else nullcontext():
-        _run_specs(specs, setup, splits, setup_error, {**options, "budget": budget}, results, progress, callback, on_result,
-                   splits_error)
+        _run_specs(specs, setup, splits, setup_error, {**options, "budget": budget, "per_check": per_check}, results, progress,
+                   callback, on_result, splits_error)
         # Inside the session: the identity's data fingerprint reuses the scan the data checks made.
         identity = run_identity(setup if setup_error is None else None, splits if splits_error is None else None,
                                 checks=[s.id for s in specs], label=label, group=group, time=time)
@@ -192,6 +197,7 @@ def _run_specs(specs, setup, splits, setup_error, options, results, progress, ca
     from .budgets import budget_options
 
     budget = options.pop("budget")
+    per_check = options.pop("per_check", {})
     bar = tqdm(specs, desc="tropt diagnose", disable=not progress, leave=False)
     for index, spec in enumerate(bar):
         bar.set_postfix_str(spec.id)
@@ -206,6 +212,30 @@ def _run_specs(specs, setup, splits, setup_error, options, results, progress, ca
         elif spec.needs == "splits" and splits_error is not None:
             results.append(error_result(spec.id, splits_error))
         else:
-            results.append(run_check(spec, setup if spec.needs == "setup" else splits, {**options, **budget_options(budget, spec.id)}))
+            results.append(run_check(spec, setup if spec.needs == "setup" else splits, {**options, **budget_options(budget, spec.id),
+                                                                                           **per_check.get(spec.id, {})}))
         if on_result is not None:
             on_result(results[-1])
+
+
+def _check_options(options: Mapping[str, Mapping[str, Any]] | None, specs: list[CheckSpec]) -> dict[str, dict]:
+    """Validate ``diagnose(options=...)``: known ids, and keywords each check accepts (a typo is an error, not ignored)."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise TroptError(f"diagnose: options is a {type(options).__name__}, expected {{check id: {{keyword: value}}}}",
+                         "e.g. options={'perf.memory': {'memory_limit': 80}}")
+    by_id = {s.id: s for s in specs}
+    out = {}
+    for cid, kwargs in options.items():
+        if cid not in by_id:
+            raise TroptError(f"diagnose: options names {cid!r}, which is not among the selected checks",
+                             f"use one of: {', '.join(by_id)}")
+        params = inspect.signature(by_id[cid].func).parameters
+        unknown = [k for k in kwargs if k not in params]
+        if unknown:
+            accepted = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+            raise TroptError(f"diagnose: {cid} takes no keyword {', '.join(map(repr, unknown))}",
+                             f"its keywords: {', '.join(accepted)}")
+        out[cid] = dict(kwargs)
+    return out
