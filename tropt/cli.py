@@ -229,7 +229,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tropt: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
+        import logging
+
         from .report.runner import Terminated
+
+        # The interrupt kills the kernel under nbclient's running cell task; asyncio would log that task's
+        # DeadKernelError ("Task exception was never retrieved", a traceback) at exit, after the line below.
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
         terminated = isinstance(exc, Terminated)
         where = f"; {args.output} holds the previous report, unchanged" if args.command == "report" else ""
