@@ -363,21 +363,12 @@ class Report:
 
     def to_json(self, path=None, indent: int = 2) -> str:
         """Serialise to strict JSON; also write it to ``path`` when given."""
-        text = json.dumps(self.to_dict(), indent=indent, allow_nan=False)
-        if path is not None:
-            _parent_dir(path)
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(text)
-        return text
+        return write_json(self.to_dict(), path, indent=indent)
 
     @classmethod
     def from_json(cls, text_or_path: str) -> "Report":
         """Read a report written by :meth:`to_json` (a JSON string or a file path)."""
-        text = text_or_path
-        if not text_or_path.lstrip().startswith("{"):
-            with open(text_or_path, encoding="utf-8") as fh:
-                text = fh.read()
-        return cls.from_dict(json.loads(text))
+        return cls.from_dict(read_json(text_or_path))
 
     def to_markdown(self) -> str:
         """A Markdown summary: one table row per check, then advice and evidence sizes for non-passing ones.
@@ -434,6 +425,26 @@ class Report:
 
     def __repr__(self) -> str:
         return f"<Report {self.status.value.upper()}: {len(self.results)} checks {self.counts()}>"
+
+
+def write_json(data: Any, path: Any = None, *, indent: int = 2, allow_nan: bool = False) -> str:
+    """``data`` as JSON text, also written to ``path`` (its directory created) when given: one writer for every
+    object tropt saves (reports, comparisons, plans)."""
+    text = json.dumps(data, indent=indent, allow_nan=allow_nan)
+    if path is not None:
+        _parent_dir(path)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    return text
+
+
+def read_json(text_or_path: str) -> Any:
+    """The JSON in ``text_or_path``: the text itself when it is an object literal, else the file it names."""
+    text = text_or_path
+    if not text_or_path.lstrip().startswith("{"):
+        with open(text_or_path, encoding="utf-8") as fh:
+            text = fh.read()
+    return json.loads(text)
 
 
 def _parent_dir(path) -> None:

@@ -6,7 +6,6 @@ Values only: the tables are computed here, drawing lives in :mod:`tropt.plots.ex
 from __future__ import annotations
 
 import html
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..result import read_json, write_json
 from ..errors import TroptError
 from .budget import Guardrails
 from .candidates import BASELINE
@@ -165,11 +165,7 @@ class Comparison:
         return {"format": FORMAT, "meta": _json_safe(self.meta), "records": _json_safe(self.records)}
 
     def to_json(self, path: Any = None) -> str:
-        text = json.dumps(self.to_dict(), indent=1)
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(text)
-        return text
+        return write_json(self.to_dict(), path, indent=1, allow_nan=True)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Comparison":
@@ -180,11 +176,7 @@ class Comparison:
 
     @classmethod
     def from_json(cls, text_or_path: str) -> "Comparison":
-        text = text_or_path
-        if not text_or_path.lstrip().startswith("{"):
-            with open(text_or_path, encoding="utf-8") as fh:
-                text = fh.read()
-        return cls.from_dict(json.loads(text))
+        return cls.from_dict(read_json(text_or_path))
 
     # ------------------------------------------------------------------ display
     def summary(self) -> str:

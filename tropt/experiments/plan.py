@@ -8,13 +8,12 @@ changes and the stop / escalate conditions. Values only: it renders as Markdown,
 from __future__ import annotations
 
 import html
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TroptError
-from ..result import Report, Status
+from ..result import Report, Status, read_json, write_json
 from .budget import Budget, Guardrails
 from .candidates import BASELINE
 from .stats import ADOPT, ESCALATE, INCONCLUSIVE, MIN_SEEDS
@@ -105,11 +104,7 @@ class OptimizationPlan:
         return {"format": FORMAT, **_json_safe(d)}
 
     def to_json(self, path: Any = None) -> str:
-        text = json.dumps(self.to_dict(), indent=1, allow_nan=False)
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(text)
-        return text
+        return write_json(self.to_dict(), path, indent=1)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "OptimizationPlan":
@@ -121,11 +116,7 @@ class OptimizationPlan:
 
     @classmethod
     def from_json(cls, text_or_path: str) -> "OptimizationPlan":
-        text = text_or_path
-        if not text_or_path.lstrip().startswith("{"):
-            with open(text_or_path, encoding="utf-8") as fh:
-                text = fh.read()
-        return cls.from_dict(json.loads(text))
+        return cls.from_dict(read_json(text_or_path))
 
     # ------------------------------------------------------------------ rendering
     @property
