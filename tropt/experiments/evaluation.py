@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -43,27 +44,33 @@ class _EvalMode:
         torch.set_rng_state(self.rng)
 
 
-def _default_scores(setup: Any, ctx: Any, prefix: str) -> dict[str, float]:
+def _default_scores(setup: Any, ctx: Any, prefix: str, cache: dict | None = None) -> dict[str, float]:
     """Sample-weighted mean loss over one pass of the split, and accuracy when ``num_classes`` is set and the
-    loss is recognisably a classification objective of the model's output."""
+    loss is recognisably a classification objective of the model's output.
+
+    ``cache`` (one dict per run) keeps the objective identified at the first evaluation: a run's loss and output
+    layout do not change between evaluations, and identifying it again costs as much as a small forward pass.
+    """
     from ..model._common import Capture, identify_objective
 
     total, count, correct, counted = 0.0, 0, 0, 0
-    objective, classify = None, setup.num_classes is not None
+    cache = {} if cache is None else cache
+    objective, classify = cache.get("objective"), setup.num_classes is not None and cache.get("classify", True)
     # The split is read as it is (no reseeding per evaluation: the order does not change a mean, and _EvalMode
     # puts back whatever RNG state a shuffling loader draws from).
     for i, raw in enumerate(setup.loader("val")):
         batch = to_device(raw, ctx.device)
-        with Capture(ctx.model) as cap, ctx.autocast():
+        with (Capture(ctx.model) if classify else contextlib.nullcontext()) as cap, ctx.autocast():
             loss = float(setup.loss(ctx.model, batch).float())
         n = batch_size(batch)
         total += loss * n
         count += n
         if classify:
             out = cap.output
-            if i == 0:
+            if objective is None:
                 objective = identify_objective(loss, out, batch, setup.num_classes)
                 classify = objective is not None and objective.is_classification
+                cache.update(objective=objective if classify else None, classify=classify)
             if classify and out is not None:
                 from ..model._common import get_leaf
 
@@ -76,15 +83,17 @@ def _default_scores(setup: Any, ctx: Any, prefix: str) -> dict[str, float]:
     return scores
 
 
-def score(setup: Any, ctx: Any, metric: Metric | None, data: Any = None, prefix: str = "val") -> dict[str, float]:
+def score(setup: Any, ctx: Any, metric: Metric | None, data: Any = None, prefix: str = "val",
+          cache: dict | None = None) -> dict[str, float]:
     """Scores of ``ctx.model`` on ``data`` (default: the Setup's val_data). The first key is the selection metric.
+    ``cache``: a dict kept for one run and one split, so what the first evaluation learnt is not redone.
 
     Raises :class:`StepError` when the metric fails or is not a finite number.
     """
     target = setup if data is None else setup.replace(val_data=data)
     with _EvalMode(ctx.model):
         if metric is None:
-            scores = _default_scores(target, ctx, prefix)
+            scores = _default_scores(target, ctx, prefix, cache)
             name = f"{prefix}_loss"
             if not math.isfinite(scores[name]):
                 raise StepError(f"the validation loss is {scores[name]} (non-finite)", "the run diverged or the split has NaNs")

@@ -8,7 +8,9 @@ processes (the spec travels as cloudpickle bytes, so closures and lambdas in a S
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -44,12 +46,17 @@ class RunSpec:
     select_data: Any = None  # its data when it is not the Setup's val_data
 
 
+@functools.lru_cache(maxsize=4)
+def _process(pid: int) -> Any:
+    import psutil
+
+    return psutil.Process(pid)
+
+
 def _memory_now(device: torch.device) -> float:
     """Process RSS in MiB on CPU (psutil when present, else the peak from getrusage)."""
     try:
-        import psutil
-
-        return psutil.Process().memory_info().rss / 2**20
+        return _process(os.getpid()).memory_info().rss / 2**20
     except ImportError:  # pragma: no cover - psutil ships with jupyter
         import resource
 
@@ -91,6 +98,7 @@ class _Run:
         self.optimizer = ""
         self.final_scores: dict[str, float] = {}
         self.checked = 0  # losses already checked for finiteness
+        self.eval_cache: dict[str, Any] = {}  # what the first evaluation identified (the objective), reused
 
     # ------------------------------------------------------------------ bookkeeping
     def nonfinite_step(self) -> int | None:
@@ -106,7 +114,8 @@ class _Run:
 
     def evaluate(self, setup: Any, ctx: Any) -> bool:
         """Score the model; True when early stopping says stop."""
-        scores = score(setup, ctx, self.spec.metric, self.spec.select_data, prefix=self.spec.select_name)
+        scores = score(setup, ctx, self.spec.metric, self.spec.select_data, prefix=self.spec.select_name,
+                       cache=self.eval_cache)
         self.eval_steps.append(self.steps)
         for k, v in scores.items():
             self.evals.setdefault(k, []).append(v)
