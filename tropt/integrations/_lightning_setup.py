@@ -397,14 +397,14 @@ def _advance_schedule(ctx: Any, module: Any, spec: _Spec, configs: list) -> None
 
 # ------------------------------------------------------------------ data
 def _data(module: Any, datamodule: Any, train: Any, val: Any, pkg: str) -> tuple[Any, Any]:
-    """Train and validation loaders: explicit loaders, else the datamodule's (prepare_data + setup('fit') on a shallow
-    copy, as Trainer.fit does, so the user's datamodule keeps its attributes), else the module's own hooks."""
+    """Train and validation loaders: explicit loaders, else the datamodule's (prepare_data + setup('fit') on a deep copy,
+    as Trainer.fit does, so the user's datamodule keeps its state), else the module's own hooks."""
     import importlib
 
     core = importlib.import_module(pkg)
     source, name = None, None
     if train is None and datamodule is not None:
-        source = copy.copy(datamodule)
+        source = copy.deepcopy(datamodule)  # setup() assigns attributes and may append to shared containers
         name = type(datamodule).__name__
         try:
             source.prepare_data()
@@ -484,7 +484,7 @@ def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloade
     module
         The ``LightningModule`` (never modified: tropt works on copies).
     datamodule
-        A ``LightningDataModule``; ``prepare_data()`` and ``setup("fit")`` run on a shallow copy, then
+        A ``LightningDataModule``; ``prepare_data()`` and ``setup("fit")`` run on a deep copy, then
         ``train_dataloader()`` / ``val_dataloader()``.
     train_dataloaders, val_dataloaders
         Loaders as given to ``Trainer.fit`` (instead of a datamodule). Without either, the module's own
