@@ -118,6 +118,25 @@ def _make_step(trainer: Any) -> Any:
     return hf_trainer_step
 
 
+def _track_steps(opt: torch.optim.Optimizer) -> None:
+    """Mark ``opt.step`` as an LR scheduler's constructor does (it saw the user's optimizer, not this copy), so torch
+    does not warn that the step was overridden."""
+    import functools
+
+    if hasattr(opt.step, "_wrapped_by_lr_sched"):
+        return
+    func, opt_ref = type(opt).step, weakref.ref(opt)  # as torch does: no reference cycle through the optimizer
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        target = opt_ref()
+        target._opt_called = True
+        return func.__get__(target, type(target))(*args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True
+    opt.step = wrapper
+
+
 def setup_from_trainer(trainer: Any, *, seed: int | None = None) -> Setup:
     """A :class:`tropt.Setup` that checks a ``transformers.Trainer``'s own training step.
 
@@ -181,6 +200,7 @@ def setup_from_trainer(trainer: Any, *, seed: int | None = None) -> Setup:
         opt = getattr(opt, "optimizer", opt)  # an accelerate AcceleratedOptimizer: the torch optimizer inside
         if given_sched is not None and given_opt is not None:
             sched = copy.deepcopy(given_sched, memo={id(given_opt): opt})  # the same schedule, on tropt's optimizer
+            _track_steps(opt)
         else:
             view.optimizer = opt
             sched = view.create_scheduler(num_training_steps=total_steps, optimizer=opt)
