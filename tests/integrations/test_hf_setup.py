@@ -52,8 +52,8 @@ def pad(features: list) -> dict:
 
 def gpt2(dropout: float = 0.1):
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=64,
-                                  resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=64, bos_token_id=0,
+                                  eos_token_id=0, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
     return transformers.GPT2LMHeadModel(cfg)
 
 
@@ -97,6 +97,13 @@ def test_shipped_trainer_passes_the_loop_checks_and_is_not_modified(tmp_path):
     assert "unequal sizes" in results["loop.accumulation"].summary  # exact even for uneven micro-batches: token counts
     assert trainer.optimizer is None and trainer.lr_scheduler is None
     assert len(trainer.accelerator._dataloaders) == prepared
+
+
+def test_bf16_trainer_passes_accumulation_in_its_tolerance(tmp_path):
+    setup = setup_from_trainer(trainer_of(transformers.Trainer, tmp_path, bf16=True))
+    assert (setup.precision, setup.use_scaler, str(setup.device)) == ("bf16", False, "cpu")
+    r = run(setup, ["loop.accumulation"])["loop.accumulation"]
+    assert r.status is Status.PASS, r.summary
 
 
 @pytest.mark.parametrize("cls, cause, words", [

@@ -214,6 +214,42 @@ def test_datamodule_is_set_up_on_a_copy():
     assert len(setup.train_data) == 3 and setup.val_data is None
 
 
+def test_a_pytorch_lightning_module_without_batch_idx_reading_the_trainer():
+    ptl = pytest.importorskip("pytorch_lightning")
+
+    class Old(ptl.LightningModule):  # the standalone package's base class; training_step(batch) only
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(8, 3)
+
+        def training_step(self, batch):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            opt = torch.optim.Adam(self.parameters(), lr=1e-2)
+            total = self.trainer.estimated_stepping_batches  # 4 batches / 2 per step * 5 epochs
+            assert total == 10 and isinstance(total, int)
+            sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=total)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    setup = setup_from_lightning(Old(), train_dataloaders=loader(), trainer_kwargs={"max_epochs": 5, "accumulate_grad_batches": 2})
+    results = run(setup, ["loop.accumulation", "loop.scheduler_cadence", "loop.resume"])
+    for cid, r in results.items():
+        assert r.status is Status.PASS, (cid, r.summary)
+
+
+def test_reading_what_the_trainer_stand_in_lacks_says_so():
+    class ReadsLoader(LitClassifier):
+        def training_step(self, batch, batch_idx):
+            self.trainer.train_dataloader  # not provided outside a Trainer
+            return super().training_step(batch, batch_idx)
+
+    setup = setup_from_lightning(ReadsLoader(), train_dataloaders=loader())
+    with pytest.raises(StepError, match="stand-in for the Trainer does not have"):
+        setup.validate()
+
+
 # ------------------------------------------------------------------ bad inputs: what, why, how to fix
 class NoStep(pl.LightningModule):
     def __init__(self) -> None:

@@ -227,4 +227,4 @@ def setup_from_trainer(trainer: Any, *, seed: int | None = None) -> Setup:
     clip = float(args.max_grad_norm) if args.max_grad_norm and args.max_grad_norm > 0 else None
     return Setup(trainer.model, loss_fn, optimizer, train, val_data=val, scheduler=scheduler, step=_make_step(trainer),
                  accumulation_steps=int(args.gradient_accumulation_steps), grad_clip=clip, precision=precision,
-                 use_scaler=use_scaler, seed=int(args.seed if seed is None else seed))
+                 use_scaler=use_scaler, device=str(args.device), seed=int(args.seed if seed is None else seed))

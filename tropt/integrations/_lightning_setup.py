@@ -54,8 +54,6 @@ __all__ = ["setup_from_lightning"]
 LOW, HIGH = "2.2", "3"
 _PRECISION = {"32": ("fp32", False), "32-true": ("fp32", False), "bf16": ("bf16", False), "bf16-mixed": ("bf16", False),
               "16": ("fp16", True), "16-mixed": ("fp16", True)}
-_USED_KWARGS = {"accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm", "precision", "max_epochs",
-                "max_steps"}
 
 
 @dataclass
@@ -73,11 +71,12 @@ class _Spec:
     configs: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary)  # optimizer -> configs
 
     @property
-    def estimated_stepping_batches(self) -> float:
+    def estimated_stepping_batches(self) -> int | float:
+        """Optimizer steps of the whole fit, as Lightning's property gives them (an int, or inf when unbounded)."""
         if self.steps_per_epoch is None or self.max_epochs is None or self.max_epochs < 0:
-            return float(self.max_steps) if self.max_steps > 0 else float("inf")
-        total = self.steps_per_epoch * self.max_epochs
-        return float(min(total, self.max_steps) if self.max_steps > 0 else total)
+            return int(self.max_steps) if self.max_steps > 0 else float("inf")
+        total = self.steps_per_epoch * int(self.max_epochs)
+        return min(total, int(self.max_steps)) if self.max_steps > 0 else total
 
 
 # ------------------------------------------------------------------ the framework behind the module
@@ -250,8 +249,9 @@ def _parse_optimizers(module: Any, spec: _Spec) -> tuple[torch.optim.Optimizer, 
 
 
 def _misconfiguration(pkg: str) -> type:
+    dist = "lightning" if pkg.startswith("lightning") else "pytorch_lightning"
     try:
-        (exc,) = import_from("lightning", LOW, HIGH, f"{pkg}.utilities.exceptions", "MisconfigurationException")
+        (exc,) = import_from(dist, LOW, HIGH, f"{pkg}.utilities.exceptions", "MisconfigurationException")
         return exc
     except SetupError:
         return RuntimeError
@@ -446,7 +446,7 @@ def _steps_per_epoch(train: Any, accumulate: int) -> int | None:
 
 
 # ------------------------------------------------------------------ trainer_kwargs
-def _read_kwargs(kwargs: dict[str, Any]) -> tuple[int, float | None, str, str, bool, int | None, int]:
+def _read_kwargs(kwargs: dict[str, Any]) -> tuple[int, float | None, str, str, bool, int | None, int, str]:
     acc = kwargs.get("accumulate_grad_batches", 1)
     if isinstance(acc, bool) or not isinstance(acc, int) or acc < 1:
         raise SetupError(f"setup_from_lightning: accumulate_grad_batches={acc!r}; it must be an integer >= 1",
@@ -467,11 +467,16 @@ def _read_kwargs(kwargs: dict[str, Any]) -> tuple[int, float | None, str, str, b
             f"setup_from_lightning: precision={raw!r} is not supported; tropt reproduces '32-true', 'bf16-mixed' and '16-mixed'",
             "check with one of those precisions ('true' half precision casts the weights, which tropt's copies do not do)")
     precision, scaler = _PRECISION[key]
+    accelerator = str(kwargs.get("accelerator") or "cpu").lower()
+    if accelerator not in ("cpu", "auto", "gpu", "cuda"):
+        raise SetupError(f"setup_from_lightning: accelerator={accelerator!r} is not supported; tropt runs the step on 'cpu' "
+                         "or 'cuda'", "pass trainer_kwargs={'accelerator': 'cpu'} (or 'gpu')")
+    device = "cuda" if accelerator in ("gpu", "cuda") else "cpu"  # "auto" stays on CPU, where every check can run
     max_epochs = kwargs.get("max_epochs")
     max_steps = kwargs.get("max_steps", -1)
     if max_epochs is None and max_steps == -1:
         max_epochs = 1000  # Lightning's default when neither is given
-    return acc, clip, algo, precision, scaler, max_epochs, max_steps
+    return acc, clip, algo, precision, scaler, max_epochs, max_steps, device
 
 
 # ------------------------------------------------------------------ the builder
@@ -492,7 +497,8 @@ def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloade
     trainer_kwargs
         The ``Trainer`` arguments that shape the update: ``accumulate_grad_batches``, ``gradient_clip_val``,
         ``gradient_clip_algorithm`` ("norm" or "value"), ``precision`` ("32-true", "bf16-mixed", "16-mixed"), and
-        ``max_epochs``/``max_steps`` (for ``trainer.estimated_stepping_batches``). Other keys are ignored.
+        ``max_epochs``/``max_steps`` (for ``trainer.estimated_stepping_batches``), ``accelerator`` ("gpu"/"cuda" puts
+        the Setup on CUDA; "auto" or none keeps it on CPU, where every check runs). Other keys are ignored.
     seed
         The Setup's seed.
 
@@ -530,7 +536,7 @@ def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloade
         raise SetupError(f"setup_from_lightning: {name}.training_step takes a dataloader_iter; tropt hands the step batches",
                          "use training_step(self, batch, batch_idx)")
     pass_idx = signature_check(module.training_step, "batch_idx", min_args=2)
-    acc, clip, algo, precision, use_scaler, max_epochs, max_steps = _read_kwargs(dict(trainer_kwargs or {}))
+    acc, clip, algo, precision, use_scaler, max_epochs, max_steps, device = _read_kwargs(dict(trainer_kwargs or {}))
     train, val = _data(module, datamodule, train_dataloaders, val_dataloaders, pkg)
     spec = _Spec(pkg, dist, acc, clip, algo, _steps_per_epoch(train, acc), max_epochs, max_steps)
 
@@ -567,4 +573,4 @@ def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloade
     loss_fn.__qualname__ = f"{name}.training_step"
     return Setup(module, loss_fn, optimizer, train, val_data=val, scheduler=scheduler if has_scheduler else None,
                  step=_make_step(spec, pass_idx), accumulation_steps=acc, grad_clip=clip if algo == "norm" else None,
-                 precision=precision, use_scaler=use_scaler, seed=seed)
+                 precision=precision, use_scaler=use_scaler, device=device, seed=seed)
