@@ -128,16 +128,30 @@ def lrs_over_steps(setup, n: int, k: int = 1) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("kwargs, schedule", [
-    ({"accumulate_grad_batches": 2, "gradient_clip_val": 0.05}, "step"),
-    ({"accumulate_grad_batches": 1, "gradient_clip_val": 1e-3, "gradient_clip_algorithm": "value"}, "every_2"),
-    ({"accumulate_grad_batches": 2}, "epoch"),
+class HandWarmup(LitClassifier):
+    """Hooks as Lightning's docs show them: a warm-up set by hand in optimizer_step, clipping in its own hook."""
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+        optimizer.step(closure=optimizer_closure)
+        scale = min(1.0, float(self.trainer.global_step + 1) / 4.0)
+        for group in optimizer.param_groups:
+            group["lr"] = scale * self.lr
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        self.clip_gradients(optimizer, gradient_clip_val=0.02, gradient_clip_algorithm="norm")
+
+
+@pytest.mark.parametrize("kwargs, schedule, cls", [
+    ({"accumulate_grad_batches": 2, "gradient_clip_val": 0.05}, "step", LitClassifier),
+    ({"accumulate_grad_batches": 1, "gradient_clip_val": 1e-3, "gradient_clip_algorithm": "value"}, "every_2", LitClassifier),
+    ({"accumulate_grad_batches": 2}, "epoch", LitClassifier),
+    ({"accumulate_grad_batches": 2}, None, HandWarmup),
 ])
-def test_the_step_reproduces_a_real_trainer_fit(tmp_path, kwargs, schedule):
+def test_the_step_reproduces_a_real_trainer_fit(tmp_path, kwargs, schedule, cls):
     # The reference is Lightning itself: Trainer.fit for 3 optimizer steps vs 3 calls of the Setup's step on the
     # same batches (one accumulation cycle per call) reach the same parameters and learning rate.
     torch.manual_seed(0)
-    module = LitClassifier(schedule=schedule, dropout=0.0)
+    module = cls(schedule=schedule, dropout=0.0)
     data = loader(n=96)
     setup = setup_from_lightning(module, train_dataloaders=data, trainer_kwargs=kwargs)
     ctx = setup.build()

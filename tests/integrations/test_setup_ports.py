@@ -15,12 +15,14 @@ from torch import nn
 
 import tropt
 from tropt.result import Status
+from tropt.testing import untouched
 
 CHECKS = ["model.overfit_batch", "model.gradient_flow", "loop"]
 
 
-def verdicts(setup) -> dict:
-    with warnings.catch_warnings():
+def verdicts(setup, *originals) -> dict:
+    """Every step-dependent check's result; the user's objects are left exactly as they were."""
+    with warnings.catch_warnings(), untouched(setup, *originals):
         warnings.simplefilter("ignore")
         return {r.check: r for r in tropt.diagnose(setup, checks=CHECKS, progress=False).results}
 
@@ -60,7 +62,7 @@ def test_lightning_quickstart_autoencoder():
     model = LitAutoEncoder(nn.Sequential(nn.Linear(28 * 28, 64), nn.ReLU(), nn.Linear(64, 3)),
                            nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 28 * 28)))
     for kwargs in ({}, {"accumulate_grad_batches": 4, "gradient_clip_val": 0.5, "precision": "bf16-mixed"}):
-        results = verdicts(setup_from_lightning(model, train_dataloaders=data, trainer_kwargs=kwargs))
+        results = verdicts(setup_from_lightning(model, train_dataloaders=data, trainer_kwargs=kwargs), model)
         assert not bad(results), (kwargs, bad(results))
         assert results["loop.accumulation"].status is Status.PASS
 
@@ -88,7 +90,7 @@ def test_run_clm_style_causal_lm_trainer(tmp_path):
                                           report_to="none", use_cpu=True, save_strategy="no", logging_strategy="no")
     trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=group_texts(tokenized),
                                    data_collator=transformers.default_data_collator)
-    results = verdicts(setup_from_trainer(trainer))
+    results = verdicts(setup_from_trainer(trainer), trainer.model)
     assert not bad(results), bad(results)
     for cid in ("loop.accumulation", "loop.scheduler_cadence", "loop.ddp", "model.overfit_batch"):
         assert results[cid].status is Status.PASS, (cid, results[cid].summary)

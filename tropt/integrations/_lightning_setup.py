@@ -64,10 +64,11 @@ class _Spec:
     dist: str
     accumulate: int
     clip_val: float | None
-    clip_algorithm: str
+    clip_algorithm: str  # "norm" or "value": what the clipping does
     steps_per_epoch: int | None
     max_epochs: int | None
     max_steps: int
+    clip_given: tuple = (None, None)  # (gradient_clip_val, gradient_clip_algorithm) as given to the Trainer
     configs: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary)  # optimizer -> configs
 
     @property
@@ -134,8 +135,10 @@ class _TrainerStandIn:
         self.global_step = global_step
         self.current_epoch = epoch
         self.accumulate_grad_batches = spec.accumulate
+        # As the Trainer holds them (configure_gradient_clipping receives these): None when not given, else the value
+        # (tropt's grad_clip for norm clipping, which a check may change) and Lightning's GradClipAlgorithmType.
         self.gradient_clip_val = clip_val
-        self.gradient_clip_algorithm = spec.clip_algorithm
+        self.gradient_clip_algorithm = spec.clip_given[1]
         self.max_epochs, self.max_steps = spec.max_epochs, spec.max_steps
         self.num_training_batches = (spec.steps_per_epoch or 0) * spec.accumulate or float("inf")
         self.estimated_stepping_batches = spec.estimated_stepping_batches
@@ -311,8 +314,9 @@ class _StepOptimizer:
         if ctx.scaler is not None:
             ctx.scaler.unscale_(opt)
         module.on_before_optimizer_step(opt)
-        clip_val = ctx.grad_clip if self._spec.clip_algorithm == "norm" else self._spec.clip_val
-        module.configure_gradient_clipping(opt, gradient_clip_val=clip_val, gradient_clip_algorithm=self._spec.clip_algorithm)
+        trainer = module.trainer  # the stand-in: Lightning passes the Trainer's own settings to the hook
+        module.configure_gradient_clipping(opt, gradient_clip_val=trainer.gradient_clip_val,
+                                           gradient_clip_algorithm=trainer.gradient_clip_algorithm)
         if ctx.scaler is not None:
             ctx.scaler.step(opt, **kwargs)
             ctx.scaler.update()
@@ -536,9 +540,15 @@ def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloade
         raise SetupError(f"setup_from_lightning: {name}.training_step takes a dataloader_iter; tropt hands the step batches",
                          "use training_step(self, batch, batch_idx)")
     pass_idx = signature_check(module.training_step, "batch_idx", min_args=2)
-    acc, clip, algo, precision, use_scaler, max_epochs, max_steps, device = _read_kwargs(dict(trainer_kwargs or {}))
+    kwargs = dict(trainer_kwargs or {})
+    acc, clip, algo, precision, use_scaler, max_epochs, max_steps, device = _read_kwargs(kwargs)
     train, val = _data(module, datamodule, train_dataloaders, val_dataloaders, pkg)
-    spec = _Spec(pkg, dist, acc, clip, algo, _steps_per_epoch(train, acc), max_epochs, max_steps)
+    given_algo = None
+    if kwargs.get("gradient_clip_algorithm") is not None:
+        (kind,) = import_from(dist, LOW, HIGH, f"{pkg}.utilities", "GradClipAlgorithmType")
+        given_algo = kind(algo)
+    spec = _Spec(pkg, dist, acc, clip, algo, _steps_per_epoch(train, acc), max_epochs, max_steps,
+                 clip_given=(kwargs.get("gradient_clip_val"), given_algo))
 
     # Validate configure_optimizers once now (on a copy), so a bad shape fails here and not inside a check.
     _, configs = _parse_optimizers(copy.deepcopy(module), spec)
