@@ -20,7 +20,8 @@ from torch import nn
 
 from .batching import BatchLayout, to_device
 from .errors import SetupError, StepError, TroptError
-from .training import PRECISION_DTYPES, StepContext, standard_step, accelerate_told
+from .integrations.accelerate import accelerate_told
+from .training import PRECISION_DTYPES, StepContext, standard_step
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 

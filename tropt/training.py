@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .batching import BatchLayout
+from .integrations.accelerate import accelerate_told  # noqa: F401 - moved there; kept importable from here
 
 PRECISION_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -147,38 +148,6 @@ def user_state_is_plain(value: Any) -> bool:
     if isinstance(value, dict):
         return all(isinstance(k, (str, int)) and user_state_is_plain(v) for k, v in value.items())
     return False
-
-
-@contextlib.contextmanager
-def accelerate_told(ctx: StepContext, micro_batches: list):
-    """Tell Hugging Face accelerate, for one call of the step, that it accumulates over this call's micro-batches.
-
-    ``Accelerator.accumulate()`` decides when to synchronise and step from process-global state (the shared
-    ``GradientState.num_steps``, fixed by ``Accelerator(gradient_accumulation_steps=...)``) and a per-``Accelerator``
-    counter, not from the micro-batches it is given. tropt runs the same step with K = 1 and K = 4 in one process,
-    so for the duration of each call ``GradientState.num_steps`` reads this call's number of micro-batches, and the
-    counter of every ``Accelerator`` the step keeps on ``ctx`` restarts: each call is one accumulation cycle ending
-    in one optimizer step, whatever the script configured. A no-op unless accelerate is already imported (tropt
-    never imports it).
-    """
-    import sys
-
-    state = sys.modules.get("accelerate.state")
-    cls = getattr(state, "GradientState", None)
-    saved = cls.__dict__.get("num_steps") if cls is not None else None
-    if not isinstance(saved, property):
-        yield
-        return
-    n = max(1, len(micro_batches))
-    kind = getattr(sys.modules.get("accelerate"), "Accelerator", None)
-    for value in vars(ctx).values():
-        if kind is not None and isinstance(value, kind):
-            value.step = 0
-    cls.num_steps = property(lambda self: n)
-    try:
-        yield
-    finally:
-        cls.num_steps = saved
 
 
 def needs_metric(scheduler: Any) -> bool:

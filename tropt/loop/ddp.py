@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from ..errors import StepError, TroptError
+from ..integrations.accelerate import tell_distributed
 from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
@@ -74,6 +75,7 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
         faulthandler.dump_traceback_later(_TIMEOUT_S - 5, file=open(f"{store}.rank{rank}.stack", "w"))  # where a hang sits
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=_TIMEOUT_S - 10))
+        tell_distributed(rank, world)  # an accelerate Accelerator in the step learns it is one of `world` processes
         ctx = setup.build()
         quiet_randomness(ctx.model)
         if freeze:

@@ -203,6 +203,7 @@ def _near(x: float, y: float, rel: float = 0.02) -> bool:
 
 
 _PER_MICRO_MEAN = "per_micro_mean"
+_PER_MICRO_MEAN_SUMMED = "per_micro_mean_summed"
 _CONSTANT_DIVISOR = "constant_divisor"
 _ZERO_INSIDE = "last_only"
 _DIVIDE_ADVICE = "divide each micro-batch loss by len(micro_batches) (or weight it by its share of the step's samples)"
@@ -255,6 +256,14 @@ def _loss_side_cause(setup: Setup, micro: list, whole: object, a: _Run, b: _Run,
                           ["Each micro-batch loss is a mean over its own items (tokens, pixels, non-padding positions); averaging "
                            "those means weights items unequally. Sum the per-item losses and divide by the total item count of the "
                            "whole optimizer step (the 2024 transformers gradient-accumulation bug)."]),
+        _PER_MICRO_MEAN_SUMMED: (
+            global_rel_error(b.pre, _scaled(_loss_grads(setup, micro, [1.0] * k, freeze), ca if ra <= close else 1.0)),
+            f"it equals the sum of the {k} per-micro-batch mean losses: each micro-batch's loss is normalised by its own "
+            "item count and none is divided by K",
+            ["Each micro-batch loss is a mean over its own items (tokens, non-padding positions) and the K of them are "
+             "summed. Sum the per-item losses and divide by the total item count of the whole optimizer step (a "
+             "transformers Trainer passes it to compute_loss as num_items_in_batch; a compute_loss that ignores it "
+             "must set loss_is_scaled_for_ga = False)."]),
     }
     tag, (err, cause, advice) = min(hypotheses.items(), key=lambda kv: kv[1][0])
     facts["closest_hypothesis"], facts["closest_hypothesis_error"] = tag, err
