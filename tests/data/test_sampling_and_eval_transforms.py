@@ -215,3 +215,27 @@ def test_partly_ordered_batches_warn_and_imbalanced_shuffled_data_does_not():
     r = run(check_sampling, cc.make(train=DataLoader(cc.Items(x, y), batch_size=32, shuffle=True)))
     assert r.status is Status.PASS, r.summary
     assert r.metrics["shuffled_one_class_batches"] > 0.5  # what shuffling gives: not a defect
+
+
+def _digits_setup(val_scale: float = 1.0):
+    """sklearn's digits (8x8 images as 64 features, several of them zero in all but a few images), split at random."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x / 16.0, dtype=torch.float32)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    tr, va = perm[:1500], perm[1500:]
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    return tropt.Setup(model, cc.ce, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                       DataLoader(TensorDataset(x[tr], torch.tensor(y)[tr]), batch_size=64, shuffle=True),
+                       val_data=DataLoader(TensorDataset(x[va] * val_scale, torch.tensor(y)[va]), batch_size=64))
+
+
+def test_rare_nonzero_features_of_a_random_split_are_not_a_shift():
+    # A feature that is non-zero in a handful of images has a std estimate dominated by those few: its sampling
+    # noise is many times the normal-theory value (the kurtosis is ~1/p), so the std ratio of a random split varies a lot.
+    r = run(check_eval_transforms, _digits_setup())
+    assert r.status is Status.PASS, r.summary
+    # ... while the same split with the validation inputs left on the raw 0-16 scale fails, on every varying pixel.
+    bad = run(check_eval_transforms, _digits_setup(val_scale=16.0))
+    assert bad.status is Status.FAIL and bad.metrics["features_fail"] >= 40, bad.summary
