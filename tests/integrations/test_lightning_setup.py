@@ -75,6 +75,27 @@ def test_healthy_module_passes_every_loop_check_and_is_not_modified():
     assert module._trainer is None  # the stand-in was attached to tropt's copies only
 
 
+class CallsSelf(LitClassifier):
+    """The common Lightning style: forward() defined, and training_step calls self(x)."""
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+
+def test_a_training_step_calling_self_runs_under_ddp():
+    # Under loop.ddp the forward pass goes through DistributedDataParallel to training_step; the module's own forward
+    # (what self(x) calls inside training_step) must stay its own.
+    torch.manual_seed(0)
+    setup = setup_from_lightning(CallsSelf(), train_dataloaders=loader())
+    results = run(setup, ["loop.ddp", "loop.accumulation"])
+    assert not bad(results), bad(results)
+    assert results["loop.ddp"].status is Status.PASS, results["loop.ddp"].summary
+
+
 def test_accumulate_grad_batches_4_passes_accumulation():
     torch.manual_seed(0)
     setup = setup_from_lightning(LitClassifier(), train_dataloaders=loader(),

@@ -186,12 +186,17 @@ def _call_training_step(model: nn.Module, module: Any, batch: Any, batch_idx: in
     if model is module:
         return module.training_step(*args)
     # Under DDP the forward pass must go through the wrapper (it prepares the gradient all-reduce), as Lightning's
-    # strategy wrapper routes forward() to training_step.
-    module.forward = lambda *a: module.training_step(*a)
+    # strategy wrapper routes forward() to training_step. The route is taken once: it removes itself before
+    # training_step runs, so a training_step that calls self(x) reaches the module's own forward.
+    def routed(*a: Any) -> Any:
+        module.__dict__.pop("forward", None)
+        return module.training_step(*a)
+
+    module.forward = routed
     try:
         return model(*args)
     finally:
-        del module.forward
+        module.__dict__.pop("forward", None)
 
 
 def _loss_of(out: Any, name: str) -> torch.Tensor:
