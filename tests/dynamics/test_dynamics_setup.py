@@ -171,6 +171,19 @@ def test_lr_range_respects_accumulation_scheduler_and_group_ratios():
     assert r.metrics["setup_lr"] == 0.01
 
 
+def test_lr_range_sweeps_a_setup_whose_warmup_starts_at_zero():
+    # A linear warmup from 0 (the Hugging Face Trainer's default shape) leaves every group's LR at 0 when the
+    # scheduler is built; the sweep must take the groups' ratios from their base LRs, or it sweeps nothing.
+    warmup = lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, s / 10))  # noqa: E731
+    s = linreg_setup(KNOWN_GOOD_LR, scheduler=warmup)
+    with untouched(s):
+        r = check_lr_range(s, progress=False)
+    assert r.metrics["setup_lr"] == pytest.approx(KNOWN_GOOD_LR)  # the base LR, not the warmup's 0
+    assert r.metrics["best_relative_drop"] > 0.5, r.summary
+    assert r.status == Status.PASS, r.summary
+    assert KNOWN_GOOD_LR / 10 <= r.metrics["suggested_low"] <= r.metrics["suggested_high"] < MAX_STABLE_LR
+
+
 def test_lr_range_restores_on_error():
     calls = {"n": 0}
 

@@ -171,3 +171,61 @@ def test_an_unsupported_transformers_version_is_named(monkeypatch, tmp_path):
     monkeypatch.setattr("tropt.integrations._frameworks.metadata.version", lambda dist: "4.30.0")
     with pytest.raises(SetupError, match=r"transformers 4\.30\.0 is installed.*>=4\.46,<6"):
         setup_from_trainer(trainer)
+
+
+# ------------------------------------------------------------------ checks that run without the Trainer's schedule
+def test_lr_range_sweeps_a_trainer_whose_warmup_starts_at_zero(tmp_path):
+    # The Trainer's linear warmup sets the LR to 0 when it is built; lr_range runs without the schedule, so the
+    # sweep must see the optimizer at its base LR (learning_rate), or every swept LR is multiplied by 0.
+    setup = setup_from_trainer(trainer_of(transformers.Trainer, tmp_path, warmup_steps=5))
+    r = run(setup, ["dynamics.lr_range"])["dynamics.lr_range"]
+    assert r.metrics["setup_lr"] == pytest.approx(1e-3)
+    assert r.metrics["best_relative_drop"] > 0.2, r.summary
+
+
+# ------------------------------------------------------------------ a known bug of transformers, found
+class Tokens(torch.utils.data.Dataset):
+    """Variable-length token sequences labelled by whether token 7 occurs (learnable)."""
+
+    def __init__(self, n: int = 64, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.items = [torch.randint(3, VOCAB, (int(torch.randint(4, MAX_LEN, (1,), generator=g)),), generator=g)
+                      for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.items[i], "labels": int((self.items[i] == 7).any())}
+
+
+def pad_classes(features: list) -> dict:
+    n = max(len(f["input_ids"]) for f in features)
+    ids = torch.zeros(len(features), n, dtype=torch.long)
+    for i, f in enumerate(features):
+        ids[i, : len(f["input_ids"])] = f["input_ids"]
+    return {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": torch.tensor([f["labels"] for f in features])}
+
+
+def bert_trainer(tmp_path, **attrs):
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, num_labels=2)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                                          report_to=[], use_cpu=True, max_steps=20, save_strategy="no", logging_strategy="no")
+    trainer = transformers.Trainer(model=transformers.BertForSequenceClassification(cfg), args=args, train_dataset=Tokens(),
+                                   data_collator=pad_classes)
+    for k, v in attrs.items():
+        setattr(trainer, k, v)
+    return trainer
+
+
+def test_a_head_that_takes_kwargs_but_drops_num_items_in_batch_doubles_the_accumulated_gradient(tmp_path):
+    # transformers#47688: BertForSequenceClassification.forward declares **kwargs, so the Trainer does not divide the
+    # loss by the accumulation steps and expects the model to divide by num_items_in_batch, which its CrossEntropyLoss
+    # ignores: with 2 accumulation steps the update is 2x the full-batch one. The Trainer as shipped, on the real package.
+    r = run(setup_from_trainer(bert_trainer(tmp_path)), ["loop.accumulation"])["loop.accumulation"]
+    assert r.status is Status.FAIL and "2×" in r.summary and "summed" in r.summary, r.summary
+    # The documented workaround: tell the Trainer the model does not consume the loss kwargs.
+    fixed = run(setup_from_trainer(bert_trainer(tmp_path, model_accepts_loss_kwargs=False)), ["loop.accumulation"])
+    assert fixed["loop.accumulation"].status is Status.PASS, fixed["loop.accumulation"].summary

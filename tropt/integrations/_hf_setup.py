@@ -192,23 +192,22 @@ def setup_from_trainer(trainer: Any, *, seed: int | None = None) -> Setup:
 
     given_opt, given_sched = trainer.optimizer, trainer.lr_scheduler
     from_instance = optimizer_factory_from(given_opt, trainer.model) if given_opt is not None else None
-    schedulers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def optimizer(model: nn.Module) -> torch.optim.Optimizer:
-        view = _view(trainer, model=model)
-        opt = from_instance(model) if from_instance is not None else view.create_optimizer()
-        opt = getattr(opt, "optimizer", opt)  # an accelerate AcceleratedOptimizer: the torch optimizer inside
+        opt = from_instance(model) if from_instance is not None else _view(trainer, model=model).create_optimizer()
+        return getattr(opt, "optimizer", opt)  # an accelerate AcceleratedOptimizer: the torch optimizer inside
+
+    # The schedule is built only when tropt asks for it (Setup.build calls this after the optimizer factory): a check
+    # that runs without the scheduler (dynamics.lr_range) gets the optimizer at its base LR, not at the LR a warmup
+    # from 0 sets when it is constructed.
+    def scheduler(opt: torch.optim.Optimizer) -> Any:
         if given_sched is not None and given_opt is not None:
             sched = copy.deepcopy(given_sched, memo={id(given_opt): opt})  # the same schedule, on tropt's optimizer
             _track_steps(opt)
-        else:
-            view.optimizer = opt
-            sched = view.create_scheduler(num_training_steps=total_steps, optimizer=opt)
-        schedulers[opt] = sched
-        return opt
-
-    def scheduler(opt: torch.optim.Optimizer) -> Any:
-        return schedulers[opt]
+            return sched
+        view = _view(trainer)
+        view.optimizer = opt
+        return view.create_scheduler(num_training_steps=total_steps, optimizer=opt)
 
     optimizer.__qualname__ = f"{type(trainer).__name__}.create_optimizer"
     scheduler.__qualname__ = f"{type(trainer).__name__}.create_scheduler"
