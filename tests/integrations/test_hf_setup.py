@@ -224,8 +224,12 @@ def test_a_head_that_takes_kwargs_but_drops_num_items_in_batch_doubles_the_accum
     # transformers#47688: BertForSequenceClassification.forward declares **kwargs, so the Trainer does not divide the
     # loss by the accumulation steps and expects the model to divide by num_items_in_batch, which its CrossEntropyLoss
     # ignores: with 2 accumulation steps the update is 2x the full-batch one. The Trainer as shipped, on the real package.
-    r = run(setup_from_trainer(bert_trainer(tmp_path)), ["loop.accumulation"])["loop.accumulation"]
+    results = run(setup_from_trainer(bert_trainer(tmp_path)), ["loop.accumulation", "loop.ddp"])
+    r = results["loop.accumulation"]
     assert r.status is Status.FAIL and "2×" in r.summary and "summed" in r.summary, r.summary
+    # Under DDP the Trainer also multiplies the loss by the world size (average_tokens_across_devices): 2x again.
+    assert results["loop.ddp"].status is Status.FAIL and "2×" in results["loop.ddp"].summary, results["loop.ddp"].summary
     # The documented workaround: tell the Trainer the model does not consume the loss kwargs.
-    fixed = run(setup_from_trainer(bert_trainer(tmp_path, model_accepts_loss_kwargs=False)), ["loop.accumulation"])
-    assert fixed["loop.accumulation"].status is Status.PASS, fixed["loop.accumulation"].summary
+    fixed = run(setup_from_trainer(bert_trainer(tmp_path, model_accepts_loss_kwargs=False)), ["loop.accumulation", "loop.ddp"])
+    for cid, res in fixed.items():
+        assert res.status is Status.PASS, (cid, res.summary)

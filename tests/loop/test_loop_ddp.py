@@ -81,6 +81,27 @@ def test_loss_divided_by_world_size_fails():
     assert r.tables["parameters"]["rel_error"].min() > 0.4
 
 
+def step_dividing_by_world_size_then_clipping(ctx, micro_batches):
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) / world).backward()
+    torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.grad_clip)
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+
+
+def test_loss_divided_by_world_size_fails_even_when_clipping_equalises_the_update():
+    # Clipped to a norm far below the gradient's, the halved DDP gradient and the right one step alike; the gradients
+    # before clipping (averaged over the processes, as DDP averages) still differ 2x, and name the cause.
+    setup = ddp_setup(step_dividing_by_world_size_then_clipping).replace(grad_clip=1e-3)
+    r = check_ddp(setup)
+    assert r.status is Status.FAIL and "before clipping" in r.summary and "averaging is applied twice" in r.summary, r.summary
+    assert "at optimizer.step they differ by 0.0%" in r.metrics["compared"]
+    assert "parameters_at_step" in r.tables
+    healthy = check_ddp(ddp_setup(k=2).replace(grad_clip=1e-3))  # standard_step clips the same way
+    assert healthy.status is Status.PASS, healthy.summary
+
+
 class ClassifierWithDecoder(nn.Module):
     """Returns (logits, reconstruction); a loss on the logits alone leaves the decoder without a gradient."""
 

@@ -93,7 +93,8 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
         records, calls = run_steps(setup, ctx, [shares[rank]])
         grads = {name.removeprefix("module."): (None if g is None else g.numpy()) for name, g in
                  (records[0].grads.items() if records else [])}
-        out.send((rank, "ok", grads, syncs, calls))
+        pre = _averaged_pre_clip(ddp, records[0].pre_clip if records else {}, world)
+        out.send((rank, "ok", (grads, pre), syncs, calls))
     except BaseException as exc:  # noqa: BLE001 - report anything to the parent, which turns it into an ERROR
         code = 1
         try:
@@ -102,6 +103,29 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
             pass
     finally:
         os._exit(code)
+
+
+def _averaged_pre_clip(ddp: Any, pre: dict, world: int) -> dict:
+    """This process's pre-clip gradients averaged over the processes, as DDP's all-reduce averages ``.grad``: the
+    gradient the optimizer would get before the step's clipping. Clipping to the same norm would otherwise hide a
+    scale error (a 2× gradient clipped to norm 1 steps like the right one clipped to norm 1). Every rank takes part
+    (one all-reduce of the flattened gradients, zeros where this rank has none, and one of which ranks had any)."""
+    import torch.distributed as dist
+
+    if not pre:
+        return {}
+    names = [n for n, p in ddp.named_parameters() if p.requires_grad]
+    shapes = {n: p.shape for n, p in ddp.named_parameters()}
+    flat = torch.cat([(pre[n] if pre.get(n) is not None else torch.zeros(shapes[n])).reshape(-1).double() for n in names])
+    had = torch.tensor([float(pre.get(n) is not None) for n in names], dtype=torch.float64)
+    dist.all_reduce(flat)
+    dist.all_reduce(had)
+    out, i = {}, 0
+    for j, n in enumerate(names):
+        size = int(np.prod(shapes[n])) if len(shapes[n]) else 1
+        out[n.removeprefix("module.")] = (flat[i:i + size] / world).reshape(shapes[n]).float().numpy() if had[j] > 0 else None
+        i += size
+    return out
 
 
 def _stuck_at(path: str) -> str:
@@ -187,14 +211,32 @@ def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freez
                         "the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as ctx.model.module")
     for rank, _, _, _, rank_calls in ranks:
         require_steps(setup, rank_calls, f"DDP rank {rank}")
-    return records[0].grads, ranks, observed_at(records)
+    return (records[0].grads, records[0].pre_clip), ranks, observed_at(records)
 
 
-def _rank0_grads(ranks: list[tuple]) -> dict:
-    return {name: (None if g is None else torch.from_numpy(g)) for name, g in ranks[0][2].items()}
+def _compare(pair: tuple[dict, dict], ranks: list[tuple], world: int, tol: float) -> tuple[pd.DataFrame, pd.DataFrame, bool]:
+    """(the decisive comparison, the one at optimizer.step, whether the decisive one is before clipping).
+
+    Two views, and either differing is a finding. At ``optimizer.step`` DDP's own all-reduce is seen (a bucket it
+    never reduces shows only there). Before clipping (summed over the backward passes, averaged over processes) a
+    scale error is seen that clipping both runs to the same norm hides, as loop.accumulation decides. The one
+    before clipping is decisive when it differs; else the one at the step."""
+    labels = ("1_process", f"ddp_{world}")
+    post = compare_tensors(pair[0], _rank0_grads(ranks), labels=labels)
+    if pair[1] and ranks[0][2][1]:
+        pre = compare_tensors(pair[1], _rank0_grads(ranks, 1), labels=labels)
+        if float(pre["rel_error"].max()) > tol:
+            return pre, post, True
+    return post, post, False
 
 
-def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: dict, tol: float, freeze: bool) -> str | None:
+def _rank0_grads(ranks: list[tuple], which: int = 0) -> dict:
+    """Rank 0's gradients at its optimizer step (``which=0``) or the processes' averaged pre-clip gradients (1)."""
+    return {name: (None if g is None else torch.from_numpy(g)) for name, g in ranks[0][2][which].items()}
+
+
+def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: dict, tol: float, freeze: bool,
+                      clipped_grads: bool = True) -> str | None:
     """Does the DDP gradient equal the average of per-process (or per-micro-batch) mean losses?
 
     With a loss that is a mean over items other than samples (tokens, non-padding positions), each process
@@ -206,7 +248,9 @@ def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: 
     world, k = len(shares), len(shares[0])
     close = max(10 * tol, 1e-4)
 
-    def clipped(g: dict) -> dict:  # the captured gradients are after the step's clipping: clip the hypothesis alike
+    def clipped(g: dict) -> dict:  # gradients captured after the step's clipping: clip the hypothesis alike
+        if not clipped_grads:
+            return g
         norm = float(torch.sqrt(sum((v.double() ** 2).sum() for v in g.values() if v is not None)))
         coef = min(1.0, setup.grad_clip / (norm + 1e-6)) if setup.grad_clip is not None else 1.0
         return {n: (None if v is None else v * coef) for n, v in g.items()}
@@ -261,8 +305,9 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
         full = setup.split(batch, sizes=[used, n - used])[0] if used < n else batch
         whole = setup.split(full, world_size)
         shares = [setup.split(share, k) for share in whole]
-        single, ranks, where = _both_runs(setup, full, shares, world_size, freeze=False)
-        table = compare_tensors(single, _rank0_grads(ranks), labels=("1_process", f"ddp_{world_size}"))
+        pair, ranks, where = _both_runs(setup, full, shares, world_size, freeze=False)
+        single = pair[0]
+        table, post, pre_clip = _compare(pair, ranks, world_size, tol)
         err = float(table["rel_error"].max())
         # Parameters the single-process step gives no gradient: DDP without find_unused_parameters=True waits for
         # them, so their bucket is never all-reduced (each process keeps its own gradients, or the next step raises).
@@ -270,24 +315,27 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
         unused = [name for name, g in single.items() if g is None and name in trainable]
         utable = None
         if err > tol and unused:
-            _, uranks, _ = _both_runs(setup, full, shares, world_size, freeze=False, find_unused=True)
-            utable = compare_tensors(single, _rank0_grads(uranks), labels=("1_process", f"ddp_{world_size}"))
+            upair, uranks, _ = _both_runs(setup, full, shares, world_size, freeze=False, find_unused=True)
+            utable = _compare(upair, uranks, world_size, tol)[0]
         bn_layers = batch_dependent_layers(setup.model)
         ftable, per_mean = None, None
         if err > tol and bn_layers:
             # Each process normalises its share with that share's BatchNorm statistics, by design: rerun both with the
             # statistics frozen to see whether the step itself is right.
-            fsingle, franks, _ = _both_runs(setup, full, shares, world_size, freeze=True)
-            ftable = compare_tensors(fsingle, _rank0_grads(franks), labels=("1_process", f"ddp_{world_size}"))
+            fpair, franks, _ = _both_runs(setup, full, shares, world_size, freeze=True)
+            ftable = _compare(fpair, franks, world_size, tol)[0]
         frozen_run = ftable is not None
         if float((ftable if frozen_run else table)["rel_error"].max()) > tol:
-            per_mean = _per_process_mean(setup, whole, shares, _rank0_grads(franks if frozen_run else ranks), tol, frozen_run)
+            per_mean = _per_process_mean(setup, whole, shares, _rank0_grads(franks if frozen_run else ranks, int(pre_clip)), tol,
+                                         frozen_run, clipped_grads=not pre_clip)
     syncs_per_step = ranks[0][3][1]
     metrics = {"world_size": world_size, "samples_per_process": per_rank, "micro_batches": k, "max_rel_error": err,
                "optimizer_steps_per_call": max(int(np.max(c)) if c else 0 for *_, c in ranks), "observed_at": where,
                "tolerance": tol, "allreduce_buckets": ranks[0][3][0], "synchronised_backward_passes": syncs_per_step,
                "batch_dependent_layers": len(bn_layers)}
-    tables = {"parameters": table,
+    metrics["compared"] = ("gradients before clipping, averaged over processes (at optimizer.step they "
+                           f"differ by {float(post['rel_error'].max()):.1%})" if pre_clip else "gradients at optimizer.step")
+    tables = {"parameters": table, **({"parameters_at_step": post} if pre_clip and setup.grad_clip is not None else {}),
               "ranks": pd.DataFrame([{"rank": r, "bucket_allreduces": s[0], "synchronised_backward_passes": s[1],
                                       "optimizer_steps": int(np.sum(c))} for r, _, _, s, c in ranks])}
     # A non-finite gradient in either run is the finding: no averaging or normalisation cause is guessed from it.
@@ -341,7 +389,8 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
                       "world size cancels).", advice_std]
         frozen = " even with BatchNorm statistics frozen" if ftable is not None else ""
         return CheckResult("loop.ddp", Status.FAIL,
-                           f"under DDP with {world_size} processes the gradients differ by {derr:.1%}{frozen}{why}", metrics, tables, advice)
+                           f"under DDP with {world_size} processes the gradients differ by {derr:.1%}"
+                           f"{' before clipping' if pre_clip and setup.grad_clip is not None else ''}{frozen}{why}", metrics, tables, advice)
     if ftable is not None:
         wasted = (f"; they are also all-reduced {syncs_per_step}× per optimizer step ({k} micro-batches)"
                   if syncs_per_step > 1 else "")
