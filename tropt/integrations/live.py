@@ -124,7 +124,7 @@ class LiveMonitor:
         self.train_loss: list[float] = []
         self.val_steps: list[float] = []
         self.val_loss: list[float] = []
-        self._last_check = -1
+        self._last_check = 0
         self._checked_rows = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -178,7 +178,8 @@ class LiveMonitor:
         """Call after each optimizer step; every ``every`` steps (or when ``force``) judge the record.
 
         Returns the new problems found (each is also warned about and logged)."""
-        if not force and (step - self._last_check < self.every or step == self._last_check):
+        # Judge when the step crosses a multiple of ``every`` (once per step: Lightning calls per micro-batch).
+        if not force and step // self.every <= self._last_check // self.every:
             return []
         self._last_check = step
         return self.check(step)
