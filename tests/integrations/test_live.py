@@ -74,3 +74,21 @@ def test_too_few_losses_give_a_skip_not_an_error():
 def test_bad_arguments_say_how_to_fix(kw, match):
     with pytest.raises(TroptError, match=match):
         LiveMonitor(**kw)
+
+
+def test_budget_limits_how_often_the_full_judgement_runs(monkeypatch):
+    """A judgement runs only when its last cost fits ``budget`` x the time since it last ran. With a clock that
+    advances 1 s per reading, each judgement "costs" 1 s and 1 s passes between checks: budget=1 judges at every
+    check, a budget near 0 only at the first."""
+    import types
+
+    import tropt.integrations.live as live_mod
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(live_mod, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    counts = {}
+    for budget in (1.0, 1e-12):
+        live = LiveMonitor(every=5, budget=budget)
+        _train(live, nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)), steps=40)
+        counts[budget] = live.judgements
+    assert counts == {1.0: 8, 1e-12: 1}

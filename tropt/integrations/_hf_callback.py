@@ -28,7 +28,7 @@ class TroptTrainerCallback(_TrainerCallback):
 
     Parameters
     ----------
-    checks, every, sample_every, stop_on, warn, thresholds, curve_thresholds
+    checks, every, sample_every, stop_on, warn, thresholds, curve_thresholds, budget
         As :class:`tropt.integrations.lightning.TroptCallback`; ``stop_on`` sets ``control.should_training_stop``.
     out_dir
         Where ``report.html`` and ``findings.json`` go; default ``<args.output_dir>/tropt``.
@@ -45,9 +45,9 @@ class TroptTrainerCallback(_TrainerCallback):
     def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 1,
                  stop_on: Iterable[str] | str | None = None, out_dir: str | os.PathLike | None = None,
                  log_to: Any = None, log_figures: bool = True, warn: bool = True, thresholds: dict | None = None,
-                 curve_thresholds: Any = None) -> None:
+                 curve_thresholds: Any = None, budget: float = 0.02) -> None:
         self._options = dict(checks=checks, every=every, sample_every=sample_every, stop_on=stop_on, warn=warn,
-                             thresholds=thresholds, curve_thresholds=curve_thresholds,
+                             thresholds=thresholds, curve_thresholds=curve_thresholds, budget=budget,
                              logger=logging.getLogger("transformers.trainer"))
         LiveMonitor(**self._options)  # validate now
         self.out_dir = out_dir

@@ -39,7 +39,7 @@ class TroptCallback(_Callback):
         Where ``report.html`` and ``findings.json`` go; default ``<trainer.log_dir or default_root_dir>/tropt``.
     log_figures
         Also log the report's figures to the trainer's loggers at the end of fit (where the logger takes images).
-    warn, thresholds, curve_thresholds
+    warn, thresholds, curve_thresholds, budget
         As :class:`tropt.integrations.live.LiveMonitor`.
 
     After fit, ``callback.report`` is the :class:`tropt.Report`, ``callback.paths`` its files and
@@ -49,10 +49,10 @@ class TroptCallback(_Callback):
     def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 1,
                  stop_on: Iterable[str] | str | None = None, out_dir: str | os.PathLike | None = None,
                  log_figures: bool = True, warn: bool = True, thresholds: dict | None = None,
-                 curve_thresholds: Any = None) -> None:
+                 curve_thresholds: Any = None, budget: float = 0.02) -> None:
         super().__init__()
         self._options = dict(checks=checks, every=every, sample_every=sample_every, stop_on=stop_on, warn=warn,
-                             thresholds=thresholds, curve_thresholds=curve_thresholds,
+                             thresholds=thresholds, curve_thresholds=curve_thresholds, budget=budget,
                              logger=logging.getLogger("lightning.pytorch"))
         LiveMonitor(**self._options)  # validate the arguments now, not when fit starts
         self.out_dir = out_dir

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -98,11 +99,16 @@ class LiveMonitor:
         Keywords for the gradient-flow rules (``vanish_ratio``, ``explode_growth``, ...).
     curve_thresholds
         A :class:`tropt.dynamics.CurveThresholds` for the loss-curve classifier.
+    budget
+        The largest share of training time the gradient-flow judgement may take (0.02: 2%). Non-finite gradients
+        and losses are looked for at every check (they cost a copy of the rows recorded since the last one); the
+        full ``model.gradient_flow`` judgement (vanishing, exploding), whose cost grows with the record, runs at a
+        check only when its last measured cost fits this share of the wall time since it last ran.
     """
 
     def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 1,
                  stop_on: Iterable[str] | str | None = None, warn: bool = True, thresholds: dict | None = None,
-                 curve_thresholds: Any = None, logger: logging.Logger | None = None) -> None:
+                 curve_thresholds: Any = None, logger: logging.Logger | None = None, budget: float = 0.02) -> None:
         for name, v in (("every", every), ("sample_every", sample_every)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise TroptError(f"live monitoring: {name}={v!r}; it must be an integer >= 1", f"use {name}=50")
@@ -126,6 +132,13 @@ class LiveMonitor:
         self.val_loss: list[float] = []
         self._last_check = 0
         self._checked_rows = 0
+        if not (isinstance(budget, (int, float)) and 0 < budget <= 1):
+            raise TroptError(f"live monitoring: budget={budget!r}; it must be a share of training time in (0, 1]",
+                             "use budget=0.02 (2%)")
+        self.budget = float(budget)
+        self._judge_cost: float | None = None  # seconds the last gradient-flow judgement took
+        self._judged_at = 0.0
+        self.judgements = 0
 
     # ------------------------------------------------------------------ lifecycle
     def attach(self, model: torch.nn.Module) -> "LiveMonitor":
@@ -253,7 +266,13 @@ class LiveMonitor:
         self._checked_rows = mon.rows
         if mon.rows < 2:
             return out
+        now = time.perf_counter()
+        if self._judge_cost is not None and self._judge_cost > self.budget * (now - self._judged_at):
+            return out  # judged recently enough for its cost; non-finite values were still looked for above
         result = mon.result(**self.thresholds)
+        self._judged_at = time.perf_counter()
+        self._judge_cost = self._judged_at - now
+        self.judgements += 1
         problems = result.tables.get("problems")
         if problems is not None and len(problems):
             for kind in ("vanishing", "exploding"):
