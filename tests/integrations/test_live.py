@@ -37,7 +37,7 @@ def _deep_sigmoid():
 
 
 def test_vanishing_gradients_are_warned_once_and_can_stop():
-    live = LiveMonitor(every=10, stop_on="vanishing")
+    live = LiveMonitor(every=10, stop_on="vanishing", budget=1.0)  # judge at every check of this ~1 ms step
     with pytest.warns(TroptLiveWarning, match="vanishing gradients: 0") as rec:
         report = _train(live, _deep_sigmoid())
     assert sum("vanishing" in str(w.message) for w in rec) == 1  # once, not at every check
@@ -77,9 +77,10 @@ def test_bad_arguments_say_how_to_fix(kw, match):
 
 
 def test_budget_limits_how_often_the_full_judgement_runs(monkeypatch):
-    """A judgement runs only when its last cost fits ``budget`` x the time since it last ran. With a clock that
-    advances 1 s per reading, each judgement "costs" 1 s and 1 s passes between checks: budget=1 judges at every
-    check, a budget near 0 only at the first."""
+    """The periodic judgements run only while their total time fits ``budget`` x the elapsed time. With a clock that
+    advances 1 s per reading, each part "costs" 1 s: budget=1 judges at every check; with a budget near 0 only the
+    first part to run (the curve classification, whose cost is unknown until then) ever runs during training, and
+    the forced check at the end still judges."""
     import types
 
     import tropt.integrations.live as live_mod
@@ -91,4 +92,6 @@ def test_budget_limits_how_often_the_full_judgement_runs(monkeypatch):
         live = LiveMonitor(every=5, budget=budget)
         _train(live, nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)), steps=40)
         counts[budget] = live.judgements
-    assert counts == {1.0: 8, 1e-12: 1}
+        live.check(40, force=True)
+        assert live.judgements == counts[budget] + 1
+    assert counts == {1.0: 8, 1e-12: 0}

@@ -114,7 +114,7 @@ class TroptTrainerCallback(_TrainerCallback):
             self._hook.remove()
             self._hook = None
         step = int(state.global_step)
-        new = live.check(step)
+        new = live.check(step, force=True)
         if new:
             self._log_events(new, step)
         live.detach()

@@ -104,7 +104,7 @@ class TroptCallback(_Callback):
             return
         live = self.live
         step = int(trainer.global_step)
-        new = live.check(step)
+        new = live.check(step, force=True)
         if new:
             self._log_events(trainer, new, step)
         live.detach()

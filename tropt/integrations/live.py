@@ -100,10 +100,11 @@ class LiveMonitor:
     curve_thresholds
         A :class:`tropt.dynamics.CurveThresholds` for the loss-curve classifier.
     budget
-        The largest share of training time the gradient-flow judgement may take (0.02: 2%). Non-finite gradients
-        and losses are looked for at every check (they cost a copy of the rows recorded since the last one); the
-        full ``model.gradient_flow`` judgement (vanishing, exploding), whose cost grows with the record, runs at a
-        check only when its last measured cost fits this share of the wall time since it last ran.
+        The share of wall time the periodic judgements may take (0.02: 2%). Non-finite losses and gradients are
+        looked for at every check (a scan of what arrived since the last one); the loss-curve classification and
+        the ``model.gradient_flow`` judgement (vanishing, exploding), whose costs grow with the record, run at a
+        check only while their total time stays within this share (on very fast steps they run less often than
+        ``every``); the end of training always judges everything.
     """
 
     def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 1,
@@ -136,13 +137,15 @@ class LiveMonitor:
             raise TroptError(f"live monitoring: budget={budget!r}; it must be a share of training time in (0, 1]",
                              "use budget=0.02 (2%)")
         self.budget = float(budget)
-        self._judge_cost: float | None = None  # seconds the last gradient-flow judgement took
-        self._judged_at = 0.0
+        self._costs: dict[str, float] = {}  # seconds the last run of each periodic part took
+        self.spent = 0.0  # seconds spent in those parts so far
+        self._started = time.perf_counter()
         self.judgements = 0
 
     # ------------------------------------------------------------------ lifecycle
     def attach(self, model: torch.nn.Module) -> "LiveMonitor":
         """Start watching ``model`` (hooks only; the model itself is not changed)."""
+        self._started = time.perf_counter()
         if GRADIENT_FLOW in self.checks and self.monitor is None:
             from ..model.monitor import GradientMonitor
 
@@ -195,16 +198,24 @@ class LiveMonitor:
         if not force and step // self.every <= self._last_check // self.every:
             return []
         self._last_check = step
-        return self.check(step)
+        return self.check(step, force=force)
 
-    def check(self, step: int) -> list[LiveEvent]:
-        """Judge everything recorded so far; returns the new problems."""
+    def check(self, step: int, force: bool = False) -> list[LiveEvent]:
+        """Judge what was recorded so far; returns the new problems.
+
+        Non-finite losses and gradients are looked for every time (a scan of what arrived since the last check).
+        The loss-curve classification and the ``model.gradient_flow`` judgement (vanishing, exploding), whose
+        costs grow with the record, run only while tropt's time in these checks stays within ``budget`` of the
+        wall time since monitoring started (each one's last measured cost is its estimate), or when ``force``.
+        """
         self._drain()
-        found: list[LiveEvent] = []
-        if LOSS_CURVE in self.checks:
-            found += self._loss_events(step)
+        found: list[LiveEvent] = self._nonfinite_loss(step) if LOSS_CURVE in self.checks else []
         if self.monitor is not None:
-            found += self._gradient_events(step)
+            found += self._nonfinite_grads(step)
+        if LOSS_CURVE in self.checks and self._afford("curve", force):
+            found += self._timed("curve", self._diverging, step)
+        if self.monitor is not None and self.monitor.rows >= 2 and self._afford("judge", force):
+            found += self._timed("judge", self._judged, step)
         new = []
         for ev in found:
             key = (ev.kind, ev.message.split(":")[0])
@@ -219,6 +230,23 @@ class LiveMonitor:
                 self.stop_reason = ev.message
         return new
 
+    def _afford(self, part: str, force: bool) -> bool:
+        """Whether running ``part`` now keeps the checks' total time within ``budget`` of the elapsed time."""
+        if force:
+            return True
+        allowed = self.budget * (time.perf_counter() - self._started)
+        return self.spent + self._costs.get(part, 0.0) <= allowed
+
+    def _timed(self, part: str, fn: Any, step: int) -> list[LiveEvent]:
+        t = time.perf_counter()
+        try:
+            return fn(step)
+        finally:
+            self._costs[part] = time.perf_counter() - t
+            self.spent += self._costs[part]
+            if part == "judge":
+                self.judgements += 1
+
     def _announce(self, ev: LiveEvent) -> None:
         stop = " (stopping training: stop_on)" if ev.kind in self.stop_on else ""
         text = f"tropt: step {ev.step}: {ev.message}{stop}"
@@ -226,54 +254,52 @@ class LiveMonitor:
         if self.warn:
             warnings.warn(text, TroptLiveWarning, stacklevel=3)
 
-    def _loss_events(self, step: int) -> list[LiveEvent]:
+    def _nonfinite_loss(self, step: int) -> list[LiveEvent]:
         y = np.asarray(self.train_loss, dtype=np.float64)
-        if not y.size:
-            return []
-        out = []
         bad = ~np.isfinite(y)
-        if bad.any():
-            at = self.train_steps[int(np.argmax(bad))]
-            out.append(LiveEvent("nonfinite", step, f"non-finite training loss: {int(bad.sum())} of {y.size} logged "
-                                                   f"values are NaN/inf, the first at step {at:g}. Lower the learning "
-                                                   "rate, clip gradients, or look for a log/division of zero"))
+        if not bad.any():
+            return []
+        at = self.train_steps[int(np.argmax(bad))]
+        return [LiveEvent("nonfinite", step, f"non-finite training loss: {int(bad.sum())} of {y.size} logged values "
+                                             f"are NaN/inf, the first at step {at:g}. Lower the learning rate, clip "
+                                             "gradients, or look for a log/division of zero")]
+
+    def _diverging(self, step: int) -> list[LiveEvent]:
         from ..dynamics.curves import MIN_POINTS, classify_curve
 
-        finite = y[np.isfinite(y)] if bad.any() else y
-        if finite.size >= MIN_POINTS and not bad.any():
-            diag = classify_curve(y, np.asarray(self.train_steps), thresholds=self.curve_thresholds)
-            if "diverging" in diag.classes:
-                m = diag.metrics
-                out.append(LiveEvent("diverging", step, f"the training loss is diverging: it rose from "
-                                                        f"{m.get('best_loss', math.nan):.4g} (best) to "
-                                                        f"{m.get('end_loss', math.nan):.4g}. Lower the learning rate "
-                                                        "or add warm-up/clipping"))
-        return out
+        y = np.asarray(self.train_loss, dtype=np.float64)
+        if y.size < MIN_POINTS or not np.isfinite(y).all():
+            return []  # too short to judge, or already reported as non-finite
+        diag = classify_curve(y, np.asarray(self.train_steps), thresholds=self.curve_thresholds)
+        if "diverging" not in diag.classes:
+            return []
+        m = diag.metrics
+        return [LiveEvent("diverging", step, f"the training loss is diverging: it rose from "
+                                             f"{m.get('best_loss', math.nan):.4g} (best) to "
+                                             f"{m.get('end_loss', math.nan):.4g}. Lower the learning rate or add "
+                                             "warm-up/clipping")]
 
-    def _gradient_events(self, step: int) -> list[LiveEvent]:
+    def _nonfinite_grads(self, step: int) -> list[LiveEvent]:
+        """Non-finite gradients in the rows recorded since the last check (only those rows are copied back)."""
         mon = self.monitor
-        out = []
-        # Non-finite gradients: only the rows not yet checked are copied back.
         rows = mon.array(self._checked_rows)
-        if rows.size:
-            bad = np.nansum(rows[:, :, 4], axis=0) > 0
-            if bad.any():
-                names = [n for n, b in zip(mon.names, bad) if b]
-                out.append(LiveEvent("nonfinite", step, f"non-finite gradients: in {len(names)} parameter(s) "
-                                                        f"({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}). "
-                                                        "Lower the learning rate, clip gradients, or check the loss "
-                                                        "for log(0)/division by zero"))
         self._checked_rows = mon.rows
-        if mon.rows < 2:
-            return out
-        now = time.perf_counter()
-        if self._judge_cost is not None and self._judge_cost > self.budget * (now - self._judged_at):
-            return out  # judged recently enough for its cost; non-finite values were still looked for above
-        result = mon.result(**self.thresholds)
-        self._judged_at = time.perf_counter()
-        self._judge_cost = self._judged_at - now
-        self.judgements += 1
+        if not rows.size:
+            return []
+        bad = np.nansum(rows[:, :, 4], axis=0) > 0
+        if not bad.any():
+            return []
+        names = [n for n, b in zip(mon.names, bad) if b]
+        return [LiveEvent("nonfinite", step, f"non-finite gradients: in {len(names)} parameter(s) "
+                                             f"({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}). Lower the "
+                                             "learning rate, clip gradients, or check the loss for log(0)/division by "
+                                             "zero")]
+
+    def _judged(self, step: int) -> list[LiveEvent]:
+        """Vanishing and exploding gradients by the ``model.gradient_flow`` rules on the whole record."""
+        result = self.monitor.result(**self.thresholds)
         problems = result.tables.get("problems")
+        out = []
         if problems is not None and len(problems):
             for kind in ("vanishing", "exploding"):
                 hit = problems[problems["problem"].map(_PROBLEM_KIND.get) == kind]
