@@ -129,6 +129,7 @@ def test_wandb_offline_run_read_back_and_diagnosed(tmp_path, monkeypatch):
         run.log(row)
     run.log({"train/loss": math.nan})  # a NaN is kept as a NaN loss
     run.finish()
+    _wait_for_wandb(tmp_path / "wandb")
     curves = read_wandb(tmp_path / "wandb")
     np.testing.assert_allclose(curves["train/loss"][1][:150], y)
     assert math.isnan(curves["train/loss"][1][-1])
@@ -137,3 +138,15 @@ def test_wandb_offline_run_read_back_and_diagnosed(tmp_path, monkeypatch):
     r = diagnose_curves(run_dir)
     assert r.status.value == "fail" and "non_finite" in r.metrics["classes"]
     assert r.metrics["val_points"] == 15
+
+
+def _wait_for_wandb(wandb_dir, timeout=60.0):
+    """wandb.finish() in offline mode may return before wandb's service wrote the run file: wait for its exit record."""
+    import time
+
+    from tropt.dynamics.logs import wandb_finished
+
+    deadline = time.monotonic() + timeout
+    while not wandb_finished(wandb_dir):
+        assert time.monotonic() < deadline, "wandb never wrote the run's exit record"
+        time.sleep(0.1)

@@ -65,7 +65,7 @@ def test_healthy_fit_writes_a_report_with_both_results(tmp_path):
     checks = {r["check"]: r for r in found["results"]}
     assert set(checks) == {"model.gradient_flow", "dynamics.loss_curve"}
     assert checks["model.gradient_flow"]["status"] == "pass"
-    assert checks["model.gradient_flow"]["metrics"]["recorded_steps"] == 80  # 5 epochs x 16 batches
+    assert checks["model.gradient_flow"]["metrics"]["recorded_steps"] == 8  # 5 epochs x 16 batches, one in 10 recorded
     assert checks["dynamics.loss_curve"]["status"] in ("pass", "warn")
     assert checks["dynamics.loss_curve"]["metrics"]["points"] == 80
     assert checks["dynamics.loss_curve"]["metrics"].get("val_points") == 5
@@ -129,17 +129,22 @@ def test_fit_leaves_the_module_unchanged_apart_from_training(tmp_path):
         torch.testing.assert_close(runs[0][k], runs[1][k], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kind", ["csv", "tensorboard", "mlflow"])
-def test_logs_to_the_trainers_logger(tmp_path, kind):
+@pytest.mark.parametrize("kind", ["csv", "tensorboard", "mlflow", "wandb"])
+def test_logs_to_the_trainers_logger(tmp_path, kind, monkeypatch):
     torch.manual_seed(0)
     if kind == "csv":
         logger = L.pytorch.loggers.CSVLogger(tmp_path)
     elif kind == "tensorboard":
         pytest.importorskip("tensorboard")
         logger = L.pytorch.loggers.TensorBoardLogger(tmp_path)
-    else:
+    elif kind == "mlflow":
         pytest.importorskip("mlflow")
         logger = L.pytorch.loggers.MLFlowLogger(experiment_name="tropt", tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    else:
+        pytest.importorskip("wandb")
+        monkeypatch.setenv("WANDB_MODE", "offline")
+        monkeypatch.setenv("WANDB_SILENT", "true")
+        logger = L.pytorch.loggers.WandbLogger(save_dir=str(tmp_path), offline=True, project="tropt")
     cb = TroptCallback(every=8)
     _trainer(tmp_path, cb, logger=logger, max_epochs=1).fit(TinyModule(), _loader())
     assert cb.paths and all(__import__("os").path.exists(p) for p in cb.paths.values())
@@ -152,12 +157,22 @@ def test_logs_to_the_trainers_logger(tmp_path, kind):
         assert "tropt/grad_norm/global" in tags["scalars"]
         assert any(t.startswith("tropt/model.gradient_flow") for t in tags["images"])
         assert any("tropt/verdict" in t for t in tags["tensors"])  # add_text is stored as a tensor summary
+    elif kind == "wandb":
+        import wandb
+
+        from tropt.dynamics import read_wandb
+
+        wandb.finish()
+        _wait_for_wandb(tmp_path / "wandb")
+        curves = read_wandb(tmp_path / "wandb", step_key="tropt/step")
+        assert curves["tropt/grad_norm/global"][0].tolist() == [0, 10]
+        assert curves["tropt/model.gradient_flow/status"][1][-1] == __import__("tropt").Status.PASS.rank
     elif kind == "mlflow":
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
         hist = client.get_metric_history(logger.run_id, "tropt/grad_norm/global")
-        assert len(hist) == 16
+        assert [m.step for m in hist] == [0, 10]  # 16 optimizer steps, one in 10 recorded
         run = client.get_run(logger.run_id)
         assert run.data.tags["tropt/model.gradient_flow"].startswith("PASS")
     else:
@@ -165,3 +180,15 @@ def test_logs_to_the_trainers_logger(tmp_path, kind):
 
         df = pd.read_csv(f"{logger.log_dir}/metrics.csv")
         assert "tropt/model.gradient_flow/status" in df.columns
+
+
+def _wait_for_wandb(wandb_dir, timeout=60.0):
+    """wandb.finish() in offline mode may return before wandb's service wrote the run file: wait for its exit record."""
+    import time
+
+    from tropt.dynamics.logs import wandb_finished
+
+    deadline = time.monotonic() + timeout
+    while not wandb_finished(wandb_dir):
+        assert time.monotonic() < deadline, "wandb never wrote the run's exit record"
+        time.sleep(0.1)

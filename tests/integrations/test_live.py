@@ -37,7 +37,7 @@ def _deep_sigmoid():
 
 
 def test_vanishing_gradients_are_warned_once_and_can_stop():
-    live = LiveMonitor(every=10, stop_on="vanishing", budget=1.0)  # judge at every check of this ~1 ms step
+    live = LiveMonitor(every=10, stop_on="vanishing", budget=1.0, sample_every=1)  # judge every check, record every step
     with pytest.warns(TroptLiveWarning, match="vanishing gradients: 0") as rec:
         report = _train(live, _deep_sigmoid())
     assert sum("vanishing" in str(w.message) for w in rec) == 1  # once, not at every check
@@ -89,7 +89,7 @@ def test_budget_limits_how_often_the_full_judgement_runs(monkeypatch):
     monkeypatch.setattr(live_mod, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     counts = {}
     for budget in (1.0, 1e-12):
-        live = LiveMonitor(every=5, budget=budget)
+        live = LiveMonitor(every=5, budget=budget, sample_every=1)
         _train(live, nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)), steps=40)
         counts[budget] = live.judgements
         live.check(40, force=True)

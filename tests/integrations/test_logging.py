@@ -137,6 +137,7 @@ def test_log_to_wandb_offline(tmp_path, monkeypatch):
     mon.log_to(run)
     _report().log_to("wandb", step=12)
     run.finish()
+    _wait_for_wandb(tmp_path / "wandb")
     run_dir = next((tmp_path / "wandb").glob("offline-run-*"))
     assert (run_dir / "files" / "media" / "images").is_dir()  # the figures
     curves = read_wandb(run_dir, step_key="tropt/step")
@@ -149,3 +150,15 @@ def test_log_to_wandb_offline(tmp_path, monkeypatch):
 def test_unknown_target_is_an_error():
     with pytest.raises(TroptError, match="cannot log to a int"):
         _monitored(steps=2).log_to(3)
+
+
+def _wait_for_wandb(wandb_dir, timeout=60.0):
+    """wandb.finish() in offline mode may return before wandb's service wrote the run file: wait for its exit record."""
+    import time
+
+    from tropt.dynamics.logs import wandb_finished
+
+    deadline = time.monotonic() + timeout
+    while not wandb_finished(wandb_dir):
+        assert time.monotonic() < deadline, "wandb never wrote the run's exit record"
+        time.sleep(0.1)

@@ -333,6 +333,29 @@ def read_wandb(path: str | os.PathLike, *, step_key: str = "_step") -> dict[str,
     return _sorted_curves(out)
 
 
+def wandb_finished(path: str | os.PathLike) -> bool:
+    """Whether a W&B run file holds its ``exit`` record (the run finished and its log is complete).
+
+    ``wandb.finish()`` in offline mode can return before wandb's service has written the log, so a reader that must
+    see the whole run waits for this (the tests do)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    try:
+        with open(_wandb_file(os.fspath(path)), "rb") as fh:
+            data = fh.read()
+    except TroptError:
+        return False
+    for payload in _wandb_records(data):
+        rec = pb.Record()
+        try:
+            rec.ParseFromString(payload)
+        except Exception:  # noqa: BLE001 - a torn record: not finished
+            return False
+        if rec.WhichOneof("record_type") == "exit":
+            return True
+    return False
+
+
 def _is_wandb_run(path: str) -> bool:
     if path.endswith(".wandb"):
         return True

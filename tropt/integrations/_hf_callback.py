@@ -42,7 +42,7 @@ class TroptTrainerCallback(_TrainerCallback):
     After training, ``callback.report``, ``callback.paths`` and ``callback.events`` hold what was seen.
     """
 
-    def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 1,
+    def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 10,
                  stop_on: Iterable[str] | str | None = None, out_dir: str | os.PathLike | None = None,
                  log_to: Any = None, log_figures: bool = True, warn: bool = True, thresholds: dict | None = None,
                  curve_thresholds: Any = None, budget: float = 0.02) -> None:

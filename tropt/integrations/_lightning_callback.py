@@ -46,7 +46,7 @@ class TroptCallback(_Callback):
     ``callback.events`` the problems warned about.
     """
 
-    def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 1,
+    def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 10,
                  stop_on: Iterable[str] | str | None = None, out_dir: str | os.PathLike | None = None,
                  log_figures: bool = True, warn: bool = True, thresholds: dict | None = None,
                  curve_thresholds: Any = None, budget: float = 0.02) -> None:
