@@ -99,7 +99,7 @@ def _mlflow(tmp_path, y, experiment="exp"):
     return mlflow, uri, run.info.run_id
 
 
-def test_mlflow_run_read_back_and_diagnosed(tmp_path, monkeypatch):
+def test_mlflow_run_read_back_and_diagnosed(tmp_path):
     y = _falling(150, diverge_at=100)
     mlflow, uri, run_id = _mlflow(tmp_path, y)
     curves = read_mlflow(run_id, tracking_uri=uri)
@@ -107,8 +107,10 @@ def test_mlflow_run_read_back_and_diagnosed(tmp_path, monkeypatch):
     assert curves["val_loss"][0].tolist() == list(range(0, 150, 10))
     by_name = read_mlflow(experiment="exp", tracking_uri=uri)
     np.testing.assert_array_equal(by_name["train_loss"][1], curves["train_loss"][1])
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    r = diagnose_curves(f"runs:/{run_id}")
+    from support import mlflow_tracking_uri
+
+    with mlflow_tracking_uri(uri):
+        r = diagnose_curves(f"runs:/{run_id}")
     assert r.status.value == "fail" and r.metrics["class"] == "diverging"
     assert r.metrics["val_points"] == 15
     (tmp_path / "h").mkdir()

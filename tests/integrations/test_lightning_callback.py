@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 
@@ -146,7 +147,12 @@ def test_logs_to_the_trainers_logger(tmp_path, kind, monkeypatch):
         monkeypatch.setenv("WANDB_SILENT", "true")
         logger = L.pytorch.loggers.WandbLogger(save_dir=str(tmp_path), offline=True, project="tropt")
     cb = TroptCallback(every=8)
-    _trainer(tmp_path, cb, logger=logger, max_epochs=1).fit(TinyModule(), _loader())
+    with contextlib.ExitStack() as stack:
+        if kind == "mlflow":  # MLFlowLogger sets MLflow's process-wide tracking URI: restore it afterwards
+            from support import mlflow_tracking_uri
+
+            stack.enter_context(mlflow_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db"))
+        _trainer(tmp_path, cb, logger=logger, max_epochs=1).fit(TinyModule(), _loader())
     assert cb.paths and all(__import__("os").path.exists(p) for p in cb.paths.values())
     if kind == "tensorboard":
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import tropt
+from support import mlflow_tracking_uri
 from tropt.dynamics import diagnose_curves, read_wandb
 from tropt.errors import TroptError
 
@@ -90,17 +91,14 @@ def test_report_log_to_summary_writer(tmp_path):
     assert {"tropt/dynamics.loss_curve", "tropt/model.gradient_flow"} <= set(acc.Tags()["images"])
 
 
-def test_log_to_mlflow_sqlite_store(tmp_path, monkeypatch):
+def test_log_to_mlflow_sqlite_store(tmp_path):
     mlflow = pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    try:
-        mlflow.set_experiment("tropt-log")
-        with mlflow.start_run() as run:
+    with mlflow_tracking_uri(uri):
+        exp = MlflowClient(uri).create_experiment("tropt-log")  # not set_experiment: no global left behind
+        with mlflow.start_run(experiment_id=exp) as run:
             mon = _monitored()
             mon.log_to("mlflow")
             _report().log_to(run, step=12)
@@ -114,8 +112,6 @@ def test_log_to_mlflow_sqlite_store(tmp_path, monkeypatch):
         np.testing.assert_allclose([m.value for m in hist], mon.global_norms(), rtol=1e-6)
         arts = {a.path for a in MlflowClient(uri).list_artifacts(run.info.run_id, "tropt")}
         assert "tropt/model.gradient_flow" in arts
-    finally:
-        mlflow.set_tracking_uri(previous)
 
 
 def test_log_to_mlflow_without_an_active_run_says_how_to_fix():
