@@ -108,9 +108,11 @@ class TroptCallback(_Callback):
         if new:
             self._log_events(trainer, new, step)
         live.detach()
-        import lightning
+        import importlib
 
-        self.report = live.report({"framework": "lightning", "lightning": lightning.__version__})
+        package = _Callback.__module__.split(".")[0]  # lightning, or the standalone pytorch_lightning
+        version = getattr(importlib.import_module(package), "__version__", None)
+        self.report = live.report({"framework": package, package: version})
         out = self.out_dir or os.path.join(trainer.log_dir or trainer.default_root_dir, "tropt")
         if trainer.is_global_zero:
             self.paths = live.write(self.report, out)

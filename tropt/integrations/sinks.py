@@ -312,13 +312,13 @@ def log_monitor(mon: Any, sink: Sink, step: int, *, prefix: str = "tropt", figur
     """
     import numpy as np
 
-    start = getattr(mon, "_tropt_logged_rows", 0)
+    start = mon.logged_rows
     norms = mon.global_norms()
     steps = mon.recorded_steps
     for i in range(start, norms.size):
         if np.isfinite(norms[i]):
             sink.scalars({f"{prefix}/grad_norm/global": float(norms[i])}, int(steps[i]))
-    mon._tropt_logged_rows = norms.size
+    mon.logged_rows = int(norms.size)
     result = mon.result(**thresholds)
     layers = result.tables.get("layers")
     if layers is not None and len(layers):

@@ -128,6 +128,7 @@ class GradientMonitor:
         self._prev: dict[int, torch.Tensor] = {}
         self._rows = 0
         self.passes: dict[str, float] = {"gradients": 0.0, "parameters": 0.0}
+        self.logged_rows = 0  # recorded steps whose global gradient norm log_to has written
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> "GradientMonitor":
@@ -149,6 +150,7 @@ class GradientMonitor:
         self.steps_seen = 0
         self.recorded_steps = []
         self._rows = 0
+        self.logged_rows = 0
         self.passes = {"gradients": 0.0, "parameters": 0.0}
         self._total_numel = max(1.0, float(self._numel.sum()))
         self._frac_cache: dict[tuple[int, ...], float] = {}
