@@ -433,7 +433,11 @@ class Report:
         """
         from .integrations.sinks import as_sink, log_report
 
-        log_report(self, as_sink(target), step, prefix=prefix, figures=figures)
+        sink = as_sink(target)
+        try:
+            log_report(self, sink, step, prefix=prefix, figures=figures)
+        finally:
+            sink.close()
 
     def __repr__(self) -> str:
         return f"<Report {self.status.value.upper()}: {len(self.results)} checks {self.counts()}>"

@@ -60,6 +60,7 @@ class TroptTrainerCallback(_TrainerCallback):
         self._micro: list[torch.Tensor] = []
         self._forward_losses = False
         self._targets: list[Any] = []
+        self._owned: list[Any] = []
 
     @property
     def events(self) -> list:
@@ -128,6 +129,9 @@ class TroptTrainerCallback(_TrainerCallback):
         if sink is not None:
             live.log(sink, step, figures=False)
             self.report.log_to(sink, step, figures=self.log_figures)
+        for writer in self._owned:
+            writer.close()
+        self._owned = []
 
     # ------------------------------------------------------------------ logging
     def _log_targets(self, args: Any) -> list[Any]:
@@ -143,8 +147,10 @@ class TroptTrainerCallback(_TrainerCallback):
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                targets.append(SummaryWriter(os.environ.get("TENSORBOARD_LOGGING_DIR")
-                                             or os.path.join(args.output_dir, "runs", "tropt")))
+                writer = SummaryWriter(os.environ.get("TENSORBOARD_LOGGING_DIR")
+                                       or os.path.join(args.output_dir, "runs", "tropt"))
+                self._owned.append(writer)  # closed at the end of training
+                targets.append(writer)
             except ImportError:
                 pass
         if "mlflow" in report_to:

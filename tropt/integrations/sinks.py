@@ -35,6 +35,10 @@ class Sink:
     def flush(self) -> None:
         """Make what was logged visible to readers (written to disk / sent)."""
 
+    def close(self) -> None:
+        """Release what :func:`as_sink` opened itself (a ``SummaryWriter`` for a directory path); the user's own
+        writers and runs stay open."""
+
 
 class MultiSink(Sink):
     """Several sinks at once (a list handed to ``log_to``, or a trainer with several loggers)."""
@@ -62,6 +66,10 @@ class MultiSink(Sink):
         for s in self.sinks:
             s.flush()
 
+    def close(self):
+        for s in self.sinks:
+            s.close()
+
 
 class TensorBoardSink(Sink):
     """A ``torch.utils.tensorboard.SummaryWriter`` (or anything with its ``add_scalar``/``add_text``/``add_figure``)."""
@@ -69,8 +77,8 @@ class TensorBoardSink(Sink):
     name = "tensorboard"
     images = True
 
-    def __init__(self, writer: Any) -> None:
-        self.writer = writer
+    def __init__(self, writer: Any, owned: bool = False) -> None:
+        self.writer, self.owned = writer, owned
 
     def scalars(self, values, step):
         for k, v in values.items():
@@ -84,6 +92,10 @@ class TensorBoardSink(Sink):
 
     def flush(self):
         self.writer.flush()
+
+    def close(self):
+        if self.owned:
+            self.writer.close()
 
 
 class MlflowSink(Sink):
@@ -142,8 +154,8 @@ class WandbSink(Sink):
     def text(self, key, text, step):
         import wandb
 
-        self.run.summary[key] = text
         self.run.log({key: wandb.Html(f"<pre>{_html(text)}</pre>"), "tropt/step": int(step)})
+        self.run.summary[key] = text  # after log(), which would set the summary to the HTML panel
 
     def figure(self, key, fig, step):
         import wandb
@@ -208,7 +220,7 @@ def as_sink(target: Any) -> Sink:
     if isinstance(target, (str, os.PathLike)):
         from torch.utils.tensorboard import SummaryWriter
 
-        return TensorBoardSink(SummaryWriter(os.fspath(target)))
+        return TensorBoardSink(SummaryWriter(os.fspath(target)), owned=True)
     if mod.startswith(("lightning.", "pytorch_lightning.")) and hasattr(target, "log_metrics"):
         return _lightning_logger_sink(target)
     if mod.startswith("mlflow") and hasattr(target, "info") and hasattr(target.info, "run_id"):

@@ -473,8 +473,11 @@ class GradientMonitor:
         from ..integrations.sinks import as_sink, log_monitor
 
         sink = as_sink(target)
-        return log_monitor(self, sink, self.steps_seen if step is None else int(step), prefix=prefix, figures=figures,
-                           **thresholds)
+        try:
+            return log_monitor(self, sink, self.steps_seen if step is None else int(step), prefix=prefix,
+                               figures=figures, **thresholds)
+        finally:
+            sink.close()
 
     def frame(self) -> pd.DataFrame:
         """One row per (recorded step, parameter): grad/param/update norms and ratios, zero fraction, non-finite.
