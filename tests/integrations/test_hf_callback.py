@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -106,3 +107,18 @@ def test_logs_to_tensorboard_via_report_to(tmp_path):
     acc.Reload()
     assert [e.step for e in acc.Scalars("tropt/grad_norm/global")] == [0, 10]  # one step in 10 recorded
     assert "tropt/model.gradient_flow" in acc.Tags()["images"]
+
+
+@pytest.mark.parametrize("accumulation", [1, 4])
+def test_step_loss_matches_the_trainers_logged_loss(tmp_path, accumulation):
+    """With gradient accumulation the Trainer passes num_items_in_batch and each micro-batch loss is a share of the
+    step's: the callback sums them (a mean would read the loss 4x too small)."""
+    cb = TroptTrainerCallback(every=100)
+    trainer = transformers.Trainer(model=_model(), args=_args(tmp_path, max_steps=12, logging_steps=1,
+                                                               per_device_train_batch_size=2,
+                                                               gradient_accumulation_steps=accumulation),
+                                   train_dataset=Tokens(), callbacks=[cb])
+    trainer.train()
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(logged) == len(cb.live.train_loss) == 12
+    np.testing.assert_allclose(cb.live.train_loss, logged, rtol=2e-3)

@@ -58,6 +58,7 @@ class TroptTrainerCallback(_TrainerCallback):
         self.paths: dict[str, str] = {}
         self._hook = None
         self._micro: list[torch.Tensor] = []
+        self._summed = False
         self._forward_losses = False
         self._targets: list[Any] = []
         self._owned: list[Any] = []
@@ -72,16 +73,20 @@ class TroptTrainerCallback(_TrainerCallback):
             return
         self.live = LiveMonitor(**self._options).attach(model)
         self.report, self.paths, self._micro, self._forward_losses = None, {}, [], False
-        self._hook = model.register_forward_hook(self._capture)
+        self._hook = model.register_forward_hook(self._capture, with_kwargs=True)
         self._targets = self._log_targets(args) if state.is_world_process_zero else []
 
-    def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        """Keep the loss a training forward returned (``ModelOutput.loss`` / ``output['loss']``); no sync."""
+    def _capture(self, module: torch.nn.Module, args: Any, kwargs: dict, output: Any) -> None:
+        """Keep the loss a training forward returned (``ModelOutput.loss`` / ``output['loss']``); no sync.
+
+        When the Trainer passes ``num_items_in_batch``, each micro-batch's loss is its token-loss sum over the whole
+        step's token count, so the step's loss is their sum, not their mean."""
         if not module.training:
             return
         loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             self._micro.append(loss.detach())
+            self._summed = kwargs.get("num_items_in_batch") is not None
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.live is None:
@@ -89,7 +94,8 @@ class TroptTrainerCallback(_TrainerCallback):
         step = int(state.global_step)
         if self._micro:
             self._forward_losses = True
-            loss = self._micro[0] if len(self._micro) == 1 else torch.stack([m.reshape(()) for m in self._micro]).mean()
+            stacked = torch.stack([m.reshape(()) for m in self._micro])
+            loss = stacked.sum() if self._summed else stacked.mean()
             self.live.add_loss(step, loss)
             self._micro = []
         new = self.live.step_end(step)
