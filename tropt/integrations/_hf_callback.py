@@ -22,9 +22,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 class TroptTrainerCallback(_TrainerCallback):
     """Watch ``Trainer.train`` live: gradient flow and the loss curve, early warnings, a report at the end.
 
-    The training loss is read per optimizer step from the model's own output (``outputs.loss``, averaged over the
-    step's micro-batches, through a forward hook removed at the end) when the model returns one, and otherwise
-    from the Trainer's logs (``logging_steps``); ``eval_loss`` from the logs is the validation curve.
+    The training loss is read per optimizer step from the model's own output (``outputs.loss`` through a forward
+    hook removed at the end; the step's micro-batch losses summed when the Trainer passes ``num_items_in_batch``,
+    averaged otherwise, as the Trainer itself logs it) when the model returns one, and otherwise from the Trainer's
+    logs (``logging_steps``); ``eval_loss`` from the logs is the validation curve. A ``compute_loss`` override that
+    changes the loss after the forward is seen through the logs only.
 
     Parameters
     ----------
