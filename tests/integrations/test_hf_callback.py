@@ -11,6 +11,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from tropt.errors import TroptError  # noqa: E402
 from tropt.integrations.hf import TroptTrainerCallback  # noqa: E402
 from tropt.integrations.live import TroptLiveWarning  # noqa: E402
 
@@ -122,3 +123,15 @@ def test_step_loss_matches_the_trainers_logged_loss(tmp_path, accumulation):
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(logged) == len(cb.live.train_loss) == 12
     np.testing.assert_allclose(cb.live.train_loss, logged, rtol=2e-3)
+
+
+def test_loss_from_logs_sees_a_compute_loss_override(tmp_path):
+    """NanAfter makes the loss NaN in compute_loss, after the forward: only the logged loss shows it at once."""
+    cb = TroptTrainerCallback(every=5, loss_from="logs", checks="loss_curve")
+    trainer = NanAfter(model=_model(), args=_args(tmp_path, max_steps=20, logging_steps=1,
+                                                  logging_nan_inf_filter=False), train_dataset=Tokens(), callbacks=[cb])
+    with pytest.warns(TroptLiveWarning, match="the first at step 16"):
+        trainer.train()
+    assert not trainer.model._forward_hooks
+    with pytest.raises(TroptError, match="loss_from"):
+        TroptTrainerCallback(loss_from="forward")

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 import torch
 
-from ..errors import MissingDependencyError
+from ..errors import MissingDependencyError, TroptError
 from .live import CHECKS, LiveMonitor
 
 try:
@@ -26,7 +26,8 @@ class TroptTrainerCallback(_TrainerCallback):
     hook removed at the end; the step's micro-batch losses summed when the Trainer passes ``num_items_in_batch``,
     averaged otherwise, as the Trainer itself logs it) when the model returns one, and otherwise from the Trainer's
     logs (``logging_steps``); ``eval_loss`` from the logs is the validation curve. A ``compute_loss`` override that
-    changes the loss after the forward is seen through the logs only.
+    changes the loss after the forward is not in the model's output: pass ``loss_from="logs"`` to read the logged
+    loss instead (set ``logging_steps`` small then).
 
     Parameters
     ----------
@@ -40,6 +41,9 @@ class TroptTrainerCallback(_TrainerCallback):
         ``$TENSORBOARD_LOGGING_DIR``), the MLflow run and the W&B run the Trainer's own callbacks started.
     log_figures
         Also log the report's figures at the end of training.
+    loss_from
+        ``"model"`` (default: the model's ``outputs.loss`` per step, the Trainer's logs when it returns none) or
+        ``"logs"`` (the Trainer's logged ``loss`` only).
 
     After training, ``callback.report``, ``callback.paths`` and ``callback.events`` hold what was seen.
     """
@@ -47,7 +51,10 @@ class TroptTrainerCallback(_TrainerCallback):
     def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 10,
                  stop_on: Iterable[str] | str | None = None, out_dir: str | os.PathLike | None = None,
                  log_to: Any = None, log_figures: bool = True, warn: bool = True, thresholds: dict | None = None,
-                 curve_thresholds: Any = None, budget: float = 0.02) -> None:
+                 curve_thresholds: Any = None, budget: float = 0.02, loss_from: str = "model") -> None:
+        if loss_from not in ("model", "logs"):
+            raise TroptError(f"TroptTrainerCallback: loss_from={loss_from!r}", "use 'model' or 'logs'")
+        self.loss_from = loss_from
         self._options = dict(checks=checks, every=every, sample_every=sample_every, stop_on=stop_on, warn=warn,
                              thresholds=thresholds, curve_thresholds=curve_thresholds, budget=budget,
                              logger=logging.getLogger("transformers.trainer"))
@@ -75,7 +82,8 @@ class TroptTrainerCallback(_TrainerCallback):
             return
         self.live = LiveMonitor(**self._options).attach(model)
         self.report, self.paths, self._micro, self._forward_losses = None, {}, [], False
-        self._hook = model.register_forward_hook(self._capture, with_kwargs=True)
+        if self.loss_from == "model":
+            self._hook = model.register_forward_hook(self._capture, with_kwargs=True)
         self._targets = self._log_targets(args) if state.is_world_process_zero else []
 
     def _capture(self, module: torch.nn.Module, args: Any, kwargs: dict, output: Any) -> None:
