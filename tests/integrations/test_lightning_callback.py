@@ -107,7 +107,7 @@ def test_stop_on_nonfinite_stops_fit_early(tmp_path):
 
 def test_diverging_loss_is_warned(tmp_path):
     torch.manual_seed(0)
-    # budget=1: judge at every check (the default 2% budget would judge this ~1 ms step less often)
+    # budget=1: judge at every check (the default 1% budget would judge this ~1 ms step less often)
     cb = TroptCallback(every=10, checks="loss_curve", out_dir=tmp_path / "tropt", stop_on="diverging", budget=1.0)
     with pytest.warns(TroptLiveWarning, match="diverging"):
         trainer = _trainer(tmp_path, cb, max_epochs=20)

@@ -51,7 +51,7 @@ class TroptTrainerCallback(_TrainerCallback):
     def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 10,
                  stop_on: Iterable[str] | str | None = None, out_dir: str | os.PathLike | None = None,
                  log_to: Any = None, log_figures: bool = True, warn: bool = True, thresholds: dict | None = None,
-                 curve_thresholds: Any = None, budget: float = 0.02, loss_from: str = "model") -> None:
+                 curve_thresholds: Any = None, budget: float = 0.01, loss_from: str = "model") -> None:
         if loss_from not in ("model", "logs"):
             raise TroptError(f"TroptTrainerCallback: loss_from={loss_from!r}", "use 'model' or 'logs'")
         self.loss_from = loss_from

@@ -49,7 +49,7 @@ class TroptCallback(_Callback):
     def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 10,
                  stop_on: Iterable[str] | str | None = None, out_dir: str | os.PathLike | None = None,
                  log_figures: bool = True, warn: bool = True, thresholds: dict | None = None,
-                 curve_thresholds: Any = None, budget: float = 0.02) -> None:
+                 curve_thresholds: Any = None, budget: float = 0.01) -> None:
         super().__init__()
         self._options = dict(checks=checks, every=every, sample_every=sample_every, stop_on=stop_on, warn=warn,
                              thresholds=thresholds, curve_thresholds=curve_thresholds, budget=budget,

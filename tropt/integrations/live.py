@@ -103,7 +103,7 @@ class LiveMonitor:
     curve_thresholds
         A :class:`tropt.dynamics.CurveThresholds` for the loss-curve classifier.
     budget
-        The share of wall time the periodic judgements may take (0.02: 2%). Non-finite losses and gradients are
+        The share of wall time the periodic judgements may take (0.01: 1%). Non-finite losses and gradients are
         looked for at every check (a scan of what arrived since the last one); the loss-curve classification and
         the ``model.gradient_flow`` judgement (vanishing, exploding), whose costs grow with the record, run at a
         check only while their total time stays within this share (on very fast steps they run less often than
@@ -112,7 +112,7 @@ class LiveMonitor:
 
     def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 10,
                  stop_on: Iterable[str] | str | None = None, warn: bool = True, thresholds: dict | None = None,
-                 curve_thresholds: Any = None, logger: logging.Logger | None = None, budget: float = 0.02) -> None:
+                 curve_thresholds: Any = None, logger: logging.Logger | None = None, budget: float = 0.01) -> None:
         for name, v in (("every", every), ("sample_every", sample_every)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise TroptError(f"live monitoring: {name}={v!r}; it must be an integer >= 1", f"use {name}=50")
@@ -138,7 +138,7 @@ class LiveMonitor:
         self._checked_rows = 0
         if not (isinstance(budget, (int, float)) and 0 < budget <= 1):
             raise TroptError(f"live monitoring: budget={budget!r}; it must be a share of training time in (0, 1]",
-                             "use budget=0.02 (2%)")
+                             "use budget=0.01 (1%)")
         self.budget = float(budget)
         self._costs: dict[str, float] = {}  # seconds the last run of each periodic part took
         self.spent = 0.0  # seconds spent in those parts so far
