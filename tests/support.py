@@ -3,6 +3,7 @@ test directory's own conftest.py would shadow ``import conftest``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -29,3 +30,18 @@ CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage"]
+
+
+@contextlib.contextmanager
+def mlflow_tracking_uri(uri: str):
+    """Use ``uri`` as MLflow's tracking URI inside the block and restore the previous global setting after it
+    (MLflow keeps one process-wide URI, which Lightning's MLFlowLogger also sets; tests must not leak it)."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    old = utils._tracking_uri  # None when unset: then MLFLOW_TRACKING_URI / the default apply again
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield uri
+    finally:
+        mlflow.set_tracking_uri(old)

@@ -423,6 +423,22 @@ class Report:
                 fh.write(page)
         return page
 
+    def log_to(self, target: Any, step: int = 0, *, prefix: str = "tropt", figures: bool = True) -> None:
+        """Write this report where you already look: TensorBoard, MLflow or W&B (verdicts as text, status ranks and
+        numeric metrics as scalars, each result's figure from :mod:`tropt.plots`).
+
+        ``target``: a ``SummaryWriter`` or a log directory, ``"mlflow"`` (the active run) or an MLflow run,
+        ``"wandb"`` or a W&B run, a Lightning logger, or a list of these (see
+        :func:`tropt.integrations.sinks.as_sink`). Each framework is imported only when used.
+        """
+        from .integrations.sinks import as_sink, log_report
+
+        sink = as_sink(target)
+        try:
+            log_report(self, sink, step, prefix=prefix, figures=figures)
+        finally:
+            sink.close()
+
     def __repr__(self) -> str:
         return f"<Report {self.status.value.upper()}: {len(self.results)} checks {self.counts()}>"
 

@@ -174,11 +174,21 @@ def _event(step: int, tag: str, value: float, tensor: bool = False) -> bytes:
     return _field(1, 1, struct.pack("<d", 1.0)) + _field(2, 0, _varint(step)) + _field(5, 2, summary)
 
 
+def _crc(data: bytes) -> bytes:
+    """The TFRecord masked CRC32C (tensorboard's reader checks it; without tensorboard the fallback ignores it)."""
+    try:
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+    except ImportError:
+        return b"\0" * 4
+    return struct.pack("<I", masked_crc32c(data))
+
+
 def _write_events(path, events):
+    header = _field(1, 1, struct.pack("<d", 1.0)) + _field(3, 2, b"brain.Event:2")
     with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", 5) + b"\0" * 4 + _field(3, 2, b"brain.Event:2")[:5] + b"\0" * 4)  # header record
-        for e in events:
-            fh.write(struct.pack("<Q", len(e)) + b"\0" * 4 + e + b"\0" * 4)
+        for e in [header, *events]:
+            n = struct.pack("<Q", len(e))
+            fh.write(n + _crc(n) + e + _crc(e))
 
 
 def test_tensorboard_event_files(tmp_path):

@@ -175,7 +175,10 @@ def diagnose_curves(
         The training loss: an array/list/tensor, a pandas Series (its index is the step), a DataFrame (a
         ``train_loss``/``loss`` column and an optional ``step`` column; TensorBoard's "Download CSV" columns
         ``Wall time, Step, Value``; Lightning ``CSVLogger`` metrics with ``val_loss`` too), a CSV path, or a
-        TensorBoard events file / log directory (tags like ``train/loss`` and ``val/loss``).
+        TensorBoard events file / log directory (tags like ``train/loss`` and ``val/loss``), an MLflow run (a ``Run``,
+        ``"runs:/<run id>"`` or ``"mlflow:<run id>"``; or ``read_mlflow(experiment=...)``'s result), or a W&B offline
+        run directory / ``.wandb`` file. Any ``{tag: (steps, values)}`` dict (what :func:`read_tensorboard`,
+        :func:`read_mlflow` and :func:`read_wandb` return) works too.
     val
         Validation loss in any of those forms. When None and ``train`` is a table or log directory holding a
         validation loss as well, that one is used.

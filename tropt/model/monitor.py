@@ -128,6 +128,7 @@ class GradientMonitor:
         self._prev: dict[int, torch.Tensor] = {}
         self._rows = 0
         self.passes: dict[str, float] = {"gradients": 0.0, "parameters": 0.0}
+        self.logged_rows = 0  # recorded steps whose global gradient norm log_to has written
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> "GradientMonitor":
@@ -149,6 +150,7 @@ class GradientMonitor:
         self.steps_seen = 0
         self.recorded_steps = []
         self._rows = 0
+        self.logged_rows = 0
         self.passes = {"gradients": 0.0, "parameters": 0.0}
         self._total_numel = max(1.0, float(self._numel.sum()))
         self._frac_cache: dict[tuple[int, ...], float] = {}
@@ -446,11 +448,36 @@ class GradientMonitor:
         total += sum(t.numel() * t.element_size() for t in self._prev.values())
         return total
 
-    def array(self) -> np.ndarray:
-        """The recorded statistics as a numpy array of shape (recorded steps, parameters, fields)."""
+    def array(self, start: int = 0) -> np.ndarray:
+        """The recorded statistics as a numpy array of shape (recorded steps, parameters, fields), from row ``start``
+        (a live reader copies only the rows it has not seen)."""
         if self._data is None:
             return np.zeros((0, 0, len(FIELDS)))
-        return self._data[: self._rows].detach().cpu().double().numpy()
+        return self._data[start: self._rows].detach().cpu().double().numpy()
+
+    @property
+    def rows(self) -> int:
+        """Number of recorded steps so far."""
+        return self._rows
+
+    def log_to(self, target: Any, step: int | None = None, *, prefix: str = "tropt", figures: bool = True,
+               **thresholds: Any) -> Any:
+        """Write what the monitor saw to TensorBoard, MLflow or W&B: the ``model.gradient_flow`` verdict (text),
+        the global gradient norm at each recorded step not logged before, per-layer gradient RMS, and the gradient
+        flow figure.
+
+        ``target``: a ``SummaryWriter``, ``"mlflow"`` (the active run) or an MLflow run, ``"wandb"`` or a W&B run, a
+        Lightning logger, or a list of these (see :func:`tropt.integrations.sinks.as_sink`). ``step`` defaults to the
+        optimizer steps seen. Returns the verdict (a :class:`tropt.CheckResult`).
+        """
+        from ..integrations.sinks import as_sink, log_monitor
+
+        sink = as_sink(target)
+        try:
+            return log_monitor(self, sink, self.steps_seen if step is None else int(step), prefix=prefix,
+                               figures=figures, **thresholds)
+        finally:
+            sink.close()
 
     def frame(self) -> pd.DataFrame:
         """One row per (recorded step, parameter): grad/param/update norms and ratios, zero fraction, non-finite.
