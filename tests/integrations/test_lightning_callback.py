@@ -140,7 +140,8 @@ def test_logs_to_the_trainers_logger(tmp_path, kind, monkeypatch):
         logger = L.pytorch.loggers.TensorBoardLogger(tmp_path)
     elif kind == "mlflow":
         pytest.importorskip("mlflow")
-        logger = L.pytorch.loggers.MLFlowLogger(experiment_name="tropt", tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+        logger = L.pytorch.loggers.MLFlowLogger(experiment_name="tropt", tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+                                                artifact_location=str(tmp_path / "artifacts"))
     else:
         pytest.importorskip("wandb")
         monkeypatch.setenv("WANDB_MODE", "offline")

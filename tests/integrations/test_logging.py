@@ -97,7 +97,7 @@ def test_log_to_mlflow_sqlite_store(tmp_path):
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with mlflow_tracking_uri(uri):
-        exp = MlflowClient(uri).create_experiment("tropt-log")  # not set_experiment: no global left behind
+        exp = MlflowClient(uri).create_experiment("tropt-log", artifact_location=str(tmp_path / "artifacts"))  # no global set
         with mlflow.start_run(experiment_id=exp) as run:
             mon = _monitored()
             mon.log_to("mlflow")
