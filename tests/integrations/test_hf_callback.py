@@ -135,3 +135,11 @@ def test_loss_from_logs_sees_a_compute_loss_override(tmp_path):
     assert not trainer.model._forward_hooks
     with pytest.raises(TroptError, match="loss_from"):
         TroptTrainerCallback(loss_from="forward")
+
+
+def test_an_unsupported_transformers_version_is_named(monkeypatch):
+    from tropt.errors import SetupError
+
+    monkeypatch.setattr("tropt.integrations._frameworks.metadata.version", lambda dist: "4.30.0")
+    with pytest.raises(SetupError, match=r"transformers 4\.30\.0 is installed.*>=4\.46,<6"):
+        TroptTrainerCallback()

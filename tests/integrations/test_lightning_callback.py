@@ -199,3 +199,11 @@ def _wait_for_wandb(wandb_dir, timeout=60.0):
     while not wandb_finished(wandb_dir):
         assert time.monotonic() < deadline, "wandb never wrote the run's exit record"
         time.sleep(0.1)
+
+
+def test_an_unsupported_lightning_version_is_named(monkeypatch):
+    from tropt.errors import SetupError
+
+    monkeypatch.setattr("tropt.integrations._frameworks.metadata.version", lambda dist: "1.9.5")
+    with pytest.raises(SetupError, match=r"1\.9\.5 is installed.*>=2\.2,<3"):
+        TroptCallback()

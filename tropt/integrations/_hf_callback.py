@@ -52,6 +52,10 @@ class TroptTrainerCallback(_TrainerCallback):
                  stop_on: Iterable[str] | str | None = None, out_dir: str | os.PathLike | None = None,
                  log_to: Any = None, log_figures: bool = True, warn: bool = True, thresholds: dict | None = None,
                  curve_thresholds: Any = None, budget: float = 0.01, loss_from: str = "model") -> None:
+        from ._frameworks import supported
+        from ._hf_setup import HIGH, LOW
+
+        supported("transformers", LOW, HIGH, "hf")  # the callback relies on TrainerCallback's hooks of these versions
         if loss_from not in ("model", "logs"):
             raise TroptError(f"TroptTrainerCallback: loss_from={loss_from!r}", "use 'model' or 'logs'")
         self.loss_from = loss_from

@@ -51,6 +51,11 @@ class TroptCallback(_Callback):
                  log_figures: bool = True, warn: bool = True, thresholds: dict | None = None,
                  curve_thresholds: Any = None, budget: float = 0.01) -> None:
         super().__init__()
+        from ._frameworks import supported
+        from ._lightning_setup import HIGH, LOW
+
+        # the callback relies on the Callback hooks of these versions
+        supported("lightning" if _Callback.__module__.startswith("lightning.") else "pytorch-lightning", LOW, HIGH, "lightning")
         self._options = dict(checks=checks, every=every, sample_every=sample_every, stop_on=stop_on, warn=warn,
                              thresholds=thresholds, curve_thresholds=curve_thresholds, budget=budget,
                              logger=logging.getLogger("lightning.pytorch"))
