@@ -1,7 +1,10 @@
 """Read the user's splits, whatever they are, into one summary per split: :class:`SplitData`.
 
 A split may be a pandas DataFrame, a numpy array or torch tensor ``(N, ...)``, a tuple ``(X, y)`` of those, a
-map-style torch ``Dataset``, or a path to a CSV/Parquet file (streamed in chunks, never loaded whole). Every
+map-style torch ``Dataset``, a path to a CSV/Parquet file (streamed in chunks, never loaded whole), or a Dask
+collection: a ``dask.dataframe.DataFrame`` or a Parquet dataset path (a directory, a glob, an fsspec URL), scanned as
+a map-reduce on the user's Dask scheduler by :mod:`tropt.data.dask_splits` (without dask installed, a local
+directory is streamed by pyarrow instead). Every
 check works on the same summary: stable content fingerprints of the feature part of each row, the label / group /
 time columns, a numeric matrix for nearest-neighbour search (when small enough) and a bounded row sample for the
 single-feature models. Nothing the user passed is modified: every transformation makes new arrays.
@@ -324,6 +327,18 @@ def _check_column_names(columns: pd.Index, name: str) -> None:
                         "give every column its own name (df.columns = [...]), or drop the copies: df.loc[:, ~df.columns.duplicated()]")
 
 
+def _dask_split(x: Any) -> bool:
+    from .dask_splits import is_dask_frame
+
+    return is_dask_frame(x)
+
+
+def _dask_path(path: str) -> bool:
+    from .dask_splits import is_dataset_path
+
+    return is_dataset_path(path)
+
+
 def _is_dataset(x: Any) -> bool:
     try:
         from torch.utils.data import Dataset
@@ -351,7 +366,11 @@ class _Reader:
         self.label_col: Any = opts.label
         if isinstance(obj, pd.Series):
             obj = obj.to_frame()
-        if isinstance(obj, pd.DataFrame):
+        if _dask_split(obj):
+            self._init_dask(obj, None)
+        elif _is_path(obj) and _dask_path(os.fspath(obj)):
+            self._init_dask(None, os.fspath(obj))
+        elif isinstance(obj, pd.DataFrame):
             _check_column_names(obj.columns, name)
             self.kind, self.frame = "frame", obj
             self.columns = list(obj.columns)
@@ -385,8 +404,23 @@ class _Reader:
             raise DataError(
                 f"split {name!r} is a {type(obj).__name__}, which tropt cannot read as data",
                 "pass a pandas DataFrame, a numpy array or torch tensor (N, ...), a tuple (X, y), a map-style torch "
-                "Dataset, or a path to a .csv/.parquet file",
+                "Dataset, a Dask DataFrame, or a path to a .csv/.parquet file or a Parquet dataset (directory, glob, URL)",
             )
+
+    def _init_dask(self, ddf: Any, path: str | None) -> None:
+        """A Dask DataFrame (row ids: its index labels, as ``ddf.compute()`` has them) or a Parquet dataset path read
+        by Dask (row ids: positions, as for a Parquet file); scanned by :mod:`tropt.data.dask_splits`."""
+        from . import dask_splits
+
+        if path is not None:
+            self.kind, self.path, self.positions = "parquet", path, True
+            ddf = dask_splits.read_dataset(path, self.name)
+        else:
+            self.kind, self.positions = "dask", False
+            if not hasattr(ddf, "columns"):  # a Dask Series: one column, as a pandas Series is
+                ddf = ddf.to_frame()
+        self.ddf, self.columns = ddf, list(ddf.columns)
+        _check_column_names(pd.Index(self.columns, tupleize_cols=False), self.name)
 
     def _init_array(self, x: np.ndarray, y: np.ndarray | None) -> None:
         if x.ndim == 0:
@@ -554,6 +588,12 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
         return data
     want_numeric, want_sample = "numeric" in needs, "sample" in needs
     feats, label, group, time = _resolve(reader, opts)
+    if getattr(reader, "ddf", None) is not None:  # a Dask split: the same fingerprints, as a map-reduce
+        from .dask_splits import scan_dask
+
+        if not kinds:
+            kinds = _head_kinds(_head(reader, feats), feats, name)
+        return scan_dask(reader, name, opts, dict(kinds), feats, label, group, time, needs, numeric_rows)
     wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
     fps, labels, groups, times, nums, texts, previews = [], [], [], [], [], [], []
     sampler = _Sampler(SAMPLE_ROWS)
@@ -768,8 +808,8 @@ def session(needs: frozenset = ALL_NEEDS) -> Iterator[None]:
 
 
 def _file_key(obj: Any, opts: Options, kinds: Mapping) -> tuple | None:
-    if not _is_path(obj):
-        return None
+    if not _is_path(obj) or _dask_path(os.fspath(obj)):
+        return None  # a dataset's directory does not change when a partition file is rewritten: never cached
     path = os.path.abspath(os.fspath(obj))
     try:
         st = os.stat(path)
@@ -862,7 +902,20 @@ def _renamed(data: SplitData, name: str) -> SplitData:
     return replace(data, name=name)
 
 
+def _head_kinds(head: pd.DataFrame, feats: list, name: str) -> dict:
+    """Each feature column's comparison kind from a split's first rows (one split alone; see load_splits)."""
+    kinds = {}
+    for c in feats:
+        k = column_kind(head[c], name)
+        kinds[c] = "text" if k == "string" and looks_like_text(head[c].iloc[:10_000]) else k
+    return kinds
+
+
 def _head(r: _Reader, cols: list) -> pd.DataFrame | None:
+    if getattr(r, "ddf", None) is not None:
+        from .dask_splits import head  # the first 10,000 rows, as a DataFrame split's kinds are taken from
+
+        return head(r.ddf, cols)
     if r.kind == "csv":
         sep = "\t" if r.path.lower().endswith(".tsv") else ","
         return r.read_csv(pd.read_csv, usecols=cols, nrows=10_000, sep=sep)

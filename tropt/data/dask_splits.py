@@ -1,0 +1,280 @@
+"""Splits as Dask collections: a ``dask.dataframe.DataFrame``, or a Parquet dataset path (a directory, a glob, or an
+``fsspec`` URL such as ``s3://bucket/train/``), scanned as a map-reduce on the user's Dask scheduler.
+
+Map (on the workers, one task per partition): the same canonical row fingerprints as the in-memory path
+(:func:`tropt.data.sources.hash_rows`, with the comparison kinds fixed once for all splits), plus the label, group
+and time columns. Reduce (on the client): the partitions' 8-byte fingerprints and role columns are concatenated in
+partition order into the same :class:`~tropt.data.sources.SplitData` the pandas path builds, so every check runs
+its one implementation (the hash join on fingerprints and ids, the min/max and class histograms) and the results,
+counts and evidence rows are those of ``ddf.compute()`` by construction. The wide feature columns never leave the
+workers. The row sample for the single-feature models is the in-memory path's own uniform sample (bottom-k of a
+seeded hash of the row position), drawn across partitions in a second pass that reads only the chosen rows'
+partitions. The numeric matrix for the near-duplicate search is not built (it is rows x columns in memory).
+
+The scheduler is the user's: the current ``dask.distributed`` Client when there is one, else Dask's default (local)
+scheduler. ``dask`` is imported only when a split needs it (the ``tropt[dask]`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import DataError
+
+HEAD_ROWS = 10_000  # rows the comparison kinds are taken from: what the pandas path reads of a DataFrame
+_GLOB_CHARS = ("*", "?", "[")
+_EXTRA = "pip install 'tropt[dask]'"
+
+
+# ---------------------------------------------------------------------------------------------------- detection
+def is_dask_frame(obj: Any) -> bool:
+    """Whether ``obj`` is a Dask DataFrame or Series (told by its type, without importing dask)."""
+    mod = type(obj).__module__ or ""
+    return (mod == "dask" or mod.startswith("dask.")) and hasattr(obj, "npartitions") and hasattr(obj, "to_delayed")
+
+
+def is_dataset_path(path: str) -> bool:
+    """Whether a path names a Parquet dataset for Dask: a glob, an fsspec URL, or a local directory (the last only
+    when dask is installed; without it a directory is still streamed by pyarrow on this machine)."""
+    if "://" in path or any(c in path for c in _GLOB_CHARS):
+        return True
+    return os.path.isdir(path) and _has_dask()
+
+
+def _has_dask() -> bool:
+    try:
+        import dask.dataframe  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _dask():
+    """The ``dask`` module (with dask.dataframe), or a DataError naming the extra to install."""
+    try:
+        import dask
+        import dask.dataframe  # noqa: F401
+    except ImportError as exc:
+        raise DataError(f"a Dask split (a Dask DataFrame, a Parquet glob or URL) needs dask, which is not installed ({exc})",
+                        f"install the extra: {_EXTRA}") from None
+    return dask
+
+
+def current_client() -> Any:
+    """The current ``dask.distributed`` Client, or None (then Dask's default local scheduler runs the graph).
+    ``distributed`` is only asked when it is already imported: a user with a Client has imported it."""
+    if "distributed" not in sys.modules:
+        return None
+    try:
+        from distributed.client import _get_global_client
+    except ImportError:  # pragma: no cover - a distributed without the helper
+        return None
+    return _get_global_client()
+
+
+def compute(*tasks: Any) -> tuple:
+    """Compute Dask objects on the user's scheduler: the current Client when there is one, else Dask's default."""
+    client = current_client()
+    if client is not None:
+        return tuple(client.gather(client.compute(list(tasks))))
+    return _dask().compute(*tasks)
+
+
+# ---------------------------------------------------------------------------------------------------- datasets
+def _files(path: str, name: str) -> tuple[Any, list[str]]:
+    """(filesystem, data files) of a Parquet dataset path; a glob or directory that holds none is a DataError."""
+    from fsspec.core import url_to_fs
+
+    fs, root = url_to_fs(path)
+    globbed = any(c in path for c in _GLOB_CHARS)
+    if globbed:
+        found = [p for p in fs.glob(root) if fs.isfile(p)] + [f for d in fs.glob(root) if fs.isdir(d) for f in fs.find(d)]
+    elif fs.isdir(root):
+        found = fs.find(root)
+    elif fs.exists(root):
+        found = [root]
+    else:
+        raise DataError(f"split {name!r}: {path!r} does not exist", "check the path or URL (relative paths start at the current directory)")
+    # Dask and pyarrow skip metadata and hidden files (_metadata, _SUCCESS, .crc): so does the schema check.
+    files = sorted(f for f in found if not any(part.startswith(("_", ".")) for part in f.rstrip("/").split("/")[-1:]))
+    if not files:
+        what = f"the glob {path!r} matches no files" if globbed else f"the directory {path!r} holds no Parquet files"
+        raise DataError(f"split {name!r}: {what}",
+                        "check the pattern and the directory (a glob is matched against file names, e.g. 'data/train/*.parquet' "
+                        "or 'data/train/**/*.parquet' for hive partitions)")
+    return fs, files
+
+
+def check_schemas(path: str, name: str) -> None:
+    """Raise a DataError naming the columns whose presence or type differs between the dataset's files (read from the
+    footers only). Dask reads every partition with the first file's schema, and a file that disagrees fails later
+    with a message that names neither the file nor the column."""
+    import pyarrow.parquet as pq
+
+    fs, files = _files(path, name)
+    schemas = []
+    for f in files:
+        try:
+            with fs.open(f, "rb") as fh:
+                schemas.append(pq.read_schema(fh))
+        except Exception as exc:  # noqa: BLE001 - pyarrow's own reason is the useful part
+            raise DataError(f"split {name!r}: {f!r} is not a readable Parquet file: {type(exc).__name__}: {exc}",
+                            "remove or re-export that file (only Parquet files belong in the dataset's directory)") from exc
+    base = {fld.name: fld.type for fld in schemas[0]}
+    for f, sch in zip(files[1:], schemas[1:]):
+        cols = {fld.name: fld.type for fld in sch}
+        differ = [c for c in dict.fromkeys([*base, *cols]) if c not in base or c not in cols or not base[c].equals(cols[c])]
+        if differ:
+            detail = "; ".join(f"{c!r}: {base.get(c, 'absent')} vs {cols.get(c, 'absent')}" for c in differ)
+            raise DataError(f"split {name!r}: the dataset's files have different schemas; columns that differ between "
+                            f"{files[0]!r} and {f!r}: {detail}",
+                            "rewrite the partitions with one schema (the same columns and types, e.g. cast in pyarrow "
+                            "before writing), or pass a Dask DataFrame that casts them: dd.read_parquet(...).astype({...})")
+
+
+def read_dataset(path: str, name: str) -> Any:
+    """A Parquet dataset path (directory, glob or fsspec URL; hive partitions become columns) as a Dask DataFrame,
+    after the files' schemas are checked to agree."""
+    dask = _dask()  # noqa: F841 - the error names the extra before fsspec/pyarrow are asked
+    check_schemas(path, name)
+    import dask.dataframe as dd
+
+    try:
+        return dd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - dask/pyarrow name the reason; the split and the path come from here
+        raise DataError(f"split {name!r}: cannot read {path!r} as a Parquet dataset: {type(exc).__name__}: {exc}",
+                        "check that the path holds Parquet files with one schema") from exc
+
+
+# ---------------------------------------------------------------------------------------------------- map
+def _summarise(part: pd.DataFrame, feats: list, kinds: dict, label: Any, group: Any, time: Any, with_index: bool) -> dict:
+    """One partition's fingerprints, role columns and index (the map step; runs on a worker)."""
+    from .sources import hash_rows
+
+    out: dict = {"n": len(part), "fp": hash_rows(part, feats, kinds) if len(part) else np.empty(0, dtype=np.uint64)}
+    for role, col in (("label", label), ("group", group), ("time", time)):
+        if col is not None:
+            out[role] = part[col].copy()  # its own memory: a column of a partition is a view of the partition's block
+    if with_index:
+        out["index"] = part.index.to_numpy()
+    return out
+
+
+def _take(part: pd.DataFrame, positions: np.ndarray, cols: list, label: Any) -> pd.DataFrame:
+    """The rows at ``positions`` of one partition, in the sample's layout (the label renamed as the pandas path does)."""
+    from .sources import _LABEL
+
+    rows = part[cols].iloc[positions]
+    return rows.rename(columns={label: _LABEL}) if label is not None else rows
+
+
+def head(ddf: Any, cols: list, rows: int = HEAD_ROWS) -> pd.DataFrame:
+    """The first ``rows`` rows of ``cols``, reading partitions in order only until there are enough."""
+    got, n = [], 0
+    sub = ddf[cols]
+    for i in range(sub.npartitions):
+        (part,) = compute(sub.partitions[i])
+        got.append(part)
+        n += len(part)
+        if n >= rows:
+            break
+    frame = got[0] if len(got) == 1 else pd.concat(got)
+    return frame.iloc[:rows]
+
+
+def _sample_positions(n: int, k: int) -> np.ndarray:
+    """The row positions of the pandas path's sample (:class:`tropt.data.sources._Sampler`): the ``k`` smallest
+    seeded hashes of the positions 0..n-1, in position order. Depends on ``n`` only, so no data is read to choose."""
+    from .sources import mix
+
+    if n <= k:
+        return np.arange(n)
+    best_keys, best_pos = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
+    step = 8_000_000
+    for a in range(0, n, step):  # in slices: 100M keys at once would be 800 MB on the client
+        pos = np.arange(a, min(n, a + step), dtype=np.int64)
+        keys = mix(pos.astype(np.uint64) + np.uint64(12345))
+        keys, pos = np.concatenate([best_keys, keys]), np.concatenate([best_pos, pos])
+        if len(keys) > k:
+            pick = np.argpartition(keys, k)[:k]
+            keys, pos = keys[pick], pos[pick]
+        best_keys, best_pos = keys, pos
+    return np.sort(best_pos)
+
+
+def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label: Any, group: Any, time: Any,
+              needs: frozenset, numeric_rows: int | None = None) -> Any:
+    """Summarise a Dask split into a :class:`~tropt.data.sources.SplitData` (see the module docstring).
+
+    The numeric matrix for the near-duplicate search is built only for splits of at most ``numeric_rows`` rows
+    (default :data:`~tropt.data.sources.EAGER_NUMERIC_ROWS`), from the gathered rows; larger splits have none."""
+    from dataclasses import replace
+
+    from .sources import EAGER_NUMERIC_ROWS, SplitData, scan
+
+    dask = _dask()
+    ddf = reader.ddf
+    wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
+    with_index = not reader.positions
+    summarise = dask.delayed(_summarise, pure=True)
+    parts = compute(*[summarise(p, feats, kinds, label, group, time, with_index) for p in ddf[wanted].to_delayed()])
+    lengths = np.array([p["n"] for p in parts], dtype=np.int64)
+    n = int(lengths.sum())
+    if n == 0:
+        raise DataError(f"split {name!r} is empty (0 rows in {len(parts)} partition(s))", "pass a split with at least one row, or leave it out")
+    live = [p for p in parts if p["n"]]  # the pandas path skips empty chunks alike
+
+    def cat(role: str) -> pd.Series | None:
+        if role not in live[0]:
+            return None
+        pieces = [p[role] for p in live]
+        s = pieces[0] if len(pieces) == 1 else pd.concat(pieces, ignore_index=True)
+        return s.reset_index(drop=True)
+
+    fp = np.concatenate([p["fp"] for p in live])
+    row_id = np.concatenate([p["index"] for p in live]) if with_index else np.arange(n)
+    label_s, group_s, time_s = cat("label"), cat("group"), cat("time")
+    del parts, live
+    small = numeric_rows if numeric_rows is not None else EAGER_NUMERIC_ROWS
+    if "numeric" in needs and n <= small:
+        # Small enough to hold: the near-duplicate vectors (and the sample) come from the in-memory scan of the
+        # gathered rows, so a small Dask split gives the very report its pandas copy gives.
+        (frame,) = compute(ddf[wanted])
+        frame = frame.reset_index(drop=True) if reader.positions else frame
+        data = scan(frame, name, opts, kinds, False, needs, numeric_rows)
+        return replace(data, kind=reader.kind)
+    sample = None
+    if "sample" in needs:
+        sample = _sample(ddf, feats, label, lengths, dask)
+    numeric_cols = [c for c in feats if kinds[c] == "numeric"]
+    return SplitData(
+        name=name, kind=reader.kind, n=n, row_id=row_id, fp=fp, label=label_s, group=group_s, time=time_s,
+        numeric=None, numeric_columns=numeric_cols,
+        numeric_note=f"a Dask split of more than {small:,} rows: its near-duplicate vectors are not gathered",
+        tabular=True, sample=sample, feature_columns=feats, kinds=dict(kinds),
+        # "numeric" is claimed (as not available) so a check asking for it does not scan the cluster again
+        has=frozenset({"numeric", *(["sample"] if "sample" in needs else [])}),
+    )
+
+
+def _sample(ddf: Any, feats: list, label: Any, lengths: np.ndarray, dask: Any) -> pd.DataFrame:
+    """The pandas path's uniform row sample, taken from the partitions that hold its rows (a second, narrow pass)."""
+    from .sources import SAMPLE_ROWS
+
+    positions = _sample_positions(int(lengths.sum()), SAMPLE_ROWS)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    cols = feats + ([label] if label is not None else [])
+    take = dask.delayed(_take, pure=True)
+    tasks = []
+    for i, part in enumerate(ddf[cols].to_delayed()):
+        lo, hi = np.searchsorted(positions, [bounds[i], bounds[i + 1]])
+        if hi > lo:
+            tasks.append(take(part, positions[lo:hi] - bounds[i], cols, label))
+    pieces = compute(*tasks)
+    frame = pieces[0] if len(pieces) == 1 else pd.concat(pieces)
+    return frame.reset_index(drop=True)
