@@ -103,7 +103,7 @@ def _files(path: str, name: str) -> tuple[Any, list[str]]:
     # Dask and pyarrow skip metadata and hidden files (_metadata, _SUCCESS, .crc): so does the schema check.
     files = sorted(f for f in found if not any(part.startswith(("_", ".")) for part in f.rstrip("/").split("/")[-1:]))
     if not files:
-        what = f"the glob {path!r} matches no files" if globbed else f"the directory {path!r} holds no Parquet files"
+        what = f"the glob {path!r} matches no files" if globbed else f"the directory {path!r} holds no Parquet files (it has no columns)"
         raise DataError(f"split {name!r}: {what}",
                         "check the pattern and the directory (a glob is matched against file names, e.g. 'data/train/*.parquet' "
                         "or 'data/train/**/*.parquet' for hive partitions)")
@@ -123,7 +123,7 @@ def check_schemas(path: str, name: str) -> None:
             with fs.open(f, "rb") as fh:
                 schemas.append(pq.read_schema(fh))
         except Exception as exc:  # noqa: BLE001 - pyarrow's own reason is the useful part
-            raise DataError(f"split {name!r}: {f!r} is not a readable Parquet file: {type(exc).__name__}: {exc}",
+            raise DataError(f"split {name!r}: cannot read {f!r} as Parquet: {type(exc).__name__}: {exc}",
                             "remove or re-export that file (only Parquet files belong in the dataset's directory)") from exc
     base = {fld.name: fld.type for fld in schemas[0]}
     for f, sch in zip(files[1:], schemas[1:]):
@@ -173,12 +173,16 @@ def _take(part: pd.DataFrame, positions: np.ndarray, cols: list, label: Any) -> 
     return rows.rename(columns={label: _LABEL}) if label is not None else rows
 
 
+def _first_rows(part: pd.DataFrame, rows: int) -> pd.DataFrame:
+    return part.iloc[:rows]
+
+
 def head(ddf: Any, cols: list, rows: int = HEAD_ROWS) -> pd.DataFrame:
     """The first ``rows`` rows of ``cols``, reading partitions in order only until there are enough."""
     got, n = [], 0
-    sub = ddf[cols]
-    for i in range(sub.npartitions):
-        (part,) = compute(sub.partitions[i])
+    first = _dask().delayed(_first_rows, pure=True)
+    for part in ddf[cols].to_delayed():  # lazily: only the partitions computed below are read
+        (part,) = compute(first(part, rows - n))  # cut on the worker: 10,000 rows travel, not the partition
         got.append(part)
         n += len(part)
         if n >= rows:
