@@ -139,25 +139,28 @@ def test_a_clean_dask_split_passes_the_leakage_checks(tmp_path):
         assert report[cid].status == Status.PASS, report[cid].summary
 
 
-def test_local_cluster_runs_the_map_on_its_workers(tmp_path):
+def test_local_cluster_runs_the_map_and_the_join_on_its_workers(tmp_path, monkeypatch):
     distributed = pytest.importorskip("distributed")
+    from tropt.data import dask_splits
+
+    monkeypatch.setattr(dask_splits, "BUCKET_ROWS", 700)  # several fingerprint buckets, joined on the workers
     train, test = make_splits(4)
     paths = {"train": write_dataset(train, tmp_path / "train"), "test": write_dataset(test, tmp_path / "test")}
-    want_ex = check_exact_duplicates({k: pd.read_parquet(p) for k, p in paths.items()}, progress=False, **OPTIONS)
-    want_gl = check_group_leakage({k: pd.read_parquet(p) for k, p in paths.items()}, progress=False, **OPTIONS)
+    in_memory = check_splits({k: pd.read_parquet(p) for k, p in paths.items()}, progress=False, **OPTIONS)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client, distributed.get_task_stream(client) as stream:
-        from tropt.data import dask_splits
-
         assert dask_splits.current_client() is client
-        ex = check_exact_duplicates(paths, progress=False, **OPTIONS)
-        gl = check_group_leakage(paths, progress=False, **OPTIONS)
-    workers = {t["worker"] for t in stream.data if "_summarise" in str(t["key"])}
-    assert workers, "the fingerprints were not computed on the cluster"
-    assert ex.metrics["leaked_rows"] == want_ex.metrics["leaked_rows"] == DUPES
-    pd.testing.assert_frame_equal(ex.tables["leaked_rows"], want_ex.tables["leaked_rows"], check_dtype=False)
-    assert gl.metrics["shared_groups"] == want_gl.metrics["shared_groups"] == GROUP_LEAKS
-    assert gl.summary == want_gl.summary
+        on_cluster = check_splits(paths, progress=False, **OPTIONS)
+    ran = {}
+    for t in stream.data:
+        for name in ("_summarise", "_join_bucket"):
+            if name in str(t["key"]):
+                ran.setdefault(name, set()).add(t["worker"])
+    assert ran.get("_summarise") and ran.get("_join_bucket"), "the fingerprints or the join did not run on the cluster"
+    assert sum(1 for t in stream.data if "_join_bucket" in str(t["key"])) == -(-(N_TRAIN + N_TEST) // 700)
+    assert_same_report(on_cluster, in_memory)
+    assert_planted(on_cluster)
+    assert on_cluster["data.exact_duplicates"].metrics["conflicting_labels"] > 0  # copies with another label
 
 
 # ---------------------------------------------------------------------------------------------------- bad input

@@ -17,6 +17,7 @@ scheduler. ``dask`` is imported only when a split needs it (the ``tropt[dask]`` 
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 from typing import Any
@@ -226,7 +227,14 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
     wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
     with_index = not reader.positions
     summarise = dask.delayed(_summarise, pure=True)
-    parts = compute(*[summarise(p, feats, kinds, label, group, time, with_index) for p in ddf[wanted].to_delayed()])
+    tasks = [summarise(p, feats, kinds, label, group, time, with_index) for p in ddf[wanted].to_delayed()]
+    client = current_client()
+    futures = None
+    if client is not None:  # the summaries stay on the workers too: the exact-copy join runs there, by bucket
+        futures = client.compute(tasks)
+        parts = client.gather(futures)
+    else:
+        parts = compute(*tasks)
     lengths = np.array([p["n"] for p in parts], dtype=np.int64)
     n = int(lengths.sum())
     if n == 0:
@@ -244,6 +252,7 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
     row_id = np.concatenate([p["index"] for p in live]) if with_index else np.arange(n)
     label_s, group_s, time_s = cat("label"), cat("group"), cat("time")
     del parts, live
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     small = numeric_rows if numeric_rows is not None else EAGER_NUMERIC_ROWS
     if "numeric" in needs and n <= small:
         # Small enough to hold: the near-duplicate vectors (and the sample) come from the in-memory scan of the
@@ -251,7 +260,7 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
         (frame,) = compute(ddf[wanted])
         frame = frame.reset_index(drop=True) if reader.positions else frame
         data = scan(frame, name, opts, kinds, False, needs, numeric_rows)
-        return replace(data, kind=reader.kind)
+        return replace(data, kind=reader.kind, dask_parts=futures, dask_offsets=offsets)
     sample = None
     if "sample" in needs:
         sample = _sample(ddf, feats, label, lengths, dask)
@@ -263,6 +272,7 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
         tabular=True, sample=sample, feature_columns=feats, kinds=dict(kinds),
         # "numeric" is claimed (as not available) so a check asking for it does not scan the cluster again
         has=frozenset({"numeric", *(["sample"] if "sample" in needs else [])}),
+        dask_parts=futures, dask_offsets=offsets,
     )
 
 
@@ -282,3 +292,66 @@ def _sample(ddf: Any, feats: list, label: Any, lengths: np.ndarray, dask: Any) -
     pieces = compute(*tasks)
     frame = pieces[0] if len(pieces) == 1 else pd.concat(pieces)
     return frame.reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------------- exact join
+BUCKET_ROWS = 8_000_000  # rows per fingerprint bucket of the distributed join: its hash table fits a worker easily
+
+
+def _bucketise(summary: dict, offset: int, label_kind: str | None, buckets: int) -> list:
+    """One partition's (fingerprints, row positions, label hashes) cut by fingerprint bucket (runs on a worker)."""
+    from .sources import hash_column
+
+    fp = summary["fp"]
+    pos = np.arange(offset, offset + len(fp), dtype=np.int64)
+    lh = hash_column(summary["label"], label_kind) if label_kind is not None else None
+    which = (fp % np.uint64(buckets)).astype(np.int64)
+    out = []
+    for b in range(buckets):
+        m = which == b
+        out.append((fp[m], pos[m], lh[m] if lh is not None else None))
+    return out
+
+
+def _join_bucket(per_split: list, max_evidence: int) -> dict:
+    """:func:`tropt.data.duplicates.exact_join` on one bucket: ``per_split[s]`` holds split ``s``'s pieces of it,
+    in partition order (runs on a worker)."""
+    from .duplicates import exact_join
+
+    def cat(pieces: list, i: int) -> np.ndarray | None:
+        got = [p[i] for p in pieces]
+        if got[0] is None:
+            return None
+        return np.concatenate(got) if len(got) > 1 else got[0]
+
+    fps = [cat(p, 0) for p in per_split]
+    pos = [cat(p, 1) for p in per_split]
+    lhs = [cat(p, 2) for p in per_split]
+    return exact_join(fps, pos, None if any(x is None for x in lhs) else lhs, max_evidence)
+
+
+def distributed_exact_stats(datas: list, labels: list | None, max_evidence: int) -> dict:
+    """The exact-copy join of Dask splits on the workers that hold their partitions' fingerprints: every partition
+    cut into fingerprint buckets, each bucket joined by :func:`tropt.data.duplicates.exact_join` on a worker, the
+    buckets' small results merged here. Equal fingerprints share a bucket, so the result is the in-memory one."""
+    from ._common import _label_kind
+    from .duplicates import merge_exact
+
+    client = current_client()
+    if client is None:  # the Client closed since the scan: join in memory (the fingerprints are here too)
+        from ._common import _canon_hashes
+        from .duplicates import exact_join
+
+        lhs = _canon_hashes(labels, [d.name for d in datas]) if labels is not None else None
+        return exact_join([d.fp for d in datas], None, lhs, max_evidence)
+    kind = _label_kind(labels, [d.name for d in datas]) if labels is not None else None
+    buckets = max(1, -(-sum(d.n for d in datas) // BUCKET_ROWS))
+    cut = [[client.submit(_bucketise, f, int(off), kind, buckets, pure=False)
+            for f, off in zip(d.dask_parts, d.dask_offsets)] for d in datas]
+    # Bucket b of a partition is its own small task (on the partition's worker), so a bucket's join fetches only
+    # its own slice of each partition: the fingerprints move once, as in a shuffle.
+    joins = [client.submit(_join_bucket, [[client.submit(operator.getitem, c, b, pure=False) for c in parts] for parts in cut],
+                           max_evidence, pure=False) for b in range(buckets)]
+    results = client.gather(joins)
+    del cut, joins
+    return merge_exact(results, max_evidence) if len(results) > 1 else results[0]
