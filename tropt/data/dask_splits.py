@@ -295,39 +295,36 @@ def _sample(ddf: Any, feats: list, label: Any, lengths: np.ndarray, dask: Any) -
 
 
 # ---------------------------------------------------------------------------------------------------- exact join
-BUCKET_ROWS = 8_000_000  # rows per fingerprint bucket of the distributed join: its hash table fits a worker easily
+BUCKET_ROWS = 4_000_000  # rows per fingerprint bucket of the distributed join: its hash table fits a worker easily
 
 
-def _bucketise(summary: dict, offset: int, label_kind: str | None, buckets: int) -> list:
-    """One partition's (fingerprints, row positions, label hashes) cut by fingerprint bucket (runs on a worker)."""
-    from .sources import hash_column
-
+def _bucketise(summary: dict, buckets: int) -> list:
+    """One partition's rows cut by fingerprint bucket: (fingerprints, row numbers in the partition, labels) per
+    bucket (runs on a worker). Labels travel as values (an int8 label is 1 byte a row) and are hashed in the join."""
     fp = summary["fp"]
-    pos = np.arange(offset, offset + len(fp), dtype=np.int64)
-    lh = hash_column(summary["label"], label_kind) if label_kind is not None else None
-    which = (fp % np.uint64(buckets)).astype(np.int64)
+    which = fp % np.uint64(buckets)
+    label = summary.get("label")
     out = []
     for b in range(buckets):
-        m = which == b
-        out.append((fp[m], pos[m], lh[m] if lh is not None else None))
+        idx = np.flatnonzero(which == np.uint64(b)).astype(np.uint32)
+        out.append((fp[idx], idx, label.iloc[idx] if label is not None else None))
     return out
 
 
-def _join_bucket(per_split: list, max_evidence: int) -> dict:
-    """:func:`tropt.data.duplicates.exact_join` on one bucket: ``per_split[s]`` holds split ``s``'s pieces of it,
-    in partition order (runs on a worker)."""
+def _join_bucket(per_split: list, offsets: list, label_kind: str | None, max_evidence: int) -> dict:
+    """:func:`tropt.data.duplicates.exact_join` on one bucket: ``per_split[s]`` holds split ``s``'s pieces of it in
+    partition order, ``offsets[s]`` those partitions' first row positions (runs on a worker)."""
     from .duplicates import exact_join
+    from .sources import hash_column
 
-    def cat(pieces: list, i: int) -> np.ndarray | None:
-        got = [p[i] for p in pieces]
-        if got[0] is None:
-            return None
-        return np.concatenate(got) if len(got) > 1 else got[0]
-
-    fps = [cat(p, 0) for p in per_split]
-    pos = [cat(p, 1) for p in per_split]
-    lhs = [cat(p, 2) for p in per_split]
-    return exact_join(fps, pos, None if any(x is None for x in lhs) else lhs, max_evidence)
+    fps, pos, lhs = [], [], []
+    for pieces, offs in zip(per_split, offsets):
+        fps.append(np.concatenate([p[0] for p in pieces]))
+        pos.append(np.concatenate([p[1].astype(np.int64) + int(o) for p, o in zip(pieces, offs)]))
+        if label_kind is not None:
+            lab = [p[2] for p in pieces]
+            lhs.append(hash_column(pd.concat(lab, ignore_index=True) if len(lab) > 1 else lab[0].reset_index(drop=True), label_kind))
+    return exact_join(fps, pos, lhs if label_kind is not None else None, max_evidence)
 
 
 def distributed_exact_stats(datas: list, labels: list | None, max_evidence: int) -> dict:
@@ -346,12 +343,12 @@ def distributed_exact_stats(datas: list, labels: list | None, max_evidence: int)
         return exact_join([d.fp for d in datas], None, lhs, max_evidence)
     kind = _label_kind(labels, [d.name for d in datas]) if labels is not None else None
     buckets = max(1, -(-sum(d.n for d in datas) // BUCKET_ROWS))
-    cut = [[client.submit(_bucketise, f, int(off), kind, buckets, pure=False)
-            for f, off in zip(d.dask_parts, d.dask_offsets)] for d in datas]
+    cut = [[client.submit(_bucketise, f, buckets, pure=False) for f in d.dask_parts] for d in datas]
+    offsets = [[int(o) for o in d.dask_offsets] for d in datas]
     # Bucket b of a partition is its own small task (on the partition's worker), so a bucket's join fetches only
     # its own slice of each partition: the fingerprints move once, as in a shuffle.
     joins = [client.submit(_join_bucket, [[client.submit(operator.getitem, c, b, pure=False) for c in parts] for parts in cut],
-                           max_evidence, pure=False) for b in range(buckets)]
+                           offsets, kind, max_evidence, pure=False) for b in range(buckets)]
     results = client.gather(joins)
     del cut, joins
     return merge_exact(results, max_evidence) if len(results) > 1 else results[0]
