@@ -184,6 +184,12 @@ def bench_exact(rows: int, workers: int, tmp: str | None) -> None:
             pids = client.run(os.getpid)
             import psutil
 
+            # Each worker imports tropt's data module on its first task (torch comes with it): say what that costs.
+            client.run(lambda: __import__("tropt.data.dask_splits"))
+            idle = {w: psutil.Process(pid).memory_info().rss for w, pid in pids.items()}
+            print("[exact] worker RSS before the check, tropt imported: "
+                  + ", ".join(f"{v / 1024**3:.2f} GB" for v in idle.values()))
+
             client_before = psutil.Process().memory_info().rss
             with RssPoller({**pids, "client": os.getpid()}) as poll:
                 t0 = time.perf_counter()

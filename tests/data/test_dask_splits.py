@@ -213,3 +213,17 @@ def test_dask_is_imported_only_when_a_split_needs_it():
             "print(any(m == 'dask' or m.startswith('dask.') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_without_dask_a_directory_streams_and_a_glob_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    train, test = make_splits(8)
+    paths = {"train": write_dataset(train, tmp_path / "train"), "test": write_dataset(test, tmp_path / "test")}
+    with_dask = check_exact_duplicates(paths, progress=False, **OPTIONS)
+    monkeypatch.setitem(sys.modules, "dask.dataframe", None)  # `import dask.dataframe` now fails, as when not installed
+    streamed = check_exact_duplicates(paths, progress=False, **OPTIONS)  # pyarrow's dataset reader, on this machine
+    assert streamed.metrics["leaked_rows"] == with_dask.metrics["leaked_rows"] == DUPES
+    pd.testing.assert_frame_equal(streamed.tables["leaked_rows"], with_dask.tables["leaked_rows"], check_dtype=False)
+    with pytest.raises(DataError, match=r"tropt\[dask\]"):
+        check_exact_duplicates({"train": paths["train"], "test": str(tmp_path / "test" / "*" / "*.parquet")}, progress=False, **OPTIONS)

@@ -93,8 +93,10 @@ def _files(path: str, name: str) -> tuple[Any, list[str]]:
 
     fs, root = url_to_fs(path)
     globbed = any(c in path for c in _GLOB_CHARS)
-    if globbed:
-        found = [p for p in fs.glob(root) if fs.isfile(p)] + [f for d in fs.glob(root) if fs.isdir(d) for f in fs.find(d)]
+    if globbed:  # a pattern may match files, or directories (of hive partitions) whose files all count
+        found = []
+        for p, info in fs.glob(root, detail=True).items():
+            found.extend(fs.find(p) if info.get("type") == "directory" else [p])
     elif fs.isdir(root):
         found = fs.find(root)
     elif fs.exists(root):

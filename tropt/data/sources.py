@@ -857,7 +857,7 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
         heads: dict = {}
         for r in tables:
             feats, *_ = _resolve(r, opts)
-            head = r.frame.iloc[:10_000][feats] if r.kind == "frame" else _head(r, feats)
+            head = r.frame.iloc[:10_000][feats] if r.kind == "frame" else _session_head(r, feats)
             if head is None or len(head) == 0:
                 if r.kind == "frame":
                     raise DataError(f"split {r.name!r} is empty (0 rows)", "pass a split with at least one row, or leave it out")
@@ -904,6 +904,17 @@ def _renamed(data: SplitData, name: str) -> SplitData:
     from dataclasses import replace
 
     return replace(data, name=name)
+
+
+def _session_head(r: _Reader, cols: list) -> pd.DataFrame | None:
+    """:func:`_head`, read once per session for a Dask split (a round trip to the cluster per check otherwise)."""
+    sess = _SESSION.get()
+    if sess is None or getattr(r, "ddf", None) is None:
+        return _head(r, cols)
+    key = ("head", id(r.obj), tuple(map(str, cols)))
+    if key not in sess:
+        sess[key] = (r.obj, _head(r, cols))  # holding obj keeps its id from being reused during the session
+    return sess[key][1]
 
 
 def _head_kinds(head: pd.DataFrame, feats: list, name: str) -> dict:
