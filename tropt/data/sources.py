@@ -295,6 +295,14 @@ def _file_kind(path: str, name: str) -> str:
                     "use a .csv or .parquet file (or load it yourself and pass a DataFrame)")
 
 
+def _pyarrow_dataset(path: str) -> Any:
+    """A Parquet directory as pyarrow reads it without Dask: hive partitions (``region=eu/``) become dictionary
+    columns, as ``pd.read_parquet`` and ``dd.read_parquet`` make them, so the fingerprints agree with theirs."""
+    import pyarrow.dataset as pads
+
+    return pads.dataset(path, format="parquet", partitioning=pads.HivePartitioning.discover(infer_dictionary=True))
+
+
 def _torch():
     import torch
 
@@ -461,9 +469,8 @@ class _Reader:
 
                 if os.path.isfile(self.path):
                     return list(pq.ParquetFile(self.path).schema_arrow.names)
-                import pyarrow.dataset as pads  # a partitioned dataset: its schema, without reading the rows
 
-                return list(pads.dataset(self.path, format="parquet").schema.names)  # as chunks() reads it
+                return list(_pyarrow_dataset(self.path).schema.names)  # as chunks() reads it
             return list(pd.read_csv(self.path, nrows=0, sep=None if self.path.lower().endswith(".tsv") else ",",
                                     engine="python" if self.path.lower().endswith(".tsv") else "c").columns)
         except DataError:
@@ -510,11 +517,11 @@ class _Reader:
                 pf = pq.ParquetFile(self.path, pre_buffer=False)
                 for batch in pf.iter_batches(batch_size=CHUNK_ROWS, columns=[str(c) for c in columns]):
                     yield batch.to_pandas()
-            else:  # pragma: no cover - partitioned datasets are read by pyarrow's dataset API in batches
+            else:  # a Parquet directory without dask installed: streamed by pyarrow's dataset API in batches
                 import pyarrow.dataset as ds
 
                 scan_options = ds.ParquetFragmentScanOptions(pre_buffer=False)
-                for batch in ds.dataset(self.path, format="parquet").to_batches(
+                for batch in _pyarrow_dataset(self.path).to_batches(
                         columns=[str(c) for c in columns], batch_size=CHUNK_ROWS, fragment_scan_options=scan_options,
                         batch_readahead=1, fragment_readahead=1):  # bounded memory: one batch ahead, not 16
                     yield batch.to_pandas()
