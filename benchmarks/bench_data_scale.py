@@ -162,7 +162,6 @@ def raw_read(paths: list[str], columns: list[str]) -> tuple[float, int]:
 
 
 def bench_exact(rows: int, workers: int, tmp: str | None) -> None:
-    import dask
     from distributed import Client, LocalCluster
 
     from tropt.data import check_exact_duplicates
@@ -178,8 +177,7 @@ def bench_exact(rows: int, workers: int, tmp: str | None) -> None:
         cols = FEATURES + ["y"]
         raw1, got_rows = raw_read([train, test], cols)
         print(f"[exact] raw pyarrow read of the same {len(cols)} columns: {raw1:.1f} s ({got_rows:,} rows)")
-        with dask.config.set({"distributed.worker.daemon": False}), \
-                LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
                              memory_limit=0) as cluster, Client(cluster) as client:
             pids = client.run(os.getpid)
             import psutil
