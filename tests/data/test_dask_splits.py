@@ -128,6 +128,9 @@ def test_dask_dataframe_gives_the_pandas_report(monkeypatch):
     assert_same_report(on_dask, in_memory)
     assert_planted(on_dask)
     assert on_dask["data.exact_duplicates"].tables["leaked_rows"]["row"].min() >= 50_000
+    # A pandas split beside a Dask one: one comparison, the same answers.
+    mixed = check_splits({"train": train, "test": splits["test"]}, progress=False, **OPTIONS)
+    assert_same_report(mixed, in_memory)
 
 
 def test_a_clean_dask_split_passes_the_leakage_checks(tmp_path):

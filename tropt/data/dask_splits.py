@@ -279,7 +279,8 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
 
 
 def _sample(ddf: Any, feats: list, label: Any, lengths: np.ndarray, dask: Any) -> pd.DataFrame:
-    """The pandas path's uniform row sample, taken from the partitions that hold its rows (a second, narrow pass)."""
+    """The pandas path's uniform row sample, taken from the partitions that hold its rows (a second pass over the
+    feature columns: 20,000 rows spread over the partitions usually touch every one)."""
     from .sources import SAMPLE_ROWS
 
     positions = _sample_positions(int(lengths.sum()), SAMPLE_ROWS)
