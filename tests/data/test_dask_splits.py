@@ -154,13 +154,25 @@ def test_local_cluster_runs_the_map_and_the_join_on_its_workers(tmp_path, monkey
             distributed.Client(cluster) as client, distributed.get_task_stream(client) as stream:
         assert dask_splits.current_client() is client
         on_cluster = check_splits(paths, progress=False, **OPTIONS)
+        # Alone (no near-duplicate vectors asked for), the splits are not gathered: the time column stays on the
+        # workers and data.temporal_leakage reduces it per partition (min/max, rows before an end, histograms).
+        alone = [tropt.data.check_temporal_leakage(paths, progress=False, **OPTIONS),
+                 check_exact_duplicates(paths, progress=False, **OPTIONS)]
     ran = {}
     for t in stream.data:
-        for name in ("_summarise", "_join_bucket"):
+        for name in ("_summarise", "_join_bucket", "_part_rows_before", "_part_histogram"):
             if name in str(t["key"]):
                 ran.setdefault(name, set()).add(t["worker"])
     assert ran.get("_summarise") and ran.get("_join_bucket"), "the fingerprints or the join did not run on the cluster"
-    assert sum(1 for t in stream.data if "_join_bucket" in str(t["key"])) == -(-(N_TRAIN + N_TEST) // 700)
+    assert ran.get("_part_rows_before") and ran.get("_part_histogram"), "the time reduce did not run on the cluster"
+    for got in alone:
+        want = in_memory[got.check]
+        assert (got.status, got.summary, got.metrics) == (want.status, want.summary, want.metrics)
+        for k in want.tables:
+            pd.testing.assert_frame_equal(got.tables[k], want.tables[k], check_dtype=False)
+        for k in want.series:
+            np.testing.assert_array_equal(got.series[k], want.series[k])
+    assert sum(1 for t in stream.data if "_join_bucket" in str(t["key"])) == 2 * -(-(N_TRAIN + N_TEST) // 700)  # 2 runs
     assert_same_report(on_cluster, in_memory)
     assert_planted(on_cluster)
     assert on_cluster["data.exact_duplicates"].metrics["conflicting_labels"] > 0  # copies with another label

@@ -168,6 +168,18 @@ def _summarise(part: pd.DataFrame, feats: list, kinds: dict, label: Any, group: 
     return out
 
 
+def _without(summary: dict, keys: tuple) -> dict:
+    return {k: v for k, v in summary.items() if k not in keys}
+
+
+def _reducible_time(dtype: Any) -> bool:
+    """Whether a time column can be summarised per partition: dates or numbers (a text column is parsed as a whole,
+    with a rule on the share of values that fail to parse)."""
+    from ._common import _is_num
+
+    return pd.api.types.is_datetime64_any_dtype(dtype) or _is_num(pd.Series([], dtype=dtype))
+
+
 def _take(part: pd.DataFrame, positions: np.ndarray, cols: list, label: Any) -> pd.DataFrame:
     """The rows at ``positions`` of one partition, in the sample's layout (the label renamed as the pandas path does)."""
     from .sources import _LABEL
@@ -234,7 +246,9 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
     futures = None
     if client is not None:  # the summaries stay on the workers too: the exact-copy join runs there, by bucket
         futures = client.compute(tasks)
-        parts = client.gather(futures)
+        # A date or number time column stays there too: data.temporal_leakage reduces it per partition.
+        keep = ("time",) if time is not None and _reducible_time(ddf.dtypes[time]) else ()
+        parts = client.gather([client.submit(_without, f, keep, pure=False) for f in futures] if keep else futures)
     else:
         parts = compute(*tasks)
     lengths = np.array([p["n"] for p in parts], dtype=np.int64)
@@ -355,3 +369,60 @@ def distributed_exact_stats(datas: list, labels: list | None, max_evidence: int)
     results = client.gather(joins)
     del cut, joins
     return merge_exact(results, max_evidence) if len(results) > 1 else results[0]
+
+
+# ---------------------------------------------------------------------------------------------------- time reduce
+def _part_times(summary: dict) -> tuple[np.ndarray, bool]:
+    from .leakage import _times
+
+    return _times(summary["time"], "", None)
+
+
+def _part_time_summary(summary: dict) -> dict:
+    from .leakage import time_summary
+
+    return time_summary(*_part_times(summary))
+
+
+def _part_rows_before(summary: dict, offset: int, ends: list, max_evidence: int) -> list:
+    from .leakage import rows_before
+
+    t, _ = _part_times(summary)
+    return rows_before(t, np.arange(offset, offset + len(t), dtype=np.int64), ends, max_evidence)
+
+
+def _part_histogram(summary: dict, edges: np.ndarray) -> np.ndarray:
+    t, _ = _part_times(summary)
+    return np.histogram(t[np.isfinite(t)], bins=edges)[0]
+
+
+def _client_for(d: Any) -> Any:
+    client = current_client()
+    if client is None:
+        raise DataError(f"split {d.name!r}: its time column is held by a Dask Client that has closed since the split was read",
+                        "keep the Client open while the checks run (or read the split again)")
+    return client
+
+
+def distributed_time_summary(d: Any, time: Any) -> dict:
+    """Min, max and finite count of a split's times, per partition on the workers, reduced here."""
+    from .leakage import merge_time_summaries
+
+    client = _client_for(d)
+    return merge_time_summaries(client.gather([client.submit(_part_time_summary, f, pure=False) for f in d.dask_parts]))
+
+
+def distributed_rows_before(d: Any, stat: dict, ends: list, max_evidence: int) -> list:
+    """Rows dated before each end (count and first evidence), per partition on the workers, merged by time then row."""
+    from .leakage import merge_rows_before
+
+    client = _client_for(d)
+    parts = client.gather([client.submit(_part_rows_before, f, int(o), ends, max_evidence, pure=False)
+                           for f, o in zip(d.dask_parts, d.dask_offsets)])
+    return merge_rows_before(parts, max_evidence)
+
+
+def distributed_time_histogram(d: Any, edges: np.ndarray) -> np.ndarray:
+    """Counts of the split's finite times on ``edges``: the partitions' histograms, summed."""
+    client = _client_for(d)
+    return np.sum(client.gather([client.submit(_part_histogram, f, edges, pure=False) for f in d.dask_parts]), axis=0)
