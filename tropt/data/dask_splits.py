@@ -86,6 +86,40 @@ def compute(*tasks: Any) -> tuple:
     return _dask().compute(*tasks)
 
 
+def _show_progress(futures: list, desc: str, progress: bool) -> None:
+    """A tqdm bar over the partitions as the cluster finishes them (returns when all are done)."""
+    if not progress:
+        return
+    from distributed import as_completed
+    from tqdm.auto import tqdm
+
+    for _ in tqdm(as_completed(futures), total=len(futures), desc=desc, leave=False):
+        pass
+
+
+def _local_progress(total: int, desc: str, progress: bool) -> Any:
+    """A tqdm bar over the partitions on Dask's local scheduler (a scheduler callback counts the map's tasks)."""
+    from contextlib import nullcontext
+
+    if not progress:
+        return nullcontext()
+    from dask.callbacks import Callback
+    from tqdm.auto import tqdm
+
+    class _Bar(Callback):
+        def _start(self, dsk):
+            self.bar = tqdm(total=total, desc=desc, leave=False)
+
+        def _posttask(self, key, result, dsk, state, worker_id):
+            if "_summarise" in str(key):
+                self.bar.update(1)
+
+        def _finish(self, dsk, state, errored):
+            self.bar.close()
+
+    return _Bar()
+
+
 # ---------------------------------------------------------------------------------------------------- datasets
 def _files(path: str, name: str) -> tuple[Any, list[str]]:
     """(filesystem, data files) of a Parquet dataset path; a glob or directory that holds none is a DataError."""
@@ -227,7 +261,7 @@ def _sample_positions(n: int, k: int) -> np.ndarray:
 
 
 def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label: Any, group: Any, time: Any,
-              needs: frozenset, numeric_rows: int | None = None) -> Any:
+              needs: frozenset, numeric_rows: int | None = None, progress: bool = False) -> Any:
     """Summarise a Dask split into a :class:`~tropt.data.sources.SplitData` (see the module docstring).
 
     The numeric matrix for the near-duplicate search is built only for splits of at most ``numeric_rows`` rows
@@ -246,11 +280,13 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
     futures = None
     if client is not None:  # the summaries stay on the workers too: the exact-copy join runs there, by bucket
         futures = client.compute(tasks)
+        _show_progress(futures, f"tropt: fingerprinting {name} on the Dask cluster", progress)
         # A date or number time column stays there too: data.temporal_leakage reduces it per partition.
         keep = ("time",) if time is not None and _reducible_time(ddf.dtypes[time]) else ()
         parts = client.gather([client.submit(_without, f, keep, pure=False) for f in futures] if keep else futures)
     else:
-        parts = compute(*tasks)
+        with _local_progress(len(tasks), f"tropt: fingerprinting {name} with Dask", progress):
+            parts = compute(*tasks)
     lengths = np.array([p["n"] for p in parts], dtype=np.int64)
     n = int(lengths.sum())
     if n == 0:

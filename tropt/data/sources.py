@@ -604,7 +604,7 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
 
         if not kinds:
             kinds = _head_kinds(_head(reader, feats), feats, name)
-        return scan_dask(reader, name, opts, dict(kinds), feats, label, group, time, needs, numeric_rows)
+        return scan_dask(reader, name, opts, dict(kinds), feats, label, group, time, needs, numeric_rows, progress)
     wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
     fps, labels, groups, times, nums, texts, previews = [], [], [], [], [], [], []
     sampler = _Sampler(SAMPLE_ROWS)
