@@ -42,9 +42,11 @@ def is_dask_frame(obj: Any) -> bool:
 def is_dataset_path(path: str) -> bool:
     """Whether a path names a Parquet dataset for Dask: a glob, an fsspec URL, or a local directory (the last only
     when dask is installed; without it a directory is still streamed by pyarrow on this machine)."""
-    if "://" in path or any(c in path for c in _GLOB_CHARS):
+    if "://" in path:
         return True
-    return os.path.isdir(path) and _has_dask()
+    if os.path.exists(path):  # taken literally, even when its name holds glob characters ("runs[1].csv")
+        return os.path.isdir(path) and _has_dask()
+    return any(c in path for c in _GLOB_CHARS)
 
 
 def _has_dask() -> bool:
@@ -126,7 +128,7 @@ def _files(path: str, name: str) -> tuple[Any, list[str]]:
     from fsspec.core import url_to_fs
 
     fs, root = url_to_fs(path)
-    globbed = any(c in path for c in _GLOB_CHARS)
+    globbed = any(c in path for c in _GLOB_CHARS) and not fs.exists(root)
     if globbed:  # a pattern may match files, or directories (of hive partitions) whose files all count
         found = []
         for p, info in fs.glob(root, detail=True).items():
