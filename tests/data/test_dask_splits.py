@@ -76,6 +76,9 @@ def assert_same_report(a, b) -> None:
             pd.testing.assert_frame_equal(ra.tables[k], rb.tables[k], check_dtype=False, check_categorical=False,
                                           obj=f"{ra.check} table {k}")
         assert ra.advice == rb.advice
+        assert ra.series.keys() == rb.series.keys(), ra.check
+        for k in ra.series:
+            np.testing.assert_array_equal(np.asarray(ra.series[k]), np.asarray(rb.series[k]), err_msg=f"{ra.check} series {k}")
 
 
 def assert_planted(report) -> None:
@@ -97,6 +100,18 @@ def test_partitioned_parquet_dataset_gives_the_pandas_report(tmp_path, monkeypat
     assert_same_report(on_dask, in_memory)
     assert_planted(on_dask)
     assert on_dask["data.target_leakage"].status != Status.ERROR
+    # Alone, target_leakage reads only the row sample: drawn across the partitions by Dask (a second pass), it must
+    # be the in-memory path's sample, row for row, so the single-feature scores agree.
+    alone = tropt.data.check_target_leakage(paths, progress=False, **OPTIONS)
+    want = in_memory["data.target_leakage"]
+    assert (alone.status, alone.summary, alone.metrics) == (want.status, want.summary, want.metrics)
+    from tropt.data.sources import _Reader, Options, scan
+
+    sample = scan(_Reader(paths["test"], "test", Options.make(**OPTIONS)), "test", Options.make(**OPTIONS),
+                  kinds=None, needs=frozenset({"sample"})).sample
+    assert len(sample) == 500
+    ref = scan(pd.read_parquet(paths["test"]), "test", Options.make(**OPTIONS), needs=frozenset({"sample"})).sample
+    pd.testing.assert_frame_equal(sample, ref, check_dtype=False, check_categorical=False)
     # Row ids are positions in the dataset, so the evidence points at the dataset's rows.
     ev = on_dask["data.exact_duplicates"].tables["leaked_rows"]
     back = pd.read_parquet(paths["test"]).iloc[ev["row"].to_numpy()]

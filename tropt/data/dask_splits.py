@@ -277,7 +277,7 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
     wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
     with_index = not reader.positions
     summarise = dask.delayed(_summarise, pure=True)
-    tasks = [summarise(p, feats, kinds, label, group, time, with_index) for p in ddf[wanted].to_delayed()]
+    tasks = [summarise(p, feats, kinds, label, group, time, with_index) for p in _partitions(ddf, wanted)]
     client = current_client()
     futures = None
     if client is not None:  # the summaries stay on the workers too: the exact-copy join runs there, by bucket
@@ -317,7 +317,7 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
         return replace(data, kind=reader.kind, dask_parts=futures, dask_offsets=offsets)
     sample = None
     if "sample" in needs:
-        sample = _sample(ddf, feats, label, lengths, dask)
+        sample = _sample(ddf, wanted, feats, label, lengths, dask)
     numeric_cols = [c for c in feats if kinds[c] == "numeric"]
     return SplitData(
         name=name, kind=reader.kind, n=n, row_id=row_id, fp=fp, label=label_s, group=group_s, time=time_s,
@@ -330,7 +330,14 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
     )
 
 
-def _sample(ddf: Any, feats: list, label: Any, lengths: np.ndarray, dask: Any) -> pd.DataFrame:
+def _partitions(ddf: Any, columns: list) -> list:
+    """The partitions of ``ddf[columns]`` as Delayed objects. Every pass over a split uses the same projection:
+    Dask's optimiser fuses small Parquet partitions depending on the columns read (3 files read as 2 partitions when
+    fewer columns are asked for), so row positions are only comparable between passes that read the same columns."""
+    return ddf[columns].to_delayed()
+
+
+def _sample(ddf: Any, wanted: list, feats: list, label: Any, lengths: np.ndarray, dask: Any) -> pd.DataFrame:
     """The pandas path's uniform row sample, taken from the partitions that hold its rows (a second pass over the
     feature columns: 20,000 rows spread over the partitions usually touch every one)."""
     from .sources import SAMPLE_ROWS
@@ -340,7 +347,11 @@ def _sample(ddf: Any, feats: list, label: Any, lengths: np.ndarray, dask: Any) -
     cols = feats + ([label] if label is not None else [])
     take = dask.delayed(_take, pure=True)
     tasks = []
-    for i, part in enumerate(ddf[cols].to_delayed()):
+    parts = _partitions(ddf, wanted)  # the first pass's partitions: the positions below are theirs
+    if len(parts) != len(lengths):  # pragma: no cover - a Dask change in how it plans the same read
+        raise DataError("a Dask split's partitions changed between two reads of the same columns",
+                        "report this to tropt; meanwhile pass the split as a pandas DataFrame")
+    for i, part in enumerate(parts):
         lo, hi = np.searchsorted(positions, [bounds[i], bounds[i + 1]])
         if hi > lo:
             tasks.append(take(part, positions[lo:hi] - bounds[i], cols, label))
