@@ -2,14 +2,18 @@
 ``fsspec`` URL such as ``s3://bucket/train/``), scanned as a map-reduce on the user's Dask scheduler.
 
 Map (on the workers, one task per partition): the same canonical row fingerprints as the in-memory path
-(:func:`tropt.data.sources.hash_rows`, with the comparison kinds fixed once for all splits), plus the label, group
-and time columns. Reduce (on the client): the partitions' 8-byte fingerprints and role columns are concatenated in
-partition order into the same :class:`~tropt.data.sources.SplitData` the pandas path builds, so every check runs
-its one implementation (the hash join on fingerprints and ids, the min/max and class histograms) and the results,
-counts and evidence rows are those of ``ddf.compute()`` by construction. The wide feature columns never leave the
-workers. The row sample for the single-feature models is the in-memory path's own uniform sample (bottom-k of a
-seeded hash of the row position), drawn across partitions in a second pass that reads only the chosen rows'
-partitions. The numeric matrix for the near-duplicate search is not built (it is rows x columns in memory).
+(:func:`tropt.data.sources.hash_rows`, with the comparison kinds fixed once for all splits from the first 10,000
+rows), plus the label, group and time columns. The client receives 8 bytes of fingerprint a row and the label and
+group columns, concatenated in partition order into the same :class:`~tropt.data.sources.SplitData` the pandas path
+builds; the wide feature columns never leave the workers. On a ``distributed`` Client the partitions' summaries also
+stay on the workers as futures, and two checks reduce there with the in-memory path's own functions:
+``data.exact_duplicates`` joins the fingerprints by bucket (:func:`distributed_exact_stats`, a hash join whose
+buckets are joined by :func:`tropt.data.duplicates.exact_join` and merged by position) and ``data.temporal_leakage``
+reduces a date or number time column per partition (min/max, rows before each end, histograms; that column is then
+not gathered). The other checks run their one implementation on the gathered columns, so results, counts and
+evidence rows are those of the same rows in memory. The row sample for the single-feature models is the in-memory
+path's own uniform sample (bottom-k of a seeded hash of the row position, chosen from the row count alone), taken
+in a second pass. The numeric matrix for the near-duplicate search is built only for splits small enough to gather.
 
 The scheduler is the user's: the current ``dask.distributed`` Client when there is one, else Dask's default (local)
 scheduler. ``dask`` is imported only when a split needs it (the ``tropt[dask]`` extra).
