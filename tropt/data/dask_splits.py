@@ -290,6 +290,9 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
         # A date or number time column stays there too: data.temporal_leakage reduces it per partition.
         keep = ("time",) if time is not None and _reducible_time(ddf.dtypes[time]) else ()
         parts = client.gather([client.submit(_without, f, keep, pure=False) for f in futures] if keep else futures)
+        # One future per column and partition, so the join can let go of the fingerprints once it has cut them.
+        roles = ["fp"] + [r for r, c in (("label", label), ("time", time)) if c is not None]
+        futures = {r: [client.submit(operator.getitem, f, r, pure=False) for f in futures] for r in roles}
     else:
         with _local_progress(len(tasks), f"tropt: fingerprinting {name} with Dask", progress):
             parts = compute(*tasks)
@@ -368,12 +371,10 @@ def _sample(ddf: Any, wanted: list, feats: list, label: Any, lengths: np.ndarray
 BUCKET_ROWS = 4_000_000  # rows per fingerprint bucket of the distributed join: its hash table fits a worker easily
 
 
-def _bucketise(summary: dict, buckets: int) -> list:
+def _bucketise(fp: np.ndarray, label: pd.Series | None, buckets: int) -> list:
     """One partition's rows cut by fingerprint bucket: (fingerprints, row numbers in the partition, labels) per
     bucket (runs on a worker). Labels travel as values (an int8 label is 1 byte a row) and are hashed in the join."""
-    fp = summary["fp"]
     which = fp % np.uint64(buckets)
-    label = summary.get("label")
     out = []
     for b in range(buckets):
         idx = np.flatnonzero(which == np.uint64(b)).astype(np.uint32)
@@ -413,7 +414,14 @@ def distributed_exact_stats(datas: list, labels: list | None, max_evidence: int)
         return exact_join([d.fp for d in datas], None, lhs, max_evidence)
     kind = _label_kind(labels, [d.name for d in datas]) if labels is not None else None
     buckets = max(1, -(-sum(d.n for d in datas) // BUCKET_ROWS))
-    cut = [[client.submit(_bucketise, f, buckets, pure=False) for f in d.dask_parts] for d in datas]
+    cut = []
+    for d in datas:
+        labels_of = d.dask_parts.get("label") if kind is not None else None
+        cut.append([client.submit(_bucketise, f, labels_of[i] if labels_of else None, buckets, pure=False)
+                    for i, f in enumerate(d.dask_parts["fp"])])
+        # The workers may now free each partition's fingerprints and labels as soon as they are cut (a later
+        # exact-copy check on these splits joins the client's copy of the fingerprints in memory instead).
+        d.dask_parts["fp"] = d.dask_parts["label"] = None
     offsets = [[int(o) for o in d.dask_offsets] for d in datas]
     # Bucket b of a partition is its own small task (on the partition's worker), so a bucket's join fetches only
     # its own slice of each partition: the fingerprints move once, as in a shuffle.
@@ -425,27 +433,27 @@ def distributed_exact_stats(datas: list, labels: list | None, max_evidence: int)
 
 
 # ---------------------------------------------------------------------------------------------------- time reduce
-def _part_times(summary: dict) -> tuple[np.ndarray, bool]:
+def _part_times(time: pd.Series) -> tuple[np.ndarray, bool]:
     from .leakage import _times
 
-    return _times(summary["time"], "", None)
+    return _times(time, "", None)
 
 
-def _part_time_summary(summary: dict) -> dict:
+def _part_time_summary(time: pd.Series) -> dict:
     from .leakage import time_summary
 
-    return time_summary(*_part_times(summary))
+    return time_summary(*_part_times(time))
 
 
-def _part_rows_before(summary: dict, offset: int, ends: list, max_evidence: int) -> list:
+def _part_rows_before(time: pd.Series, offset: int, ends: list, max_evidence: int) -> list:
     from .leakage import rows_before
 
-    t, _ = _part_times(summary)
+    t, _ = _part_times(time)
     return rows_before(t, np.arange(offset, offset + len(t), dtype=np.int64), ends, max_evidence)
 
 
-def _part_histogram(summary: dict, edges: np.ndarray) -> np.ndarray:
-    t, _ = _part_times(summary)
+def _part_histogram(time: pd.Series, edges: np.ndarray) -> np.ndarray:
+    t, _ = _part_times(time)
     return np.histogram(t[np.isfinite(t)], bins=edges)[0]
 
 
@@ -462,7 +470,7 @@ def distributed_time_summary(d: Any, time: Any) -> dict:
     from .leakage import merge_time_summaries
 
     client = _client_for(d)
-    return merge_time_summaries(client.gather([client.submit(_part_time_summary, f, pure=False) for f in d.dask_parts]))
+    return merge_time_summaries(client.gather([client.submit(_part_time_summary, f, pure=False) for f in d.dask_parts["time"]]))
 
 
 def distributed_rows_before(d: Any, stat: dict, ends: list, max_evidence: int) -> list:
@@ -471,11 +479,11 @@ def distributed_rows_before(d: Any, stat: dict, ends: list, max_evidence: int) -
 
     client = _client_for(d)
     parts = client.gather([client.submit(_part_rows_before, f, int(o), ends, max_evidence, pure=False)
-                           for f, o in zip(d.dask_parts, d.dask_offsets)])
+                           for f, o in zip(d.dask_parts["time"], d.dask_offsets)])
     return merge_rows_before(parts, max_evidence)
 
 
 def distributed_time_histogram(d: Any, edges: np.ndarray) -> np.ndarray:
     """Counts of the split's finite times on ``edges``: the partitions' histograms, summed."""
     client = _client_for(d)
-    return np.sum(client.gather([client.submit(_part_histogram, f, edges, pure=False) for f in d.dask_parts]), axis=0)
+    return np.sum(client.gather([client.submit(_part_histogram, f, edges, pure=False) for f in d.dask_parts["time"]]), axis=0)

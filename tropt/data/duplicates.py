@@ -128,7 +128,7 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
 def _exact_stats(datas: list, labels: list | None, max_evidence: int) -> dict:
     """The exact-copy join of the splits' fingerprints: :func:`exact_join` in memory, or bucket by bucket on the
     workers of the user's Dask Client when every split is a Dask split held there (the same numbers either way)."""
-    if all(getattr(d, "dask_parts", None) is not None for d in datas):
+    if all(d.dask_parts is not None and d.dask_parts.get("fp") is not None for d in datas):
         from .dask_splits import distributed_exact_stats
 
         return distributed_exact_stats(datas, labels, max_evidence)

@@ -152,7 +152,7 @@ def _temporal_stats(datas: list, time: Any, max_evidence: int) -> list[dict]:
     """Each split's time summary; splits whose time column stayed on the Dask workers are summarised there."""
     out = []
     for d in datas:
-        if d.time is None and getattr(d, "dask_parts", None) is not None:
+        if d.time is None and d.dask_parts is not None and d.dask_parts.get("time") is not None:
             from .dask_splits import distributed_time_summary
 
             out.append(distributed_time_summary(d, time))

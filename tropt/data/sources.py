@@ -273,9 +273,9 @@ class SplitData:
     feature_columns: list = field(default_factory=list)
     kinds: dict = field(default_factory=dict)
     has: frozenset = frozenset()  # the optional parts computed: "numeric", "sample"
-    # A Dask split scanned on a distributed Client: each partition's summary (fingerprints, label, group, time) kept
-    # on the workers as futures, with the partitions' first row positions, for the bucketed exact-copy join.
-    dask_parts: list | None = None
+    # A Dask split scanned on a distributed Client: {"fp" / "label" / "time": one future per partition} kept on the
+    # workers, with the partitions' first row positions, for the bucketed exact-copy join and the time reduce.
+    dask_parts: dict | None = None
     dask_offsets: np.ndarray | None = None
 
 
