@@ -15,7 +15,13 @@ Prints absolute times, the ratio to the raw read, the planted count against the 
 average before/after; deletes the data. Never asserts. The machine may be shared: times taken while the load was
 above the core count are marked ``[loaded]`` (benchmarks/_common.py).
 
+``--only near|text|peers|all`` calls ``_scale_near.main(args)`` (benchmarks/_scale_near.py, when present) with the
+parsed arguments: ``args.only`` names the section(s), ``args.rows`` is None unless given.
+
     python benchmarks/bench_data_scale.py --only exact --rows 10000000
+``--only near|text|peers|all`` calls ``_scale_near.main(args)`` (benchmarks/_scale_near.py, when present) with the
+parsed arguments: ``args.only`` names the section(s), ``args.rows`` is None unless given.
+
     python benchmarks/bench_data_scale.py --only exact --rows 100000000      # 100M rows: ~10 GB on disk
 """
 
