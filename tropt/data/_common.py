@@ -60,9 +60,14 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%" if x < 0.1 else f"{100 * x:.1f}%"
 
 
+def _label_kind(series: list[pd.Series], names: list[str]) -> str:
+    """The one comparison kind of the same column across splits."""
+    return unify_kinds([column_kind(s, n) for s, n in zip(series, names)])
+
+
 def _canon_hashes(series: list[pd.Series], names: list[str]) -> list[np.ndarray]:
     """Canonical value hashes of the same column across splits (ints and floats of one value agree)."""
-    kind = unify_kinds([column_kind(s, n) for s, n in zip(series, names)])
+    kind = _label_kind(series, names)
     return [hash_column(s, kind) for s in series]
 
 

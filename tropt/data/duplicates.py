@@ -32,74 +32,48 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
     """
     cid = "data.exact_duplicates"
     datas = _load(splits, label, group, time, features, progress)
-    allfp = np.concatenate([d.fp for d in datas])
-    codes, uniq = pd.factorize(allfp)
-    bounds = np.cumsum([0] + [d.n for d in datas])
-    split_codes = [codes[bounds[i]:bounds[i + 1]] for i in range(len(datas))]
-    firsts = []
-    for c in split_codes:
-        f = np.full(len(uniq), -1, dtype=np.int64)
-        f[c[::-1]] = np.arange(len(c) - 1, -1, -1)
-        firsts.append(f)
+    labels = _labels(datas, label)
+    stats = _exact_stats(datas, labels, max_evidence)
     metrics: dict[str, Any] = {"leaked_rows": 0, "leaked_fraction": 0.0, "max_pair_fraction": 0.0}
     pair_rows, evidence = [], []
-    index = {d.name: i for i, d in enumerate(datas)}
     compared = 0
-    for later, earlier in _pairs(datas):
-        li, ei = index[later.name], index[earlier.name]
-        match = firsts[ei][split_codes[li]]
-        hit = np.flatnonzero(match >= 0)
-        frac = len(hit) / later.n
+    for (li, ei), (count, later_pos, earlier_pos, fps) in stats["pairs"].items():
+        later, earlier = datas[li], datas[ei]
+        frac = count / later.n
         compared += later.n
-        metrics["leaked_rows"] += len(hit)
-        metrics[f"leaked_rows.{_pkey(later, earlier)}"] = len(hit)
+        metrics["leaked_rows"] += count
+        metrics[f"leaked_rows.{_pkey(later, earlier)}"] = count
         metrics[f"leaked_fraction.{_pkey(later, earlier)}"] = frac
         metrics["max_pair_fraction"] = max(metrics["max_pair_fraction"], frac)
-        pair_rows.append({"split": later.name, "earlier_split": earlier.name, "rows": later.n, "leaked_rows": len(hit), "leaked_fraction": frac})
+        pair_rows.append({"split": later.name, "earlier_split": earlier.name, "rows": later.n, "leaked_rows": count, "leaked_fraction": frac})
         room = max_evidence - len(evidence)
-        if room > 0 and len(hit):
-            take = hit[:room]
+        if room > 0 and count:
+            take, match = later_pos[:room], earlier_pos[:room]
             ev = pd.DataFrame({"split": later.name, "row": later.row_id[take], "earlier_split": earlier.name,
-                               "earlier_row": earlier.row_id[match[take]],
-                               "fingerprint": [f"{v:016x}" for v in later.fp[take]]})
+                               "earlier_row": earlier.row_id[match],
+                               "fingerprint": [f"{v:016x}" for v in fps[:room]]})
             if later.label is not None and earlier.label is not None:
                 ev["label"] = later.label.to_numpy()[take]
-                ev["earlier_label"] = earlier.label.to_numpy()[match[take]]
+                ev["earlier_label"] = earlier.label.to_numpy()[match]
             evidence.append(ev)
             evidence = [pd.concat(evidence, ignore_index=True)]
     metrics["leaked_fraction"] = metrics["leaked_rows"] / compared if compared else 0.0
-    within_total = 0
-    for d, c, f in zip(datas, split_codes, firsts):
-        within = d.n - int((f >= 0).sum())
+    for d, within in zip(datas, stats["within"]):
         metrics[f"duplicates_within.{d.name}"] = within
-        within_total += within
+    within_total = sum(stats["within"])
     metrics["duplicates_within"] = within_total
-    metrics["distinct_vectors"] = len(uniq)
+    metrics["distinct_vectors"] = stats["distinct"]
 
     # Same features, different labels (anywhere in the splits): label noise or a feature set too poor to decide.
-    conflicting, conflict_rows, conflict_table = 0, 0, None
-    labels = _labels(datas, label)
-    if labels is not None:
-        lh = np.concatenate(_canon_hashes(labels, [d.name for d in datas]))
-        counts = np.bincount(codes, minlength=len(uniq))
-        dup = counts[codes] > 1
-        if dup.any():
-            sub = pd.DataFrame({"code": codes[dup], "lab": lh[dup]})
-            nlab = sub.drop_duplicates().groupby("code").size()
-            bad_codes = nlab.index[nlab.to_numpy() > 1].to_numpy()
-            conflicting = len(bad_codes)
-            rows_mask = np.zeros(len(codes), dtype=bool)
-            rows_mask[np.flatnonzero(dup)[np.isin(codes[dup], bad_codes)]] = True
-            conflict_rows = int(rows_mask.sum())
-            if conflict_rows:
-                pos = np.flatnonzero(rows_mask)[:max_evidence]
-                sid = np.searchsorted(bounds, pos, side="right") - 1
-                conflict_table = pd.DataFrame({
-                    "split": [datas[s].name for s in sid],
-                    "row": [datas[s].row_id[p - bounds[s]] for s, p in zip(sid, pos)],
-                    "label": [labels[s].iloc[p - bounds[s]] for s, p in zip(sid, pos)],
-                    "fingerprint": [f"{allfp[p]:016x}" for p in pos],
-                }).sort_values(["fingerprint", "split"], kind="stable").reset_index(drop=True)
+    conflicting, conflict_rows, conflict_table = stats["conflicting"], stats["conflict_rows"], None
+    if conflict_rows:
+        sid, pos, fps = stats["conflict_evidence"]
+        conflict_table = pd.DataFrame({
+            "split": [datas[s].name for s in sid],
+            "row": [datas[s].row_id[p] for s, p in zip(sid, pos)],
+            "label": [labels[s].iloc[p] for s, p in zip(sid, pos)],
+            "fingerprint": [f"{v:016x}" for v in fps],
+        }).sort_values(["fingerprint", "split"], kind="stable").reset_index(drop=True)
     metrics["conflicting_labels"] = conflicting
     metrics["conflicting_label_rows"] = conflict_rows
     metrics["feature_columns"] = len(datas[0].feature_columns) if datas[0].tabular and datas[0].feature_columns else 0
@@ -116,16 +90,16 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
         chance, space = _small_space(splits, label, group, time, features, progress, datas, small_space)
         if np.isfinite(space[0]):
             metrics["feature_combinations_log10"] = round(space[0], 3)
-        for d, c in zip(datas, split_codes):
-            metrics[f"distinct_vectors.{d.name}"] = int(np.unique(c).size)
-            metrics[f"within_repeat_rate.{d.name}"] = float(np.mean(np.bincount(c)[c] > 1))  # rows sharing their vector
+        for d, distinct, repeat in zip(datas, stats["split_distinct"], stats["repeat_rows"]):
+            metrics[f"distinct_vectors.{d.name}"] = distinct
+            metrics[f"within_repeat_rate.{d.name}"] = repeat / d.n  # rows sharing their vector within the split
     metrics["small_feature_space"] = bool(chance)
     if leaked and chance:
         # Few possible feature vectors for the rows: copies across splits are what chance gives (rows repeat within
         # each split too), so they say nothing about leakage. Not FAIL; the numbers and the evidence stay.
         worst_pair = max(pair_rows, key=lambda r: r["leaked_fraction"])
         wl = worst_pair["split"]
-        summary = (f"feature space too small to judge exact copies: {_space_words(space)} ({len(uniq)} distinct vectors) for "
+        summary = (f"feature space too small to judge exact copies: {_space_words(space)} ({stats['distinct']} distinct vectors) for "
                    f"{sum(d.n for d in datas)} rows, so {worst_pair['leaked_rows']} of {worst_pair['rows']} {wl} rows "
                    f"matching {worst_pair['earlier_split']} ({_pct(worst_pair['leaked_fraction'])}) is expected by chance; "
                    f"{_pct(metrics[f'within_repeat_rate.{wl}'])} of {wl} rows repeat within {wl} too")
@@ -149,6 +123,86 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
         summary += f"; {within_total} duplicate row(s) within splits"
     status = Status.FAIL if worst > max_fraction and not chance else Status.WARN if leaked or conflicting else Status.PASS
     return CheckResult(cid, status, summary, metrics, tables, advice)
+
+
+def _exact_stats(datas: list, labels: list | None, max_evidence: int) -> dict:
+    """The exact-copy join of the splits' fingerprints: :func:`exact_join` in memory, or bucket by bucket on the
+    workers of the user's Dask Client when every split is a Dask split held there (the same numbers either way)."""
+    if all(d.dask_parts is not None and d.dask_parts.get("fp") is not None for d in datas):
+        from .dask_splits import distributed_exact_stats
+
+        return distributed_exact_stats(datas, labels, max_evidence)
+    lhs = _canon_hashes(labels, [d.name for d in datas]) if labels is not None else None
+    return exact_join([d.fp for d in datas], None, lhs, max_evidence)
+
+
+def exact_join(fps: list[np.ndarray], positions: list[np.ndarray] | None, label_hashes: list[np.ndarray] | None,
+               max_evidence: int) -> dict:
+    """Exact copies among the rows of every split: fingerprints ``fps[s]`` of split ``s`` at row ``positions[s]``
+    (ascending; None: 0..n-1), with canonical label hashes. A hash join on the fingerprints (factorised once).
+
+    Rows with equal fingerprints always fall in the same call, so the fingerprint space can be cut into buckets
+    and the buckets' results merged with :func:`merge_exact` (the Dask path does). Returns, by position:
+    ``pairs[(later, earlier)] = (count, first later positions, their first earlier positions, fingerprints)``,
+    ``within`` / ``split_distinct`` / ``repeat_rows`` per split, ``distinct``, ``conflicting``, ``conflict_rows``
+    and ``conflict_evidence`` (split index, position, fingerprint of the first conflicting rows)."""
+    pos = positions if positions is not None else [np.arange(len(f)) for f in fps]
+    allfp = np.concatenate(fps) if len(fps) > 1 else fps[0]
+    codes, uniq = pd.factorize(allfp)
+    bounds = np.cumsum([0] + [len(f) for f in fps])
+    split_codes = [codes[bounds[i]:bounds[i + 1]] for i in range(len(fps))]
+    firsts = []
+    for c in split_codes:
+        f = np.full(len(uniq), -1, dtype=np.int64)
+        f[c[::-1]] = np.arange(len(c) - 1, -1, -1)
+        firsts.append(f)
+    out: dict[str, Any] = {"pairs": {}, "distinct": len(uniq), "within": [], "split_distinct": [], "repeat_rows": []}
+    for li in range(1, len(fps)):
+        for ei in range(li):
+            match = firsts[ei][split_codes[li]]
+            hit = np.flatnonzero(match >= 0)
+            take = hit[:max_evidence]
+            out["pairs"][(li, ei)] = (len(hit), pos[li][take], pos[ei][match[take]], fps[li][take])
+    for c, f in zip(split_codes, firsts):
+        distinct = int((f >= 0).sum())
+        out["split_distinct"].append(distinct)
+        out["within"].append(len(c) - distinct)
+        out["repeat_rows"].append(int(np.count_nonzero(np.bincount(c, minlength=len(uniq))[c] > 1)) if len(c) > distinct else 0)
+    out["conflicting"], out["conflict_rows"] = 0, 0
+    out["conflict_evidence"] = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.uint64))
+    if label_hashes is not None:
+        lh = np.concatenate(label_hashes) if len(label_hashes) > 1 else label_hashes[0]
+        counts = np.bincount(codes, minlength=len(uniq))
+        dup = counts[codes] > 1
+        if dup.any():
+            sub = pd.DataFrame({"code": codes[dup], "lab": lh[dup]})
+            nlab = sub.drop_duplicates().groupby("code").size()
+            bad_codes = nlab.index[nlab.to_numpy() > 1].to_numpy()
+            rows = np.flatnonzero(dup)[np.isin(codes[dup], bad_codes)]
+            out["conflicting"], out["conflict_rows"] = len(bad_codes), len(rows)
+            first = rows[:max_evidence]
+            sid = np.searchsorted(bounds, first, side="right") - 1
+            out["conflict_evidence"] = (sid, np.concatenate(pos)[first] if len(pos) > 1 else pos[0][first], allfp[first])
+    return out
+
+
+def merge_exact(parts: list[dict], max_evidence: int) -> dict:
+    """One :func:`exact_join` result from those of disjoint fingerprint buckets (evidence re-ordered by position)."""
+    first = parts[0]
+    out: dict[str, Any] = {"pairs": {}, "distinct": sum(p["distinct"] for p in parts)}
+    for key in ("within", "split_distinct", "repeat_rows"):
+        out[key] = [int(sum(v)) for v in zip(*(p[key] for p in parts))]
+    for pair in first["pairs"]:
+        got = [p["pairs"][pair] for p in parts]
+        later, earlier, fps = (np.concatenate([g[i] for g in got]) for i in (1, 2, 3))
+        order = np.argsort(later, kind="stable")[:max_evidence]
+        out["pairs"][pair] = (sum(g[0] for g in got), later[order], earlier[order], fps[order])
+    out["conflicting"] = sum(p["conflicting"] for p in parts)
+    out["conflict_rows"] = sum(p["conflict_rows"] for p in parts)
+    sid, pos, fps = (np.concatenate([p["conflict_evidence"][i] for p in parts]) for i in range(3))
+    order = np.lexsort((pos, sid))[:max_evidence]
+    out["conflict_evidence"] = (sid[order], pos[order], fps[order])
+    return out
 
 
 def _feature_space(splits, label, group, time, features, progress) -> tuple[float, int, str]:

@@ -109,6 +109,88 @@ def _times(s: pd.Series, split: str, col: Any) -> tuple[np.ndarray, bool]:
     return out, True
 
 
+def time_summary(t: np.ndarray, is_dt: bool) -> dict:
+    """Min, max and count of the finite times of a split or partition (reduced over partitions by min/max/sum)."""
+    ok = t[np.isfinite(t)]
+    return {"min": float(ok.min()) if ok.size else np.nan, "max": float(ok.max()) if ok.size else np.nan,
+            "finite": int(ok.size), "is_dt": is_dt}
+
+
+def merge_time_summaries(parts: list[dict]) -> dict:
+    live = [p for p in parts if p["finite"]]
+    return {"min": min((p["min"] for p in live), default=np.nan), "max": max((p["max"] for p in live), default=np.nan),
+            "finite": sum(p["finite"] for p in parts), "is_dt": parts[0]["is_dt"]}
+
+
+def rows_before(t: np.ndarray, pos: np.ndarray, ends: list, max_evidence: int) -> list:
+    """For each end (None: skipped): (rows with a finite time before it, the first ``max_evidence`` of their times
+    and positions by time then position). Partitions' results merge with :func:`merge_rows_before`."""
+    out = []
+    for end in ends:
+        if end is None or not np.isfinite(end):
+            out.append(None)
+            continue
+        idx = np.flatnonzero(np.isfinite(t) & (t < end))
+        first = idx[np.argsort(t[idx], kind="stable")][:max_evidence]
+        out.append((len(idx), t[first], pos[first]))
+    return out
+
+
+def merge_rows_before(parts: list[list], max_evidence: int) -> list:
+    out = []
+    for got in zip(*parts):
+        if got[0] is None:
+            out.append(None)
+            continue
+        ts, ps = np.concatenate([g[1] for g in got]), np.concatenate([g[2] for g in got])
+        order = np.lexsort((ps, ts))[:max_evidence]
+        out.append((sum(g[0] for g in got), ts[order], ps[order]))
+    return out
+
+
+def _temporal_stats(datas: list, time: Any, max_evidence: int) -> list[dict]:
+    """Each split's time summary; splits whose time column stayed on the Dask workers are summarised there."""
+    out = []
+    for d in datas:
+        if d.time is None and d.dask_parts is not None and d.dask_parts.get("time") is not None:
+            from .dask_splits import distributed_time_summary
+
+            out.append(distributed_time_summary(d, time))
+        else:
+            t, is_dt = _times(d.time, d.name, time)
+            out.append({**time_summary(t, is_dt), "_t": t})
+    return out
+
+
+def _rows_before(datas: list, stats: list[dict], ends: list, max_evidence: int) -> list:
+    """``[later][earlier] -> (rows, first times, first positions)`` of later rows dated before each earlier split's end."""
+    out = []
+    for li, d in enumerate(datas):
+        wanted = [ends[ei] if ei < li and stats[ei]["finite"] else None for ei in range(len(datas))]
+        if "_t" in stats[li]:
+            t = stats[li]["_t"]
+            out.append(rows_before(t, np.arange(len(t)), wanted, max_evidence))
+        else:
+            from .dask_splits import distributed_rows_before
+
+            out.append(distributed_rows_before(d, stats[li], wanted, max_evidence))
+    return out
+
+
+def _time_histograms(datas: list, stats: list[dict], edges: np.ndarray) -> list[np.ndarray]:
+    """Each split's counts of finite times on ``edges`` (summed over partitions for a split held on Dask workers)."""
+    out = []
+    for d, st in zip(datas, stats):
+        if "_t" in st:
+            t = st["_t"]
+            out.append(np.histogram(t[np.isfinite(t)], bins=edges)[0])
+        else:
+            from .dask_splits import distributed_time_histogram
+
+            out.append(distributed_time_histogram(d, edges))
+    return out
+
+
 def _fmt_time(v: float, is_dt: bool) -> Any:
     if not np.isfinite(v):
         return None
@@ -129,34 +211,32 @@ def check_temporal_leakage(splits: Mapping[str, Any], *, time=None, label=None, 
     if time is None:
         return _skip(cid, "no time= column given: pass the timestamp column to check that later splits come later")
     datas = _load(splits, label, group, time, features, progress)
-    parsed = [_times(d.time, d.name, time) for d in datas]
-    kinds = {d.name: ("dates" if p[1] else "numbers") for d, p in zip(datas, parsed)}
+    stats = _temporal_stats(datas, time, max_evidence)
+    kinds = {d.name: ("dates" if st["is_dt"] else "numbers") for d, st in zip(datas, stats)}
     if len(set(kinds.values())) > 1:
         # Nanoseconds since 1970 against e.g. epoch seconds or day numbers: any comparison would be meaningless.
         raise DataError(f"time column {time!r} holds dates in some splits and plain numbers in others "
                         f"({', '.join(f'{k}: {v}' for k, v in kinds.items())})",
                         "give every split the same kind of time column: convert numbers with pd.to_datetime(..., unit='s') "
                         "(or the unit they are in), or use numbers everywhere")
-    is_dt = all(p[1] for p in parsed)
-    ts = [p[0] for p in parsed]
+    is_dt = all(st["is_dt"] for st in stats)
     ranges = []
-    for d, t in zip(datas, ts):
-        ok = t[np.isfinite(t)]
-        ranges.append({"split": d.name, "rows": d.n, "start": _fmt_time(ok.min() if ok.size else np.nan, is_dt),
-                       "end": _fmt_time(ok.max() if ok.size else np.nan, is_dt), "missing_times": int(d.n - ok.size)})
+    for d, st in zip(datas, stats):
+        ranges.append({"split": d.name, "rows": d.n, "start": _fmt_time(st["min"], is_dt),
+                       "end": _fmt_time(st["max"], is_dt), "missing_times": int(d.n - st["finite"])})
     metrics: dict[str, Any] = {"overlap_rows": 0, "overlap_fraction": 0.0, "max_pair_fraction": 0.0}
     pair_rows, evidence = [], []
     compared = 0
     index = {d.name: i for i, d in enumerate(datas)}
     random_pairs = []
+    ends = [st["max"] for st in stats]
+    befores = _rows_before(datas, stats, ends, max_evidence)
     for later, earlier in _pairs(datas):
-        tl, te = ts[index[later.name]], ts[index[earlier.name]]
-        te_ok = te[np.isfinite(te)]
-        if te_ok.size == 0:
+        li, ei = index[later.name], index[earlier.name]
+        if stats[ei]["finite"] == 0:
             continue
-        end = te_ok.max()
-        before = np.isfinite(tl) & (tl < end)
-        rows = int(before.sum())
+        end = ends[ei]
+        rows, cand_t, cand_pos = befores[li][ei]
         frac = rows / later.n
         compared += later.n
         key = _pkey(later, earlier)
@@ -170,10 +250,8 @@ def check_temporal_leakage(splits: Mapping[str, Any], *, time=None, label=None, 
                           "rows_before_end": rows, "fraction": frac})
         room = max_evidence - sum(len(e) for e in evidence)
         if rows and room > 0:
-            idx = np.flatnonzero(before)
-            idx = idx[np.argsort(tl[idx], kind="stable")][:room]
-            evidence.append(pd.DataFrame({"split": later.name, "row": later.row_id[idx],
-                                          "time": [_fmt_time(v, is_dt) for v in tl[idx]], "earlier_split": earlier.name,
+            evidence.append(pd.DataFrame({"split": later.name, "row": later.row_id[cand_pos[:room]],
+                                          "time": [_fmt_time(v, is_dt) for v in cand_t[:room]], "earlier_split": earlier.name,
                                           "earlier_end": _fmt_time(end, is_dt)}))
     metrics["overlap_fraction"] = metrics["overlap_rows"] / compared if compared else 0.0
     metrics["pattern"] = "random split of time-ordered data" if random_pairs else ("partial overlap" if metrics["overlap_rows"] else "time-ordered")
@@ -181,13 +259,14 @@ def check_temporal_leakage(splits: Mapping[str, Any], *, time=None, label=None, 
     if evidence:
         tables["rows_before_end"] = pd.concat(evidence, ignore_index=True)
     # Histograms on one grid for the timeline plot.
-    allt = np.concatenate([t[np.isfinite(t)] for t in ts])
     series: dict[str, Any] = {}
-    if allt.size:
-        edges = np.linspace(allt.min(), allt.max() if allt.max() > allt.min() else allt.min() + 1, 61)
+    finite = [st for st in stats if st["finite"]]
+    if finite:
+        lo, hi = min(st["min"] for st in finite), max(st["max"] for st in finite)
+        edges = np.linspace(lo, hi if hi > lo else lo + 1, 61)
         series["time_edges"] = edges
-        for d, t in zip(datas, ts):
-            series[f"time_counts:{d.name}"] = np.histogram(t[np.isfinite(t)], bins=edges)[0]
+        for d, counts in zip(datas, _time_histograms(datas, stats, edges)):
+            series[f"time_counts:{d.name}"] = counts
     rows, worst = metrics["overlap_rows"], metrics["max_pair_fraction"]
     if random_pairs:
         summary = (f"the splits look like a random split of time-ordered data: {_pct(worst)} of a later split lies before "

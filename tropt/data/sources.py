@@ -1,7 +1,10 @@
 """Read the user's splits, whatever they are, into one summary per split: :class:`SplitData`.
 
 A split may be a pandas DataFrame, a numpy array or torch tensor ``(N, ...)``, a tuple ``(X, y)`` of those, a
-map-style torch ``Dataset``, or a path to a CSV/Parquet file (streamed in chunks, never loaded whole). Every
+map-style torch ``Dataset``, a path to a CSV/Parquet file (streamed in chunks, never loaded whole), or a Dask
+collection: a ``dask.dataframe.DataFrame`` or a Parquet dataset path (a directory, a glob, an fsspec URL), scanned as
+a map-reduce on the user's Dask scheduler by :mod:`tropt.data.dask_splits` (without dask installed, a local
+directory is streamed by pyarrow instead). Every
 check works on the same summary: stable content fingerprints of the feature part of each row, the label / group /
 time columns, a numeric matrix for nearest-neighbour search (when small enough) and a bounded row sample for the
 single-feature models. Nothing the user passed is modified: every transformation makes new arrays.
@@ -270,6 +273,10 @@ class SplitData:
     feature_columns: list = field(default_factory=list)
     kinds: dict = field(default_factory=dict)
     has: frozenset = frozenset()  # the optional parts computed: "numeric", "sample"
+    # A Dask split scanned on a distributed Client: {"fp" / "label" / "time": one future per partition} kept on the
+    # workers, with the partitions' first row positions, for the bucketed exact-copy join and the time reduce.
+    dask_parts: dict | None = None
+    dask_offsets: np.ndarray | None = None
 
 
 def _is_path(x: Any) -> bool:
@@ -286,6 +293,14 @@ def _file_kind(path: str, name: str) -> str:
         return "parquet"  # a partitioned Parquet dataset
     raise DataError(f"split {name!r}: cannot tell the format of {path!r} from its name",
                     "use a .csv or .parquet file (or load it yourself and pass a DataFrame)")
+
+
+def _pyarrow_dataset(path: str) -> Any:
+    """A Parquet directory as pyarrow reads it without Dask: hive partitions (``region=eu/``) become dictionary
+    columns, as ``pd.read_parquet`` and ``dd.read_parquet`` make them, so the fingerprints agree with theirs."""
+    import pyarrow.dataset as pads
+
+    return pads.dataset(path, format="parquet", partitioning=pads.HivePartitioning.discover(infer_dictionary=True))
 
 
 def _torch():
@@ -324,6 +339,18 @@ def _check_column_names(columns: pd.Index, name: str) -> None:
                         "give every column its own name (df.columns = [...]), or drop the copies: df.loc[:, ~df.columns.duplicated()]")
 
 
+def _dask_split(x: Any) -> bool:
+    from .dask_splits import is_dask_frame
+
+    return is_dask_frame(x)
+
+
+def _dask_path(path: str) -> bool:
+    from .dask_splits import is_dataset_path
+
+    return is_dataset_path(path)
+
+
 def _is_dataset(x: Any) -> bool:
     try:
         from torch.utils.data import Dataset
@@ -351,7 +378,11 @@ class _Reader:
         self.label_col: Any = opts.label
         if isinstance(obj, pd.Series):
             obj = obj.to_frame()
-        if isinstance(obj, pd.DataFrame):
+        if _dask_split(obj):
+            self._init_dask(obj, None)
+        elif _is_path(obj) and _dask_path(os.fspath(obj)):
+            self._init_dask(None, os.fspath(obj))
+        elif isinstance(obj, pd.DataFrame):
             _check_column_names(obj.columns, name)
             self.kind, self.frame = "frame", obj
             self.columns = list(obj.columns)
@@ -385,8 +416,23 @@ class _Reader:
             raise DataError(
                 f"split {name!r} is a {type(obj).__name__}, which tropt cannot read as data",
                 "pass a pandas DataFrame, a numpy array or torch tensor (N, ...), a tuple (X, y), a map-style torch "
-                "Dataset, or a path to a .csv/.parquet file",
+                "Dataset, a Dask DataFrame, or a path to a .csv/.parquet file or a Parquet dataset (directory, glob, URL)",
             )
+
+    def _init_dask(self, ddf: Any, path: str | None) -> None:
+        """A Dask DataFrame (row ids: its index labels, as ``ddf.compute()`` has them) or a Parquet dataset path read
+        by Dask (row ids: positions, as for a Parquet file); scanned by :mod:`tropt.data.dask_splits`."""
+        from . import dask_splits
+
+        if path is not None:
+            self.kind, self.path, self.positions = "parquet", path, True
+            ddf = dask_splits.read_dataset(path, self.name)
+        else:
+            self.kind, self.positions = "dask", False
+            if not hasattr(ddf, "columns"):  # a Dask Series: one column, as a pandas Series is
+                ddf = ddf.to_frame()
+        self.ddf, self.columns = ddf, list(ddf.columns)
+        _check_column_names(pd.Index(self.columns, tupleize_cols=False), self.name)
 
     def _init_array(self, x: np.ndarray, y: np.ndarray | None) -> None:
         if x.ndim == 0:
@@ -423,9 +469,8 @@ class _Reader:
 
                 if os.path.isfile(self.path):
                     return list(pq.ParquetFile(self.path).schema_arrow.names)
-                import pyarrow.dataset as pads  # a partitioned dataset: its schema, without reading the rows
 
-                return list(pads.dataset(self.path, format="parquet").schema.names)  # as chunks() reads it
+                return list(_pyarrow_dataset(self.path).schema.names)  # as chunks() reads it
             return list(pd.read_csv(self.path, nrows=0, sep=None if self.path.lower().endswith(".tsv") else ",",
                                     engine="python" if self.path.lower().endswith(".tsv") else "c").columns)
         except DataError:
@@ -472,11 +517,11 @@ class _Reader:
                 pf = pq.ParquetFile(self.path, pre_buffer=False)
                 for batch in pf.iter_batches(batch_size=CHUNK_ROWS, columns=[str(c) for c in columns]):
                     yield batch.to_pandas()
-            else:  # pragma: no cover - partitioned datasets are read by pyarrow's dataset API in batches
+            else:  # a Parquet directory without dask installed: streamed by pyarrow's dataset API in batches
                 import pyarrow.dataset as ds
 
                 scan_options = ds.ParquetFragmentScanOptions(pre_buffer=False)
-                for batch in ds.dataset(self.path, format="parquet").to_batches(
+                for batch in _pyarrow_dataset(self.path).to_batches(
                         columns=[str(c) for c in columns], batch_size=CHUNK_ROWS, fragment_scan_options=scan_options,
                         batch_readahead=1, fragment_readahead=1):  # bounded memory: one batch ahead, not 16
                     yield batch.to_pandas()
@@ -554,6 +599,12 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
         return data
     want_numeric, want_sample = "numeric" in needs, "sample" in needs
     feats, label, group, time = _resolve(reader, opts)
+    if getattr(reader, "ddf", None) is not None:  # a Dask split: the same fingerprints, as a map-reduce
+        from .dask_splits import scan_dask
+
+        if not kinds:
+            kinds = _head_kinds(_head(reader, feats), feats, name)
+        return scan_dask(reader, name, opts, dict(kinds), feats, label, group, time, needs, numeric_rows, progress)
     wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
     fps, labels, groups, times, nums, texts, previews = [], [], [], [], [], [], []
     sampler = _Sampler(SAMPLE_ROWS)
@@ -768,8 +819,8 @@ def session(needs: frozenset = ALL_NEEDS) -> Iterator[None]:
 
 
 def _file_key(obj: Any, opts: Options, kinds: Mapping) -> tuple | None:
-    if not _is_path(obj):
-        return None
+    if not _is_path(obj) or _dask_path(os.fspath(obj)):
+        return None  # a dataset's directory does not change when a partition file is rewritten: never cached
     path = os.path.abspath(os.fspath(obj))
     try:
         st = os.stat(path)
@@ -813,7 +864,7 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
         heads: dict = {}
         for r in tables:
             feats, *_ = _resolve(r, opts)
-            head = r.frame.iloc[:10_000][feats] if r.kind == "frame" else _head(r, feats)
+            head = r.frame.iloc[:10_000][feats] if r.kind == "frame" else _session_head(r, feats)
             if head is None or len(head) == 0:
                 if r.kind == "frame":
                     raise DataError(f"split {r.name!r} is empty (0 rows)", "pass a split with at least one row, or leave it out")
@@ -862,7 +913,31 @@ def _renamed(data: SplitData, name: str) -> SplitData:
     return replace(data, name=name)
 
 
+def _session_head(r: _Reader, cols: list) -> pd.DataFrame | None:
+    """:func:`_head`, read once per session for a Dask split (a round trip to the cluster per check otherwise)."""
+    sess = _SESSION.get()
+    if sess is None or getattr(r, "ddf", None) is None:
+        return _head(r, cols)
+    key = ("head", id(r.obj), tuple(map(str, cols)))
+    if key not in sess:
+        sess[key] = (r.obj, _head(r, cols))  # holding obj keeps its id from being reused during the session
+    return sess[key][1]
+
+
+def _head_kinds(head: pd.DataFrame, feats: list, name: str) -> dict:
+    """Each feature column's comparison kind from a split's first rows (one split alone; see load_splits)."""
+    kinds = {}
+    for c in feats:
+        k = column_kind(head[c], name)
+        kinds[c] = "text" if k == "string" and looks_like_text(head[c].iloc[:10_000]) else k
+    return kinds
+
+
 def _head(r: _Reader, cols: list) -> pd.DataFrame | None:
+    if getattr(r, "ddf", None) is not None:
+        from .dask_splits import head  # the first 10,000 rows, as a DataFrame split's kinds are taken from
+
+        return head(r.ddf, cols)
     if r.kind == "csv":
         sep = "\t" if r.path.lower().endswith(".tsv") else ","
         return r.read_csv(pd.read_csv, usecols=cols, nrows=10_000, sep=sep)

@@ -1,0 +1,489 @@
+"""Splits as Dask collections: a ``dask.dataframe.DataFrame``, or a Parquet dataset path (a directory, a glob, or an
+``fsspec`` URL such as ``s3://bucket/train/``), scanned as a map-reduce on the user's Dask scheduler.
+
+Map (on the workers, one task per partition): the same canonical row fingerprints as the in-memory path
+(:func:`tropt.data.sources.hash_rows`, with the comparison kinds fixed once for all splits from the first 10,000
+rows), plus the label, group and time columns. The client receives 8 bytes of fingerprint a row and the label and
+group columns, concatenated in partition order into the same :class:`~tropt.data.sources.SplitData` the pandas path
+builds; the wide feature columns never leave the workers. On a ``distributed`` Client the partitions' summaries also
+stay on the workers as futures, and two checks reduce there with the in-memory path's own functions:
+``data.exact_duplicates`` joins the fingerprints by bucket (:func:`distributed_exact_stats`, a hash join whose
+buckets are joined by :func:`tropt.data.duplicates.exact_join` and merged by position) and ``data.temporal_leakage``
+reduces a date or number time column per partition (min/max, rows before each end, histograms; that column is then
+not gathered). The other checks run their one implementation on the gathered columns, so results, counts and
+evidence rows are those of the same rows in memory. The row sample for the single-feature models is the in-memory
+path's own uniform sample (bottom-k of a seeded hash of the row position, chosen from the row count alone), taken
+in a second pass. The numeric matrix for the near-duplicate search is built only for splits small enough to gather.
+
+The scheduler is the user's: the current ``dask.distributed`` Client when there is one, else Dask's default (local)
+scheduler. ``dask`` is imported only when a split needs it (the ``tropt[dask]`` extra).
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import DataError
+
+HEAD_ROWS = 10_000  # rows the comparison kinds are taken from: what the pandas path reads of a DataFrame
+_GLOB_CHARS = ("*", "?", "[")
+_EXTRA = "pip install 'tropt[dask]'"
+
+
+# ---------------------------------------------------------------------------------------------------- detection
+def is_dask_frame(obj: Any) -> bool:
+    """Whether ``obj`` is a Dask DataFrame or Series (told by its type, without importing dask)."""
+    mod = type(obj).__module__ or ""
+    return (mod == "dask" or mod.startswith("dask.")) and hasattr(obj, "npartitions") and hasattr(obj, "to_delayed")
+
+
+def is_dataset_path(path: str) -> bool:
+    """Whether a path names a Parquet dataset for Dask: a glob, an fsspec URL, or a local directory (the last only
+    when dask is installed; without it a directory is still streamed by pyarrow on this machine)."""
+    if "://" in path:
+        return True
+    if os.path.exists(path):  # taken literally, even when its name holds glob characters ("runs[1].csv")
+        return os.path.isdir(path) and _has_dask()
+    return any(c in path for c in _GLOB_CHARS)
+
+
+def _has_dask() -> bool:
+    try:
+        import dask.dataframe  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _dask():
+    """The ``dask`` module (with dask.dataframe), or a DataError naming the extra to install."""
+    try:
+        import dask
+        import dask.dataframe  # noqa: F401
+    except ImportError as exc:
+        raise DataError(f"a Dask split (a Dask DataFrame, a Parquet glob or URL) needs dask, which is not installed ({exc})",
+                        f"install the extra: {_EXTRA}") from None
+    return dask
+
+
+def current_client() -> Any:
+    """The current ``dask.distributed`` Client, or None (then Dask's default local scheduler runs the graph).
+    ``distributed`` is only asked when it is already imported: a user with a Client has imported it."""
+    if "distributed" not in sys.modules:
+        return None
+    try:
+        from distributed.client import _get_global_client
+    except ImportError:  # pragma: no cover - a distributed without the helper
+        return None
+    return _get_global_client()
+
+
+def compute(*tasks: Any) -> tuple:
+    """Compute Dask objects on the user's scheduler: the current Client when there is one, else Dask's default."""
+    client = current_client()
+    if client is not None:
+        return tuple(client.gather(client.compute(list(tasks))))
+    return _dask().compute(*tasks)
+
+
+def _show_progress(futures: list, desc: str, progress: bool) -> None:
+    """A tqdm bar over the partitions as the cluster finishes them (returns when all are done)."""
+    if not progress:
+        return
+    from distributed import as_completed
+    from tqdm.auto import tqdm
+
+    for _ in tqdm(as_completed(futures), total=len(futures), desc=desc, leave=False):
+        pass
+
+
+def _local_progress(total: int, desc: str, progress: bool) -> Any:
+    """A tqdm bar over the partitions on Dask's local scheduler (a scheduler callback counts the map's tasks)."""
+    from contextlib import nullcontext
+
+    if not progress:
+        return nullcontext()
+    from dask.callbacks import Callback
+    from tqdm.auto import tqdm
+
+    class _Bar(Callback):
+        def _start(self, dsk):
+            self.bar = tqdm(total=total, desc=desc, leave=False)
+
+        def _posttask(self, key, result, dsk, state, worker_id):
+            if "_summarise" in str(key):
+                self.bar.update(1)
+
+        def _finish(self, dsk, state, errored):
+            self.bar.close()
+
+    return _Bar()
+
+
+# ---------------------------------------------------------------------------------------------------- datasets
+def _files(path: str, name: str) -> tuple[Any, list[str]]:
+    """(filesystem, data files) of a Parquet dataset path; a glob or directory that holds none is a DataError."""
+    from fsspec.core import url_to_fs
+
+    fs, root = url_to_fs(path)
+    globbed = any(c in path for c in _GLOB_CHARS) and not fs.exists(root)
+    if globbed:  # a pattern may match files, or directories (of hive partitions) whose files all count
+        found = []
+        for p, info in fs.glob(root, detail=True).items():
+            found.extend(fs.find(p) if info.get("type") == "directory" else [p])
+    elif fs.isdir(root):
+        found = fs.find(root)
+    elif fs.exists(root):
+        found = [root]
+    else:
+        raise DataError(f"split {name!r}: {path!r} does not exist", "check the path or URL (relative paths start at the current directory)")
+    # Dask and pyarrow skip metadata and hidden files (_metadata, _SUCCESS, .crc): so does the schema check.
+    files = sorted(f for f in found if not any(part.startswith(("_", ".")) for part in f.rstrip("/").split("/")[-1:]))
+    if not files:
+        what = f"the glob {path!r} matches no files" if globbed else f"the directory {path!r} holds no Parquet files (it has no columns)"
+        raise DataError(f"split {name!r}: {what}",
+                        "check the pattern and the directory (a glob is matched against file names, e.g. 'data/train/*.parquet' "
+                        "or 'data/train/**/*.parquet' for hive partitions)")
+    return fs, files
+
+
+def check_schemas(path: str, name: str) -> None:
+    """Raise a DataError naming the columns whose presence or type differs between the dataset's files (read from the
+    footers only). Dask reads every partition with the first file's schema, and a file that disagrees fails later
+    with a message that names neither the file nor the column."""
+    import pyarrow.parquet as pq
+
+    fs, files = _files(path, name)
+    schemas = []
+    for f in files:
+        try:
+            with fs.open(f, "rb") as fh:
+                schemas.append(pq.read_schema(fh))
+        except Exception as exc:  # noqa: BLE001 - pyarrow's own reason is the useful part
+            raise DataError(f"split {name!r}: cannot read {f!r} as Parquet: {type(exc).__name__}: {exc}",
+                            "remove or re-export that file (only Parquet files belong in the dataset's directory)") from exc
+    base = {fld.name: fld.type for fld in schemas[0]}
+    for f, sch in zip(files[1:], schemas[1:]):
+        cols = {fld.name: fld.type for fld in sch}
+        differ = [c for c in dict.fromkeys([*base, *cols]) if c not in base or c not in cols or not base[c].equals(cols[c])]
+        if differ:
+            detail = "; ".join(f"{c!r}: {base.get(c, 'absent')} vs {cols.get(c, 'absent')}" for c in differ)
+            raise DataError(f"split {name!r}: the dataset's files have different schemas; columns that differ between "
+                            f"{files[0]!r} and {f!r}: {detail}",
+                            "rewrite the partitions with one schema (the same columns and types, e.g. cast in pyarrow "
+                            "before writing), or pass a Dask DataFrame that casts them: dd.read_parquet(...).astype({...})")
+
+
+def read_dataset(path: str, name: str) -> Any:
+    """A Parquet dataset path (directory, glob or fsspec URL; hive partitions become columns) as a Dask DataFrame,
+    after the files' schemas are checked to agree."""
+    dask = _dask()  # noqa: F841 - the error names the extra before fsspec/pyarrow are asked
+    check_schemas(path, name)
+    import dask.dataframe as dd
+
+    try:
+        return dd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - dask/pyarrow name the reason; the split and the path come from here
+        raise DataError(f"split {name!r}: cannot read {path!r} as a Parquet dataset: {type(exc).__name__}: {exc}",
+                        "check that the path holds Parquet files with one schema") from exc
+
+
+# ---------------------------------------------------------------------------------------------------- map
+def _summarise(part: pd.DataFrame, feats: list, kinds: dict, label: Any, group: Any, time: Any, with_index: bool) -> dict:
+    """One partition's fingerprints, role columns and index (the map step; runs on a worker)."""
+    from .sources import hash_rows
+
+    out: dict = {"n": len(part), "fp": hash_rows(part, feats, kinds) if len(part) else np.empty(0, dtype=np.uint64)}
+    for role, col in (("label", label), ("group", group), ("time", time)):
+        if col is not None:
+            out[role] = part[col].copy()  # its own memory: a column of a partition is a view of the partition's block
+    if with_index:
+        out["index"] = part.index.to_numpy()
+    return out
+
+
+def _without(summary: dict, keys: tuple) -> dict:
+    return {k: v for k, v in summary.items() if k not in keys}
+
+
+def _reducible_time(dtype: Any) -> bool:
+    """Whether a time column can be summarised per partition: dates or numbers (a text column is parsed as a whole,
+    with a rule on the share of values that fail to parse)."""
+    from ._common import _is_num
+
+    return pd.api.types.is_datetime64_any_dtype(dtype) or _is_num(pd.Series([], dtype=dtype))
+
+
+def _take(part: pd.DataFrame, positions: np.ndarray, cols: list, label: Any) -> pd.DataFrame:
+    """The rows at ``positions`` of one partition, in the sample's layout (the label renamed as the pandas path does)."""
+    from .sources import _LABEL
+
+    rows = part[cols].iloc[positions]
+    return rows.rename(columns={label: _LABEL}) if label is not None else rows
+
+
+def _first_rows(part: pd.DataFrame, rows: int) -> pd.DataFrame:
+    return part.iloc[:rows]
+
+
+def head(ddf: Any, cols: list, rows: int = HEAD_ROWS) -> pd.DataFrame:
+    """The first ``rows`` rows of ``cols``, reading partitions in order only until there are enough."""
+    got, n = [], 0
+    first = _dask().delayed(_first_rows, pure=True)
+    for part in ddf[cols].to_delayed():  # lazily: only the partitions computed below are read
+        (part,) = compute(first(part, rows - n))  # cut on the worker: 10,000 rows travel, not the partition
+        got.append(part)
+        n += len(part)
+        if n >= rows:
+            break
+    frame = got[0] if len(got) == 1 else pd.concat(got)
+    return frame.iloc[:rows]
+
+
+def _sample_positions(n: int, k: int) -> np.ndarray:
+    """The row positions of the pandas path's sample (:class:`tropt.data.sources._Sampler`): the ``k`` smallest
+    seeded hashes of the positions 0..n-1, in position order. Depends on ``n`` only, so no data is read to choose."""
+    from .sources import mix
+
+    if n <= k:
+        return np.arange(n)
+    best_keys, best_pos = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
+    step = 8_000_000
+    for a in range(0, n, step):  # in slices: 100M keys at once would be 800 MB on the client
+        pos = np.arange(a, min(n, a + step), dtype=np.int64)
+        keys = mix(pos.astype(np.uint64) + np.uint64(12345))
+        keys, pos = np.concatenate([best_keys, keys]), np.concatenate([best_pos, pos])
+        if len(keys) > k:
+            pick = np.argpartition(keys, k)[:k]
+            keys, pos = keys[pick], pos[pick]
+        best_keys, best_pos = keys, pos
+    return np.sort(best_pos)
+
+
+def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label: Any, group: Any, time: Any,
+              needs: frozenset, numeric_rows: int | None = None, progress: bool = False) -> Any:
+    """Summarise a Dask split into a :class:`~tropt.data.sources.SplitData` (see the module docstring).
+
+    The numeric matrix for the near-duplicate search is built only for splits of at most ``numeric_rows`` rows
+    (default :data:`~tropt.data.sources.EAGER_NUMERIC_ROWS`), from the gathered rows; larger splits have none."""
+    from dataclasses import replace
+
+    from .sources import EAGER_NUMERIC_ROWS, SplitData, scan
+
+    dask = _dask()
+    ddf = reader.ddf
+    wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
+    with_index = not reader.positions
+    summarise = dask.delayed(_summarise, pure=True)
+    tasks = [summarise(p, feats, kinds, label, group, time, with_index) for p in _partitions(ddf, wanted)]
+    client = current_client()
+    futures = None
+    if client is not None:  # the summaries stay on the workers too: the exact-copy join runs there, by bucket
+        futures = client.compute(tasks)
+        _show_progress(futures, f"tropt: fingerprinting {name} on the Dask cluster", progress)
+        # A date or number time column stays there too: data.temporal_leakage reduces it per partition.
+        keep = ("time",) if time is not None and _reducible_time(ddf.dtypes[time]) else ()
+        parts = client.gather([client.submit(_without, f, keep, pure=False) for f in futures] if keep else futures)
+        # One future per column and partition, so the join can let go of the fingerprints once it has cut them.
+        roles = ["fp"] + [r for r, c in (("label", label), ("time", time)) if c is not None]
+        futures = {r: [client.submit(operator.getitem, f, r, pure=False) for f in futures] for r in roles}
+    else:
+        with _local_progress(len(tasks), f"tropt: fingerprinting {name} with Dask", progress):
+            parts = compute(*tasks)
+    lengths = np.array([p["n"] for p in parts], dtype=np.int64)
+    n = int(lengths.sum())
+    if n == 0:
+        raise DataError(f"split {name!r} is empty (0 rows in {len(parts)} partition(s))", "pass a split with at least one row, or leave it out")
+    live = [p for p in parts if p["n"]]  # the pandas path skips empty chunks alike
+
+    def cat(role: str) -> pd.Series | None:
+        if role not in live[0]:
+            return None
+        pieces = [p[role] for p in live]
+        s = pieces[0] if len(pieces) == 1 else pd.concat(pieces, ignore_index=True)
+        return s.reset_index(drop=True)
+
+    fp = np.concatenate([p["fp"] for p in live])
+    row_id = np.concatenate([p["index"] for p in live]) if with_index else np.arange(n)
+    label_s, group_s, time_s = cat("label"), cat("group"), cat("time")
+    del parts, live
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    small = numeric_rows if numeric_rows is not None else EAGER_NUMERIC_ROWS
+    if "numeric" in needs and n <= small:
+        # Small enough to hold: the near-duplicate vectors (and the sample) come from the in-memory scan of the
+        # gathered rows, so a small Dask split gives the very report its pandas copy gives.
+        (frame,) = compute(ddf[wanted])
+        frame = frame.reset_index(drop=True) if reader.positions else frame
+        data = scan(frame, name, opts, kinds, False, needs, numeric_rows)
+        return replace(data, kind=reader.kind, dask_parts=futures, dask_offsets=offsets)
+    sample = None
+    if "sample" in needs:
+        sample = _sample(ddf, wanted, feats, label, lengths, dask)
+    numeric_cols = [c for c in feats if kinds[c] == "numeric"]
+    return SplitData(
+        name=name, kind=reader.kind, n=n, row_id=row_id, fp=fp, label=label_s, group=group_s, time=time_s,
+        numeric=None, numeric_columns=numeric_cols,
+        numeric_note=f"a Dask split of more than {small:,} rows: its near-duplicate vectors are not gathered",
+        tabular=True, sample=sample, feature_columns=feats, kinds=dict(kinds),
+        # "numeric" is claimed (as not available) so a check asking for it does not scan the cluster again
+        has=frozenset({"numeric", *(["sample"] if "sample" in needs else [])}),
+        dask_parts=futures, dask_offsets=offsets,
+    )
+
+
+def _partitions(ddf: Any, columns: list) -> list:
+    """The partitions of ``ddf[columns]`` as Delayed objects. Every pass over a split uses the same projection:
+    Dask's optimiser fuses small Parquet partitions depending on the columns read (3 files read as 2 partitions when
+    fewer columns are asked for), so row positions are only comparable between passes that read the same columns."""
+    return ddf[columns].to_delayed()
+
+
+def _sample(ddf: Any, wanted: list, feats: list, label: Any, lengths: np.ndarray, dask: Any) -> pd.DataFrame:
+    """The pandas path's uniform row sample, taken from the partitions that hold its rows (a second pass over the
+    feature columns: 20,000 rows spread over the partitions usually touch every one)."""
+    from .sources import SAMPLE_ROWS
+
+    positions = _sample_positions(int(lengths.sum()), SAMPLE_ROWS)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    cols = feats + ([label] if label is not None else [])
+    take = dask.delayed(_take, pure=True)
+    tasks = []
+    parts = _partitions(ddf, wanted)  # the first pass's partitions: the positions below are theirs
+    if len(parts) != len(lengths):  # pragma: no cover - a Dask change in how it plans the same read
+        raise DataError("a Dask split's partitions changed between two reads of the same columns",
+                        "report this to tropt; meanwhile pass the split as a pandas DataFrame")
+    for i, part in enumerate(parts):
+        lo, hi = np.searchsorted(positions, [bounds[i], bounds[i + 1]])
+        if hi > lo:
+            tasks.append(take(part, positions[lo:hi] - bounds[i], cols, label))
+    pieces = compute(*tasks)
+    frame = pieces[0] if len(pieces) == 1 else pd.concat(pieces)
+    return frame.reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------------- exact join
+BUCKET_ROWS = 4_000_000  # rows per fingerprint bucket of the distributed join: its hash table fits a worker easily
+
+
+def _bucketise(fp: np.ndarray, label: pd.Series | None, buckets: int) -> list:
+    """One partition's rows cut by fingerprint bucket: (fingerprints, row numbers in the partition, labels) per
+    bucket (runs on a worker). Labels travel as values (an int8 label is 1 byte a row) and are hashed in the join."""
+    which = fp % np.uint64(buckets)
+    out = []
+    for b in range(buckets):
+        idx = np.flatnonzero(which == np.uint64(b)).astype(np.uint32)
+        out.append((fp[idx], idx, label.iloc[idx] if label is not None else None))
+    return out
+
+
+def _join_bucket(per_split: list, offsets: list, label_kind: str | None, max_evidence: int) -> dict:
+    """:func:`tropt.data.duplicates.exact_join` on one bucket: ``per_split[s]`` holds split ``s``'s pieces of it in
+    partition order, ``offsets[s]`` those partitions' first row positions (runs on a worker)."""
+    from .duplicates import exact_join
+    from .sources import hash_column
+
+    fps, pos, lhs = [], [], []
+    for pieces, offs in zip(per_split, offsets):
+        fps.append(np.concatenate([p[0] for p in pieces]))
+        pos.append(np.concatenate([p[1].astype(np.int64) + int(o) for p, o in zip(pieces, offs)]))
+        if label_kind is not None:
+            lab = [p[2] for p in pieces]
+            lhs.append(hash_column(pd.concat(lab, ignore_index=True) if len(lab) > 1 else lab[0].reset_index(drop=True), label_kind))
+    return exact_join(fps, pos, lhs if label_kind is not None else None, max_evidence)
+
+
+def distributed_exact_stats(datas: list, labels: list | None, max_evidence: int) -> dict:
+    """The exact-copy join of Dask splits on the workers that hold their partitions' fingerprints: every partition
+    cut into fingerprint buckets, each bucket joined by :func:`tropt.data.duplicates.exact_join` on a worker, the
+    buckets' small results merged here. Equal fingerprints share a bucket, so the result is the in-memory one."""
+    from ._common import _label_kind
+    from .duplicates import merge_exact
+
+    client = current_client()
+    if client is None:  # the Client closed since the scan: join in memory (the fingerprints are here too)
+        from ._common import _canon_hashes
+        from .duplicates import exact_join
+
+        lhs = _canon_hashes(labels, [d.name for d in datas]) if labels is not None else None
+        return exact_join([d.fp for d in datas], None, lhs, max_evidence)
+    kind = _label_kind(labels, [d.name for d in datas]) if labels is not None else None
+    buckets = max(1, -(-sum(d.n for d in datas) // BUCKET_ROWS))
+    cut = []
+    for d in datas:
+        labels_of = d.dask_parts.get("label") if kind is not None else None
+        cut.append([client.submit(_bucketise, f, labels_of[i] if labels_of else None, buckets, pure=False)
+                    for i, f in enumerate(d.dask_parts["fp"])])
+        # The workers may now free each partition's fingerprints and labels as soon as they are cut (a later
+        # exact-copy check on these splits joins the client's copy of the fingerprints in memory instead).
+        d.dask_parts["fp"] = d.dask_parts["label"] = None
+    offsets = [[int(o) for o in d.dask_offsets] for d in datas]
+    # Bucket b of a partition is its own small task (on the partition's worker), so a bucket's join fetches only
+    # its own slice of each partition: the fingerprints move once, as in a shuffle.
+    joins = [client.submit(_join_bucket, [[client.submit(operator.getitem, c, b, pure=False) for c in parts] for parts in cut],
+                           offsets, kind, max_evidence, pure=False) for b in range(buckets)]
+    results = client.gather(joins)
+    del cut, joins
+    return merge_exact(results, max_evidence) if len(results) > 1 else results[0]
+
+
+# ---------------------------------------------------------------------------------------------------- time reduce
+def _part_times(time: pd.Series) -> tuple[np.ndarray, bool]:
+    from .leakage import _times
+
+    return _times(time, "", None)
+
+
+def _part_time_summary(time: pd.Series) -> dict:
+    from .leakage import time_summary
+
+    return time_summary(*_part_times(time))
+
+
+def _part_rows_before(time: pd.Series, offset: int, ends: list, max_evidence: int) -> list:
+    from .leakage import rows_before
+
+    t, _ = _part_times(time)
+    return rows_before(t, np.arange(offset, offset + len(t), dtype=np.int64), ends, max_evidence)
+
+
+def _part_histogram(time: pd.Series, edges: np.ndarray) -> np.ndarray:
+    t, _ = _part_times(time)
+    return np.histogram(t[np.isfinite(t)], bins=edges)[0]
+
+
+def _client_for(d: Any) -> Any:
+    client = current_client()
+    if client is None:
+        raise DataError(f"split {d.name!r}: its time column is held by a Dask Client that has closed since the split was read",
+                        "keep the Client open while the checks run (or read the split again)")
+    return client
+
+
+def distributed_time_summary(d: Any, time: Any) -> dict:
+    """Min, max and finite count of a split's times, per partition on the workers, reduced here."""
+    from .leakage import merge_time_summaries
+
+    client = _client_for(d)
+    return merge_time_summaries(client.gather([client.submit(_part_time_summary, f, pure=False) for f in d.dask_parts["time"]]))
+
+
+def distributed_rows_before(d: Any, stat: dict, ends: list, max_evidence: int) -> list:
+    """Rows dated before each end (count and first evidence), per partition on the workers, merged by time then row."""
+    from .leakage import merge_rows_before
+
+    client = _client_for(d)
+    parts = client.gather([client.submit(_part_rows_before, f, int(o), ends, max_evidence, pure=False)
+                           for f, o in zip(d.dask_parts["time"], d.dask_offsets)])
+    return merge_rows_before(parts, max_evidence)
+
+
+def distributed_time_histogram(d: Any, edges: np.ndarray) -> np.ndarray:
+    """Counts of the split's finite times on ``edges``: the partitions' histograms, summed."""
+    client = _client_for(d)
+    return np.sum(client.gather([client.submit(_part_histogram, f, edges, pure=False) for f in d.dask_parts["time"]]), axis=0)
