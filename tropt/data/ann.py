@@ -55,7 +55,7 @@ def ivf_lists(n: int) -> int:
 
 def build(ref: np.ndarray, nprobe: int | None = None, seed: int = 0, train_rows: int = 64) -> Index:
     """An inner-product IVF-Flat index on ``ref`` (float32 unit rows). ``nprobe`` lists are searched per query
-    (default: nlist / 64, at least 8): a near copy sits in its original's list or a neighbouring one, so a few lists
+    (default: nlist / 128, at least 8; :func:`tune` raises it): a near copy sits in its original's list or a neighbouring one, so a few lists
     find it while most of the data is never touched. k-means trains on ``train_rows`` points per list."""
     faiss = require_faiss(f"near-duplicate search among {len(ref):,} rows")
     ref = np.ascontiguousarray(ref, dtype=np.float32)
@@ -68,7 +68,7 @@ def build(ref: np.ndarray, nprobe: int | None = None, seed: int = 0, train_rows:
     index.cp.seed = seed  # k-means initialisation: the same index for the same data
     index.train(train)
     index.add(ref)
-    probe = int(min(nlist, nprobe if nprobe is not None else max(8, nlist // 64)))
+    probe = int(min(nlist, nprobe if nprobe is not None else max(8, nlist // 128)))
     index.nprobe = probe
     gpu = faiss.get_num_gpus() > 0
     if gpu:  # the GPU build: the same index, searched on every visible GPU
@@ -198,3 +198,47 @@ def hamming_self_nearest(bits: np.ndarray, max_queries: int = 2048) -> np.ndarra
     flat.add(codes)
     d, i = flat.search(codes[idx], 2)
     return np.where(i[:, 0] == idx, d[:, 1], d[:, 0]).astype(np.int64)
+
+
+def probes(ref: np.ndarray, threshold: float, size: int, seed: int = 0) -> np.ndarray:
+    """``size`` sampled non-zero rows of ``ref`` each turned by exactly ``arccos(threshold)`` in a random
+    direction: queries whose exact nearest neighbour is known to be at least ``threshold`` similar (the row they
+    came from), so the index's recall at the threshold can be measured even when the data hold no near copy."""
+    nonzero = np.flatnonzero(np.einsum("ij,ij->i", ref, ref) > 0.5)
+    if not nonzero.size or size <= 0:
+        return np.empty((0, ref.shape[1]), dtype=np.float32)
+    rows = nonzero[sample_rows(len(nonzero), size, seed)]
+    r = ref[rows].astype(np.float64)
+    u = np.random.default_rng(seed).standard_normal(r.shape)
+    u -= np.einsum("ij,ij->i", u, r)[:, None] * r  # orthogonal to the row
+    u /= np.maximum(np.linalg.norm(u, axis=1, keepdims=True), 1e-12)
+    t = float(np.clip(threshold, -1.0, 1.0))
+    return (t * r + np.sqrt(1.0 - t * t) * u).astype(np.float32)
+
+
+def probe_recall(index: Index, ref: np.ndarray, threshold: float, size: int, seed: int = 0) -> tuple[int, int]:
+    """(probes the index found at or above ``threshold``, probes): see :func:`probes`."""
+    p = probes(ref, threshold, size, seed)
+    if not len(p):
+        return 0, 0
+    best, _ = nearest(index, p)
+    return int(np.sum(best >= threshold - RECALL_TOLERANCE)), len(p)
+
+
+def tune(index: Index, ref: np.ndarray, threshold: float, size: int = 1000, target: float = 0.99) -> Index:
+    """Double ``nprobe`` until probes at ``threshold`` are found at rate ``target`` (or every list is searched)."""
+    while True:
+        found, total = probe_recall(index, ref, threshold, size, seed=1)  # other probes than the reported ones
+        if not total or found / total >= target or index.nprobe >= index.nlist:
+            return index
+        index.nprobe = min(index.nlist, 2 * index.nprobe)
+        _set_nprobe(index.index, index.nprobe)
+
+
+def _set_nprobe(index: Any, nprobe: int) -> None:
+    try:
+        index.nprobe = nprobe
+    except AttributeError:  # a GPU index: set through the parameter space
+        import faiss
+
+        faiss.GpuParameterSpace().set_index_parameter(index, "nprobe", nprobe)

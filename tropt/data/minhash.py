@@ -203,6 +203,10 @@ class TextMatches:
     bands: int
     rows: int
 
+    def collision_probability(self, jaccard: float) -> float:
+        """Probability that a pair of this Jaccard similarity becomes a candidate (shares a band)."""
+        return float(1.0 - (1.0 - jaccard ** self.rows) ** self.bands)
+
     @property
     def method(self) -> str:
         return f"MinHash LSH ({NUM_PERM} permutations, {self.bands} bands of {self.rows}, {SHINGLE}-character shingles)"
