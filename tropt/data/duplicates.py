@@ -586,7 +586,8 @@ def _say_index(metrics: dict, methods: dict, recalls: list, big: bool, total: in
                min_recall: float, summary: str, advice: list) -> tuple[str, list]:
     """Record how the index searched and say it in the summary; a low recall also in the advice."""
     metrics["method"] = "; ".join(methods.values())
-    why = (f"{total:,} rows, above the exact-search limit ({max_auto_rows:,}) or cost" if big else "search='index'")
+    why = (f"{total:,} rows, above the exact-search limit of {max_auto_rows:,}" if total > max_auto_rows
+           else "exact search above its cost limit (max_auto_cost)" if big else "search='index'")
     said = f"; searched with an approximate index ({why}): {metrics['method']}"
     if recalls:
         metrics["recall"] = float(min(recalls))
