@@ -48,9 +48,11 @@ class Index:
 
 
 def ivf_lists(n: int) -> int:
-    """Inverted lists for ``n`` vectors: ~4 sqrt(n) (FAISS's guideline), at least 1, and at least 39 training
-    points per list (fewer makes k-means warn and its centroids poor)."""
-    return int(max(1, min(4 * np.sqrt(n), n // 39)))
+    """Inverted lists for ``n`` vectors: ~sqrt(n), at least 1, and at least 39 training points per list (fewer makes
+    k-means warn). Adding the rows costs n x lists and searching each query nprobe/lists x n: with about as many
+    query rows as reference rows and a small nprobe, sqrt(n) keeps both small (FAISS's 4 sqrt(n) guideline is for
+    far more queries per reference row)."""
+    return int(max(1, min(np.sqrt(n), n // 39)))
 
 
 def build(ref: np.ndarray, nprobe: int | None = None, seed: int = 0, train_rows: int = 40) -> Index:

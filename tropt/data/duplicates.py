@@ -365,7 +365,7 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
         # The yardstick is how close the earlier split's own rows are to each other: when most of the later split is
         # near copies, its own nearest-neighbour distances are the copies' and would hide them.
         if has_vectors and earlier.name not in typical_of:
-            typical_of[earlier.name] = _typical_angle(prepared[earlier.name], dev)
+            typical_of[earlier.name] = _typical_angle(prepared[earlier.name], dev, use_index)
         # Far closer than rows typically are: the expected share of unrelated rows that close falls like
         # ratio**(dim-1), so low-dimensional data gets a smaller ratio (false positives below ~1e-5 per row).
         ratio = min(calibration, 1e-5 ** (1.0 / max(vec_dim - 1, 1)))
@@ -425,7 +425,7 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
             # is blind to brightness and contrast like the hash, is also far closer than the earlier split's own
             # nearest neighbours are.
             if earlier.name not in corr_typical_of:
-                corr_typical_of[earlier.name] = _typical_angle(standardised[earlier.name], dev)
+                corr_typical_of[earlier.name] = _typical_angle(standardised[earlier.name], dev, use_index)
             typical_c = corr_typical_of[earlier.name]
             cthr = max(min_similarity, float(np.cos(hash_confirm * typical_c))) if typical_c is not None else min_similarity
             corr = nb.pair_similarity(standardised[later.name][cand], standardised[earlier.name][harg[cand]])
@@ -515,15 +515,18 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
 
 
 # ------------------------------------------------------------------------------- near duplicates: search helpers
-CALIBRATION_COST = 2e11  # multiply-adds of the exact self-nearest search that calibrates the threshold
+# multiply-adds of the exact self-nearest search that calibrates the threshold with the index: 2,048 queries (as
+# for exact search) up to ~380k rows x 64 dimensions, fewer (at least 256) beyond
+CALIBRATION_COST = 5e10
 
 
-def _typical_angle(vectors: np.ndarray, device: str) -> float | None:
-    """Median angle between sampled rows of one split and their nearest other row (exact search, as many queries
-    as ~CALIBRATION_COST allows, 256 to 2048): the yardstick of the threshold. None when every row is an exact copy."""
+def _typical_angle(vectors: np.ndarray, device: str, capped: bool = False) -> float | None:
+    """Median angle between up to 2,048 sampled rows of one split and their nearest other row (exact search; with
+    ``capped``, as many queries as CALIBRATION_COST allows, at least 256): the yardstick of the threshold. None when
+    every row is an exact copy."""
     from . import neighbours as nb
 
-    queries = int(np.clip(CALIBRATION_COST / max(1, vectors.size), 256, 2048))
+    queries = int(np.clip(CALIBRATION_COST / max(1, vectors.size), 256, 2048)) if capped else 2048
     own = np.arccos(nb.self_nearest(vectors, max_queries=queries, device=device))
     own = own[own > 1e-3]
     return float(np.median(own)) if own.size else None
