@@ -1,7 +1,7 @@
 """Approximate nearest neighbours with FAISS for data.near_duplicates beyond exact-search sizes.
 
 An inverted-file index (IVF-Flat, inner product on the same unit vectors the exact search uses) on the earlier
-split, its recall measured against exact search (``IndexFlatIP``) on a sample of query rows, and average hashes in
+split, its recall measured against exact brute-force search on a sample of query rows, and average hashes in
 a multi-index binary hash table (exact for every Hamming distance below its number of tables). FAISS's GPU build is
 used where it sees a GPU. faiss is an optional extra (``tropt[ann]``), imported only here and only when needed.
 """
@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import MissingDependencyError
 
 RECALL_TOLERANCE = 1e-5  # an approximate neighbour as similar as the exact one, within float32 rounding, is a hit
+PROBES = 2000  # probes at the threshold measuring the recall (besides the sampled real rows)
 SEARCH_ROWS = 65_536  # query rows per search call (bounds the result buffers and drives the progress bar)
 
 
@@ -57,8 +58,9 @@ def ivf_lists(n: int) -> int:
 
 def build(ref: np.ndarray, nprobe: int | None = None, seed: int = 0, train_rows: int = 40) -> Index:
     """An inner-product IVF-Flat index on ``ref`` (float32 unit rows). ``nprobe`` lists are searched per query
-    (default: nlist / 128, at least 8; :func:`tune` raises it): a near copy sits in its original's list or a neighbouring one, so a few lists
-    find it while most of the data is never touched. k-means trains on ``train_rows`` points per list."""
+    (default 1; :func:`tune` raises it until probes at the threshold are found): a near copy sits in its
+    original's list or a neighbouring one, so a few lists find it while most of the data is never touched. k-means
+    trains on ``train_rows`` points per list."""
     faiss = require_faiss(f"near-duplicate search among {len(ref):,} rows")
     ref = np.ascontiguousarray(ref, dtype=np.float32)
     n, d = ref.shape
@@ -71,7 +73,7 @@ def build(ref: np.ndarray, nprobe: int | None = None, seed: int = 0, train_rows:
     index.cp.niter = 10  # rough centroids suffice: a near copy shares its original's list whatever the partition
     index.train(train)
     index.add(ref)
-    probe = int(min(nlist, nprobe if nprobe is not None else max(8, nlist // 128)))
+    probe = int(min(nlist, nprobe if nprobe is not None else 1))
     index.nprobe = probe
     gpu = faiss.get_num_gpus() > 0
     if gpu:  # the GPU build: the same index, searched on every visible GPU
@@ -115,13 +117,12 @@ def self_nearest_rows(index: Index, ref: np.ndarray, max_queries: int = 2048) ->
     return idx[keep], other[keep]
 
 
-def exact(ref: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Exact largest inner product of each query row among ``ref`` (``IndexFlatIP``, brute force) and its position."""
-    faiss = require_faiss("measuring the index's recall")
-    flat = faiss.IndexFlatIP(ref.shape[1])
-    flat.add(np.ascontiguousarray(ref, dtype=np.float32))
-    sims, pos = flat.search(np.ascontiguousarray(query, dtype=np.float32), 1)
-    return np.clip(sims[:, 0], -1.0, 1.0), pos[:, 0]
+def exact(ref: np.ndarray, query: np.ndarray, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """Exact largest inner product of each query row among ``ref`` and its position: brute force, by tropt's exact
+    search (blocked torch matrix products, :func:`tropt.data.neighbours.nearest`), the search the index replaces."""
+    from . import neighbours as nb
+
+    return nb.nearest(query, ref, device)
 
 
 def sample_rows(n: int, size: int, seed: int = 0) -> np.ndarray:
@@ -141,15 +142,15 @@ class Recall:
     near_recall: float | None  # share of those the index also found at or above the threshold (None: none sampled)
 
 
-def recall(ref: np.ndarray, query: np.ndarray, approx_best: np.ndarray, threshold: float, size: int = 2000,
-           seed: int = 0) -> Recall:
+def recall(ref: np.ndarray, query: np.ndarray, approx_best: np.ndarray, threshold: float, size: int = 1000,
+           seed: int = 0, device: str = "cpu") -> Recall:
     """Recall of the approximate search (``approx_best``: its similarity per query row) against exact brute-force
     search on ``size`` sampled query rows: recall@1 (ties within float32 rounding count as hits) and, what the
     verdict depends on, the share of the sampled near duplicates (exact similarity >= ``threshold``) it found."""
     rows = sample_rows(len(query), size, seed)
     if not len(rows):
         return Recall(0, 1.0, 0, None)
-    truth, _ = exact(ref, query[rows])
+    truth, _ = exact(ref, query[rows], device)
     got = approx_best[rows]
     hit = got >= truth - RECALL_TOLERANCE
     near = truth >= threshold
@@ -228,7 +229,7 @@ def probe_recall(index: Index, ref: np.ndarray, threshold: float, size: int, see
     return int(np.sum(best >= threshold - RECALL_TOLERANCE)), len(p)
 
 
-def tune(index: Index, ref: np.ndarray, threshold: float, size: int = 1000, target: float = 0.99) -> Index:
+def tune(index: Index, ref: np.ndarray, threshold: float, size: int = 2000, target: float = 0.995) -> Index:
     """Double ``nprobe`` until probes at ``threshold`` are found at rate ``target`` (or every list is searched)."""
     while True:
         found, total = probe_recall(index, ref, threshold, size, seed=1)  # other probes than the reported ones

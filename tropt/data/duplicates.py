@@ -242,7 +242,7 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
                           hash_calibration: float = 0.1, hash_confirm: float = 0.3, max_fraction: float = 0.01,
                           small_space: float = 10.0,
                           max_auto_rows: int = 200_000, max_auto_cost: float = 2e11, device: str | None = None,
-                          search: str = "auto", min_jaccard: float = 0.5, recall_sample: int = 2000,
+                          search: str = "auto", min_jaccard: float = 0.5, recall_sample: int = 1000,
                           min_recall: float = 0.95,
                           max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
     """Exact cosine nearest neighbour of every later-split row among each earlier split's rows.
@@ -271,7 +271,7 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     ``max_auto_rows`` rows and an estimated ``max_auto_cost`` multiply-adds (x50 on a GPU) and above that with an
     approximate index, and says so (``metrics["method"]``): FAISS IVF-Flat on the same vectors, the threshold
     calibrated as for exact search, its recall at the threshold measured against exact brute force on
-    ``recall_sample`` sampled later rows plus as many probes (earlier rows moved to exactly the threshold), a
+    ``recall_sample`` sampled later rows plus 2,000 probes (earlier rows moved to exactly the threshold), a
     recall below ``min_recall`` said in the summary; free text by MinHash LSH over 5-character shingles of the
     normalised text, every candidate verified by its exact shingle Jaccard (a near duplicate from ``min_jaccard``);
     average hashes in a FAISS multi-index binary hash table. ``search="exact"`` or ``"index"`` forces one. The index
@@ -399,7 +399,8 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
         else:
             flagged = best >= thr
         if use_index and not text_lsh:
-            rec = _measure_recall(indexes[earlier.name], prepared[earlier.name], prepared[later.name], best, thr, recall_sample)
+            rec = _measure_recall(indexes[earlier.name], prepared[earlier.name], prepared[later.name], best, thr,
+                                  recall_sample, dev)
             metrics.update({f"{k}.{key}": v for k, v in rec.items()})
             recalls.append(rec["recall"])
         match = arg.copy()
@@ -551,13 +552,14 @@ def _index_pairs(later, earlier, prepared: dict, indexes: dict, typical: float |
     return nb.pair_similarity(query, ref[arg]), arg
 
 
-def _measure_recall(index, ref: np.ndarray, query: np.ndarray, best: np.ndarray, thr: float, size: int) -> dict:
+def _measure_recall(index, ref: np.ndarray, query: np.ndarray, best: np.ndarray, thr: float, size: int,
+                    device: str = "cpu") -> dict:
     """The index's recall at the threshold against exact brute-force search: sampled later rows whose exact nearest
-    neighbour reaches ``thr`` plus as many probes (earlier rows turned to exactly ``thr``), and recall@1."""
+    neighbour reaches ``thr`` plus ann.PROBES probes (earlier rows turned to exactly ``thr``), and recall@1."""
     from . import ann
 
-    rec = ann.recall(ref, query, best.astype(np.float32), thr, size)
-    found, probes = ann.probe_recall(index, ref, thr, size)
+    rec = ann.recall(ref, query, best.astype(np.float32), thr, size, device=device)
+    found, probes = ann.probe_recall(index, ref, thr, ann.PROBES)
     near_found = round((rec.near_recall or 0.0) * rec.near_queries)
     total = rec.near_queries + probes
     return {"recall": (near_found + found) / total if total else 1.0, "recall_at_1": rec.recall,
