@@ -178,3 +178,20 @@ def test_a_missing_extra_is_named_and_becomes_an_error_result_in_diagnose(monkey
                             options={"data.near_duplicates": {"search": "index"}}, **kw)
     r = report["data.near_duplicates"]
     assert r.status is Status.ERROR and "tropt[ann]" in r.summary + " ".join(r.advice), r
+
+
+def test_minhash_beside_numbers_needs_the_numbers_to_be_near_copies_too():
+    """Text by MinHash, numbers by their block's cosine at the calibrated threshold: the same text with other numbers
+    is not a near duplicate; text and numbers copied are."""
+    rng = np.random.default_rng(5)
+    train = pd.DataFrame({"t": _sentences(3000, 5), "fare": rng.uniform(50, 900, 3000), "miles": rng.integers(100, 5000, 3000),
+                          "age": rng.integers(18, 90, 3000)})
+    test = pd.DataFrame({"t": _sentences(600, 6), "fare": rng.uniform(50, 900, 600), "miles": rng.integers(100, 5000, 600),
+                         "age": rng.integers(18, 90, 600)})
+    test.loc[:19, "t"] = [s.lower() for s in train["t"][:20]]  # same text, other numbers
+    test.loc[20:29, ["t", "fare", "miles", "age"]] = train.loc[100:109, ["t", "fare", "miles", "age"]].to_numpy()
+    test = test.astype(train.dtypes.to_dict())
+    r = check_near_duplicates({"train": train, "test": test}, search="index", progress=False)
+    ev = r.tables["near_duplicates"]
+    assert r.metrics["leaked_rows"] == 10 and sorted(ev["earlier_row"]) == list(range(100, 110)), r.summary
+    assert (ev["numeric_similarity"] >= r.metrics["numeric_threshold.test_in_train"]).all()

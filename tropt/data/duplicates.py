@@ -316,8 +316,6 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     text_lsh = use_text and use_index  # free text by MinHash LSH, not by trigram vectors
     dim = (num_dim if use_numeric else 0) + (nb.TEXT_DIM if use_text and not text_lsh else 0)
     vec_dim = dim + (1 if use_numeric and tabular else 0)  # the vectors compared (tables: + the constant component)
-    if text_lsh and not use_numeric:
-        dim, vec_dim = 0, 0
 
     # One unit vector per row: the numeric block (standardised with the first split's statistics) and/or the text
     # block (hashed trigrams of the normalised text), each weighted so that the cosine is their average.
@@ -389,15 +387,15 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
             nonexact = angle[angle > 1e-3]
             typical = float(np.median(nonexact)) if nonexact.size else float(np.pi / 2)
         thr = cut(typical) if vec_best is not None else float(min_jaccard)
-        thresholds.append(thr)
         if text_lsh:
             flagged = best >= min_jaccard
             if vec_best is not None:  # beside the text, the numbers must be near copies too
                 flagged &= vec_best >= thr
                 metrics[f"numeric_threshold.{key}"] = thr
-            thr = float(min_jaccard)
+            thr = float(min_jaccard)  # the pair's similarity is its shingle Jaccard
         else:
             flagged = best >= thr
+        thresholds.append(thr)
         if use_index and not text_lsh:
             rec = _measure_recall(indexes[earlier.name], prepared[earlier.name], prepared[later.name], best, thr,
                                   recall_sample, dev)
@@ -494,7 +492,12 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
                   "If these are legitimately similar but distinct samples, raise threshold= (the similarity cut-off)."]
     else:
         text = f"; text columns {metrics['text_columns']} compared as normalised text" if use_text else ""
-        summary = f"no near duplicates across splits (similarity threshold {_fmt_sim(metrics['threshold'])}, {dim} dimensions{text})"
+        if text_lsh:
+            numbers = f" and {num_dim} numeric columns" if use_numeric else ""
+            summary = (f"no near duplicates across splits (text columns {metrics['text_columns']}{numbers}; shingle "
+                       f"Jaccard threshold {metrics['threshold']:.2f})")
+        else:
+            summary = f"no near duplicates across splits (similarity threshold {_fmt_sim(metrics['threshold'])}, {dim} dimensions{text})"
         advice = []
     judged = worst
     if worst > max_fraction and tabular and any(r["of_which_exact"] for r in pair_rows):
