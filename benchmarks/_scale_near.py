@@ -115,7 +115,7 @@ def near(quick: bool = False, repeats: int = 3, sample: int = 100_000, rows: int
     print(f"  tropt check (search='auto'): {spread(times, 1, ' s')}  status={r.status.value}  method: {r.metrics.get('method')}")
     print(f"  found {correct} of {k} planted pairs (right earlier row), {false} other rows flagged; "
           f"threshold {r.metrics['threshold']:.6f}; the check's own recall {r.metrics.get('recall', float('nan')):.4f} "
-          f"(2,000 sampled rows + 2,000 probes at the threshold)")
+          f"({r.metrics.get('recall_sample.test_in_train')} sampled rows + {r.metrics.get('recall_probes.test_in_train')} probes at the threshold)")
 
     # the same prepared vectors as the check (first split's finite mean/std, a constant component of 1)
     mean, std = nb.finite_mean_std(train)
