@@ -17,7 +17,7 @@ exact search finds there, found by the index), >= 50x faster than exact search e
 text: re-cased, re-punctuated and one-word-changed copies; goals >= 99% found and 0 false pairs in an audit of
 1,000 reported pairs (a pair is false unless it is a planted pair or its texts differ in at most one word).
 peers: cleanlab ``Datalab(near_duplicate)`` on 50k x 64 vectors (its kNN graph is exact: 40 s here) and deepchecks
-NLP ``TrainTestSamplesMix`` (normalised-text hashing) on 200k texts, against tropt on the same data.
+NLP ``TrainTestSamplesMix`` (normalised-text hashing) on 100k texts, against tropt on the same data.
 All data is generated into a temporary directory and deleted.
 """
 
@@ -315,8 +315,8 @@ def peers(quick: bool = False, repeats: int = 3, tmp: str | None = None) -> dict
         for f in os.listdir(folder):
             os.remove(os.path.join(folder, f))
 
-        n = 20_000 if quick else 200_000
-        k = 100 if quick else 1000
+        n = 20_000 if quick else 100_000
+        k = 100 if quick else 500
         train, test, src = texts(int(n * 0.8), n - int(n * 0.8), k)
         pd.DataFrame({"text": train}).to_parquet(os.path.join(folder, "train.parquet"))
         pd.DataFrame({"text": test}).to_parquet(os.path.join(folder, "test.parquet"))
