@@ -3,7 +3,8 @@ ratios and counts (never asserts). Timings on the shared project machines are no
 
     python benchmarks/_scale_near.py --only near     # 1M x 64: 800k train / 200k test, 1,000 planted near-copies
     python benchmarks/_scale_near.py --only text     # 1M short texts: 800k / 200k, 1,000 planted near-copies
-    python benchmarks/_scale_near.py --only peers    # cleanlab Datalab and deepchecks at the sizes they run here
+    python benchmarks/_scale_near.py --only peers    # cleanlab Datalab (50k vectors), deepchecks (100k texts)
+    python benchmarks/_scale_near.py --only peers --big   # cleanlab 100k vectors, deepchecks 1M texts
     python benchmarks/_scale_near.py --quick ...     # a tenth of the sizes
 (also dispatched by ``benchmarks/bench_data_scale.py --only {near,text,peers,all}``; run with the project's
 ``.venv``: tropt needs faiss-cpu and datasketch; the peers run in ``.venv-peers`` as a subprocess.)
@@ -281,8 +282,11 @@ def _run_peer(kind: str, folder: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def peers(quick: bool = False, repeats: int = 3, tmp: str | None = None) -> dict:
-    """cleanlab (near-duplicate vectors) and deepchecks (near-duplicate text) against tropt on the same data."""
+def peers(quick: bool = False, repeats: int = 3, tmp: str | None = None, big: bool = False) -> dict:
+    """cleanlab (near-duplicate vectors) and deepchecks (near-duplicate text) against tropt on the same data.
+
+    ``big``: the larger sizes each peer still runs here (cleanlab 100k vectors, ~3 min; deepchecks 1M texts), one
+    run each; at 1M texts tropt has no exact search to compare (text beyond 200k rows always goes to MinHash)."""
     import numpy as np
     import pandas as pd
 
@@ -291,20 +295,20 @@ def peers(quick: bool = False, repeats: int = 3, tmp: str | None = None) -> dict
     watch = LoadWatch("peers")
     out = {}
     with tempfile.TemporaryDirectory(dir=tmp) as folder:
-        nt, nq, k = (16_000, 4_000, 200) if quick else (40_000, 10_000, 500)
+        nt, nq, k = (16_000, 4_000, 200) if quick else (80_000, 20_000, 1000) if big else (40_000, 10_000, 500)
         train, test, src = vectors(nt, nq, k=k)
         for name, arr in (("train", train), ("test", test), ("src", src)):
             np.save(os.path.join(folder, f"{name}.npy"), arr)
-        print(f"## peers, near-duplicate vectors: {nt + nq:,} x 64 ({nq:,} test rows, {k} planted); cleanlab's largest "
-              "comfortable size here (its exact kNN graph; 50k took ~40 s in shared/recipes)")
+        print(f"## peers, near-duplicate vectors: {nt + nq:,} x 64 ({nq:,} test rows, {k} planted); cleanlab builds an "
+              "exact kNN graph (50k: ~40 s here; --big: 100k)")
         peer = _run_peer("cleanlab", folder)
         tr, te = pd.DataFrame(train), pd.DataFrame(test)
         rows = {}
         for search in ("exact", "index"):
             times, r = [], None
-            for _ in range(repeats):
+            for _ in range(1 if big else repeats):
                 t = time.perf_counter()
-                r = check_near_duplicates({"train": tr, "test": te}, search=search, progress=False)
+                r = check_near_duplicates({"train": tr, "test": te}, search=search, max_evidence=2 * k, progress=False)
                 times.append(time.perf_counter() - t)
             ev = r.tables["near_duplicates"]
             pairs = dict(zip(ev["row"].astype(int), ev["earlier_row"].astype(int)))
@@ -315,8 +319,8 @@ def peers(quick: bool = False, repeats: int = 3, tmp: str | None = None) -> dict
         for f in os.listdir(folder):
             os.remove(os.path.join(folder, f))
 
-        n = 20_000 if quick else 100_000
-        k = 100 if quick else 500
+        n = 20_000 if quick else 1_000_000 if big else 100_000
+        k = 100 if quick else 1000 if big else 500
         train, test, src = texts(int(n * 0.8), n - int(n * 0.8), k)
         pd.DataFrame({"text": train}).to_parquet(os.path.join(folder, "train.parquet"))
         pd.DataFrame({"text": test}).to_parquet(os.path.join(folder, "test.parquet"))
@@ -326,11 +330,11 @@ def peers(quick: bool = False, repeats: int = 3, tmp: str | None = None) -> dict
         peer = _run_peer("deepchecks", folder)
         tr, te = pd.DataFrame({"text": train}), pd.DataFrame({"text": test})
         rows = {}
-        for search in ("exact", "index"):
+        for search in ("index",) if n > 200_000 else ("exact", "index"):
             times, r = [], None
-            for _ in range(repeats):
+            for _ in range(1 if big else repeats):
                 t = time.perf_counter()
-                r = check_near_duplicates({"train": tr, "test": te}, search=search, progress=False)
+                r = check_near_duplicates({"train": tr, "test": te}, search=search, max_evidence=2 * k, progress=False)
                 times.append(time.perf_counter() - t)
             ev = r.tables["near_duplicates"]
             pairs = dict(zip(ev["row"].astype(int), ev["earlier_row"].astype(int)))
@@ -364,6 +368,7 @@ def main(args: argparse.Namespace | list[str] | None = None) -> None:
         p.add_argument("--sample", type=int, default=100_000, help="test rows searched exactly for recall and timing")
         p.add_argument("--rows", type=int, default=None, help="rows of the near/text sections (default 1M)")
         p.add_argument("--tmp", default=None)
+        p.add_argument("--big", action="store_true", help="peers: the larger sizes (cleanlab 100k vectors, deepchecks 1M texts)")
         p.add_argument("--peer-worker", nargs=2, metavar=("KIND", "FOLDER"))
         args = p.parse_args(args)
         if args.peer_worker:
@@ -378,7 +383,7 @@ def main(args: argparse.Namespace | list[str] | None = None) -> None:
     if only in ("text", "all"):
         text(quick, reps or 1, rows)
     if only in ("peers", "all"):
-        peers(quick, reps or 3, getattr(args, "tmp", None))
+        peers(quick, reps or 3, getattr(args, "tmp", None), getattr(args, "big", False))
 
 
 if __name__ == "__main__":
