@@ -8,7 +8,7 @@ used where it sees a GPU. faiss is an optional extra (``tropt[ann]``), imported 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,6 @@ class Index:
     nlist: int
     nprobe: int
     gpu: bool
-    info: dict = field(default_factory=dict)
 
     @property
     def method(self) -> str:
@@ -51,8 +50,9 @@ class Index:
 def ivf_lists(n: int) -> int:
     """Inverted lists for ``n`` vectors: ~sqrt(n), at least 1, and at least 39 training points per list (fewer makes
     k-means warn). Adding the rows costs n x lists and searching each query nprobe/lists x n: with about as many
-    query rows as reference rows and a small nprobe, sqrt(n) keeps both small (FAISS's 4 sqrt(n) guideline is for
-    far more queries per reference row)."""
+    query rows as reference rows and a small nprobe, sqrt(n) keeps both small (FAISS's guideline of 4-16 sqrt(n)
+    favours the search over building: on 800k x 65 reference rows and 200k queries here, 3,577 lists searched 27 at a
+    time took 47 s to build and search, 894 lists searched 4 at a time 6 s)."""
     return int(max(1, min(np.sqrt(n), n // 39)))
 
 

@@ -25,6 +25,7 @@ SEED = 1
 CHUNK_SHINGLES = 1 << 18  # shingles per signature step (x NUM_PERM x 4 bytes: 128 MB)
 TEXT_BLOCK = 50_000  # texts whose shingles are hashed at once
 BUCKET_CAP = 200  # earlier rows taken from one band bucket per query: a bucket of boilerplate cannot explode
+QUERY_BLOCK = 8192  # later rows joined at once: at most QUERY_BLOCK x bands x BUCKET_CAP candidate pairs in memory
 
 
 def require_datasketch(why: str):
@@ -141,14 +142,21 @@ def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return key
 
 
-def candidates(later_keys: np.ndarray, earlier_keys: np.ndarray, cap: int = BUCKET_CAP) -> tuple[np.ndarray, np.ndarray, int]:
+def band_index(earlier_keys: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per band, the earlier rows sorted by their key and the sorted keys: what :func:`candidates` joins against."""
+    out = []
+    for j in range(earlier_keys.shape[1]):
+        order = np.argsort(earlier_keys[:, j], kind="stable")
+        out.append((order, earlier_keys[order, j]))
+    return out
+
+
+def candidates(later_keys: np.ndarray, index: list, cap: int = BUCKET_CAP) -> tuple[np.ndarray, np.ndarray, int]:
     """Distinct (later row, earlier row) pairs that share a band key, by a sorted join per band.
 
     Returns the pairs and how many were left out because one bucket held more than ``cap`` earlier rows."""
     pairs, dropped = [], 0
-    for j in range(later_keys.shape[1]):
-        order = np.argsort(earlier_keys[:, j], kind="stable")
-        sk = earlier_keys[order, j]
+    for j, (order, sk) in enumerate(index):
         lo = np.searchsorted(sk, later_keys[:, j], "left")
         hi = np.searchsorted(sk, later_keys[:, j], "right")
         cnt = np.minimum(hi - lo, cap)
@@ -220,10 +228,17 @@ def near_texts(later_texts, earlier_texts, threshold: float, earlier_sig: np.nda
     b, r = bands_for(threshold)
     later_sig = signatures(later_texts)
     earlier_sig = signatures(earlier_texts) if earlier_sig is None else earlier_sig
-    q, e, capped = candidates(band_keys(later_sig, b, r), band_keys(earlier_sig, b, r))
-    est = estimated_jaccard(later_sig, q, earlier_sig, e)
-    keep = est >= threshold - margin
-    q, e = q[keep], e[keep]
+    later_keys, index = band_keys(later_sig, b, r), band_index(band_keys(earlier_sig, b, r))
+    qs, es, seen, capped = [], [], 0, 0
+    for a in range(0, len(later_sig), QUERY_BLOCK):  # later rows per join: bounds the candidate arrays
+        q, e, dropped = candidates(later_keys[a:a + QUERY_BLOCK], index)
+        q += a
+        keep = estimated_jaccard(later_sig, q, earlier_sig, e) >= threshold - margin
+        qs.append(q[keep])
+        es.append(e[keep])
+        seen, capped = seen + q.size, capped + dropped
+    q = np.concatenate(qs) if qs else np.empty(0, dtype=np.int64)
+    e = np.concatenate(es) if es else np.empty(0, dtype=np.int64)
     later_arr = np.asarray(later_texts, dtype=object)
     earlier_arr = np.asarray(earlier_texts, dtype=object)
     jac = exact_jaccard(later_arr[q], earlier_arr[e])
@@ -234,4 +249,4 @@ def near_texts(later_texts, earlier_texts, threshold: float, earlier_sig: np.nda
         q, e, jac = q[order], e[order], jac[order]
         first = np.flatnonzero(np.r_[True, q[1:] != q[:-1]])
         best[q[first]], match[q[first]] = jac[first], e[first]
-    return TextMatches(best, match, int(keep.size), int(q.size), capped, b, r)
+    return TextMatches(best, match, seen, int(q.size), capped, b, r)
