@@ -195,3 +195,16 @@ def test_minhash_beside_numbers_needs_the_numbers_to_be_near_copies_too():
     ev = r.tables["near_duplicates"]
     assert r.metrics["leaked_rows"] == 10 and sorted(ev["earlier_row"]) == list(range(100, 110)), r.summary
     assert (ev["numeric_similarity"] >= r.metrics["numeric_threshold.test_in_train"]).all()
+
+
+def test_auto_skips_only_above_the_index_memory_limit_and_true_runs_it():
+    """"auto" above the exact limit runs the index unless it would hold more than max_auto_index_bytes of vectors
+    (the 5M x 50 data stage of #16 stays within its memory); near_duplicates=True runs it at any size."""
+    train, test, src = planted_table(3000, 1000, k=20)
+    small = {"max_auto_rows": 1000, "max_auto_index_bytes": 4000 * 12 * 17 - 1, "progress": False}
+    r = check_near_duplicates({"train": train, "test": test}, **small)
+    assert r.status is Status.SKIP and "would hold ~0.0 GB" in r.summary and "near_duplicates=True" in r.summary
+    r = check_near_duplicates({"train": train, "test": test}, enabled=True, **small)
+    assert r.metrics["leaked_rows"] == 20 and r.metrics["method"].startswith("faiss IVF")
+    small["max_auto_index_bytes"] += 1
+    assert check_near_duplicates({"train": train, "test": test}, **small).metrics["leaked_rows"] == 20

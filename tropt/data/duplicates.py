@@ -243,7 +243,7 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
                           small_space: float = 10.0,
                           max_auto_rows: int = 200_000, max_auto_cost: float = 2e11, device: str | None = None,
                           search: str = "auto", min_jaccard: float = 0.5, recall_sample: int = 1000,
-                          min_recall: float = 0.95,
+                          min_recall: float = 0.95, max_auto_index_bytes: float = 2e9,
                           max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
     """Exact cosine nearest neighbour of every later-split row among each earlier split's rows.
 
@@ -267,7 +267,9 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     split's own samples.
     Exact copies in a table whose feature space is too small to judge (see data.exact_duplicates, ``small_space``)
     happen by chance: they are counted and listed, but only the other near duplicates can make a FAIL.
-    ``enabled="auto"`` or ``True`` runs it, ``False`` skips. ``search="auto"`` searches exactly up to
+    ``enabled="auto"`` runs it (tables above ``max_auto_rows`` rows only while the index would hold at most
+    ``max_auto_index_bytes`` of vectors: 2 GB, ~33M rows x 4 columns or ~2.5M rows x 64), ``True`` runs it at any
+    size, ``False`` skips. ``search="auto"`` searches exactly up to
     ``max_auto_rows`` rows and an estimated ``max_auto_cost`` multiply-adds (x50 on a GPU) and above that with an
     approximate index, and says so (``metrics["method"]``): FAISS IVF-Flat on the same vectors, the threshold
     calibrated as for exact search, its recall at the threshold measured against exact brute force on
@@ -287,6 +289,13 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
         raise DataError(f"near_duplicates={enabled!r} is not 'auto', True or False", "pass 'auto', True or False")
     if search not in ("auto", "exact", "index"):
         raise DataError(f"search={search!r} is not 'auto', 'exact' or 'index'", "pass one of those")
+    if enabled == "auto":  # decide on memory before asking for the numeric matrix (a large table's biggest cost)
+        sized = _load(splits, label, group, time, features, progress)
+        need = _index_bytes(sized)
+        if sized[0].tabular and sum(d.n for d in sized) > max_auto_rows and need > max_auto_index_bytes:
+            return _skip(cid, f"table of {sum(d.n for d in sized):,} rows: the approximate index would hold ~{need / 1e9:.1f} GB "
+                              f"of vectors (automatic limit {max_auto_index_bytes / 1e9:.1f} GB); pass near_duplicates=True "
+                              "to run it")
     datas = _load(splits, label, group, time, features, progress, needs={"numeric"})
     tabular = datas[0].tabular
     use_text = tabular and all(d.text_norm is not None for d in datas)
@@ -519,6 +528,14 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
 
 
 # ------------------------------------------------------------------------------- near duplicates: search helpers
+def _index_bytes(datas) -> float:
+    """Memory the index path holds for tables: per row its numeric matrix, prepared vectors and the index's copy
+    (float32, numeric columns + 1), and for free text its normalised text and MinHash signature (~600 bytes)."""
+    per_row = 12 * (len(datas[0].numeric_columns) + 1) + (600 if datas[0].text_columns or any(
+        k == "text" for k in datas[0].kinds.values()) else 0)
+    return float(sum(d.n for d in datas) * per_row)
+
+
 # multiply-adds of the exact self-nearest search that calibrates the threshold with the index: 2,048 queries (as
 # for exact search) up to ~380k rows x 64 dimensions, fewer (at least 256) beyond
 CALIBRATION_COST = 5e10
