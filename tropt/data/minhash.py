@@ -89,7 +89,11 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
 def permutations(num_perm: int = NUM_PERM, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
     """datasketch's affine32 permutation parameters ``(a, b)`` for ``num_perm`` and ``seed``."""
     ds = require_datasketch("near-duplicate text search")
-    a, b = ds.MinHash(num_perm=num_perm, seed=seed, scheme="affine32").permutations
+    try:
+        a, b = ds.MinHash(num_perm=num_perm, seed=seed, scheme="affine32").permutations
+    except TypeError as exc:  # datasketch < 2.0: no affine32 scheme
+        raise MissingDependencyError(f"datasketch {getattr(ds, '__version__', '?')} is too old for tropt's MinHash ({exc})",
+                                     "pip install 'datasketch>=2.0' (or 'tropt[ann]')") from exc
     return np.asarray(a, dtype=np.uint32), np.asarray(b, dtype=np.uint32)
 
 
