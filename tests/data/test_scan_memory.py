@@ -44,15 +44,14 @@ def test_near_duplicates_still_found_when_asked_after_a_lean_scan(tmp_path, monk
     assert r.metrics["leaked_rows"] == full["data.near_duplicates"].metrics["leaked_rows"]
 
 
-def test_above_the_automatic_limit_the_search_skips_without_the_matrix(tmp_path, monkeypatch):
+def test_above_the_automatic_limit_the_search_uses_the_index(tmp_path, monkeypatch):
+    """It used to SKIP there (#22): now the matrix is read on demand and searched with an approximate index."""
+    import pytest
+
+    pytest.importorskip("faiss")
     monkeypatch.setattr(sources, "EAGER_NUMERIC_ROWS", 300)
     paths = _splits(tmp_path)
-    scanned = []
-    real_scan = sources.scan
-    monkeypatch.setattr(sources, "scan", lambda *a, **k: scanned.append(a[5] if len(a) > 5 else k.get("needs")) or real_scan(*a, **k))
     sources._FILE_CACHE.clear()
     r = tropt.data.check_near_duplicates(paths, label="y", max_auto_rows=500, progress=False)
-    assert r.status.value == "skip" and "above the automatic limit (500)" in r.summary
-    assert len(scanned) == 2  # each split read once, and never again for a matrix the skipped search would not use
-    train = next(d for d in sources._FILE_CACHE.values() if d.name == "train")
-    assert train.numeric is None  # nor built in that one read
+    assert r.status.value == "fail" and r.metrics["leaked_rows"] == 20, r.summary
+    assert "above the exact-search limit of 500" in r.summary and r.metrics["method"].startswith("faiss IVF")

@@ -296,6 +296,8 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
                           hash_calibration: float = 0.1, hash_confirm: float = 0.3, max_fraction: float = 0.01,
                           small_space: float = 10.0,
                           max_auto_rows: int = 200_000, max_auto_cost: float = 2e11, device: str | None = None,
+                          search: str = "auto", min_jaccard: float = 0.5, recall_sample: int = 1000,
+                          min_recall: float = 0.95, max_auto_index_bytes: float = 2e9,
                           max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
     """Exact cosine nearest neighbour of every later-split row among each earlier split's rows.
 
@@ -319,22 +321,39 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     split's own samples.
     Exact copies in a table whose feature space is too small to judge (see data.exact_duplicates, ``small_space``)
     happen by chance: they are counted and listed, but only the other near duplicates can make a FAIL.
-    ``enabled="auto"`` runs for tensors/images and numeric tables up to ``max_auto_rows`` rows and an estimated
-    ``max_auto_cost`` multiply-adds (x50 on a GPU); ``True`` forces it, ``False`` skips.
+    ``enabled="auto"`` runs it (tables above ``max_auto_rows`` rows only while the index would hold at most
+    ``max_auto_index_bytes`` of vectors: 2 GB, ~33M rows x 4 columns or ~2.5M rows x 64), ``True`` runs it at any
+    size, ``False`` skips. ``search="auto"`` searches exactly up to
+    ``max_auto_rows`` rows and an estimated ``max_auto_cost`` multiply-adds (x50 on a GPU) and above that with an
+    approximate index, and says so (``metrics["method"]``): FAISS IVF-Flat on the same vectors, the threshold
+    calibrated as for exact search, its recall at the threshold measured against exact brute force on
+    ``recall_sample`` sampled later rows plus 2,000 probes (earlier rows moved to exactly the threshold), a
+    recall below ``min_recall`` said in the summary; free text by MinHash LSH over 5-character shingles of the
+    normalised text, every candidate verified by its exact shingle Jaccard (a near duplicate from ``min_jaccard``);
+    average hashes in a FAISS multi-index binary hash table. ``search="exact"`` or ``"index"`` forces one. The index
+    needs the ``tropt[ann]`` extra (faiss-cpu, datasketch).
     """
+    from . import ann
     from . import neighbours as nb
 
     cid = "data.near_duplicates"
     if enabled is False:
         return _skip(cid, "near-duplicate search disabled (near_duplicates=False)")
-    if enabled == "auto":  # decide on the row limit before asking for the numeric matrix (a large table's biggest cost)
+    if enabled not in ("auto", True):
+        raise DataError(f"near_duplicates={enabled!r} is not 'auto', True or False", "pass 'auto', True or False")
+    if search not in ("auto", "exact", "index"):
+        raise DataError(f"search={search!r} is not 'auto', 'exact' or 'index'", "pass one of those")
+    if enabled == "auto":  # decide on memory before asking for the numeric matrix (a large table's biggest cost)
         sized = _load(splits, label, group, time, features, progress)
-        total = sum(d.n for d in sized)
-        if sized[0].tabular and total > max_auto_rows:
-            return _skip(cid, f"table of {total:,} rows is above the automatic limit ({max_auto_rows:,}); pass near_duplicates=True to run it")
+        need = _index_bytes(sized)
+        if sized[0].tabular and sum(d.n for d in sized) > max_auto_rows and need > max_auto_index_bytes:
+            return _skip(cid, f"table of {sum(d.n for d in sized):,} rows: the approximate index would hold ~{need / 1e9:.1f} GB "
+                              f"of vectors (automatic limit {max_auto_index_bytes / 1e9:.1f} GB); pass near_duplicates=True "
+                              "to run it")
     datas = _load(splits, label, group, time, features, progress, needs={"numeric"})
     tabular = datas[0].tabular
-    use_text = tabular and all(d.text is not None for d in datas)
+    use_text = tabular and all(d.text_norm is not None for d in datas)
+    total = sum(d.n for d in datas)
     missing = [d for d in datas if d.numeric is None]
     if missing and not use_text:
         return _skip(cid, f"no vectors to compare in split {missing[0].name!r}: {missing[0].numeric_note or 'not numeric'}"
@@ -349,20 +368,17 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     use_numeric = bool(num_dim) and (use_text or not (tabular and num_dim < 3))
     if not use_numeric and not use_text:
         return _skip(cid, f"only {num_dim} numeric feature column(s): cosine similarity cannot tell rows apart in so few dimensions")
-    dim = (num_dim if use_numeric else 0) + (nb.TEXT_DIM if use_text else 0)
-    vec_dim = dim + (1 if use_numeric and tabular else 0)  # the vectors compared (tables: + the constant component)
     dev = nb.pick_device(device)
-    cost = sum(a.n * b.n * vec_dim for a, b in _pairs(datas))
-    if enabled == "auto":
-        total = sum(d.n for d in datas)
-        if tabular and total > max_auto_rows:
-            return _skip(cid, f"table of {total:,} rows is above the automatic limit ({max_auto_rows:,}); pass near_duplicates=True to run it")
-        budget = max_auto_cost * (50 if dev.startswith("cuda") else 1)
-        if cost > budget:
-            return _skip(cid, f"exact search would take ~{cost:.2e} multiply-adds (automatic limit {budget:.1e}); "
-                              "pass near_duplicates=True to run it (a GPU helps: device='cuda')")
-    elif enabled is not True:
-        raise DataError(f"near_duplicates={enabled!r} is not 'auto', True or False", "pass 'auto', True or False")
+    num_vec_dim = num_dim + (1 if tabular else 0)
+    cost = sum(a.n * b.n * (num_vec_dim + nb.TEXT_DIM * use_text) for a, b in _pairs(datas))
+    budget = max_auto_cost * (50 if dev.startswith("cuda") else 1)
+    big = total > max_auto_rows or cost > budget
+    use_index = search == "index" or (search == "auto" and big)
+    if use_text and not use_index and any(d.text is None for d in datas):
+        use_index = True  # text too long to vectorise (sources.TEXT_MAX_ROWS): only MinHash LSH can compare it
+    text_lsh = use_text and use_index  # free text by MinHash LSH, not by trigram vectors
+    dim = (num_dim if use_numeric else 0) + (nb.TEXT_DIM if use_text and not text_lsh else 0)
+    vec_dim = dim + (1 if use_numeric and tabular else 0)  # the vectors compared (tables: + the constant component)
 
     # One unit vector per row: the numeric block (standardised with the first split's statistics) and/or the text
     # block (hashed trigrams of the normalised text), each weighted so that the cosine is their average.
@@ -378,11 +394,11 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
             # Tables: a constant 1 (one standard deviation) next to the standardised features makes magnitude
             # count; tensors/images keep pure cosine (brightness/contrast changes are still near copies).
             blocks[d.name].append(nb.prepare(d.numeric, mean, scale, offset=1.0 if tabular else None))
-    if use_text:
+    if use_text and not text_lsh:
         for d in datas:
             blocks[d.name].append(nb.prepare_text(d.text))
-    weight = np.float32(1.0 / np.sqrt(len(blocks[datas[0].name])))
-    prepared = {name: (b[0] if len(b) == 1 else np.concatenate(b, axis=1) * weight) for name, b in blocks.items()}
+    weight = np.float32(1.0 / np.sqrt(max(1, len(blocks[datas[0].name]))))
+    prepared = {name: (b[0] if len(b) == 1 else np.concatenate(b, axis=1) * weight) for name, b in blocks.items() if b}
     images = all(d.image_shape is not None for d in datas) and len({d.image_shape for d in datas}) == 1
     hashes = {d.name: nb.average_hash(d.numeric, d.image_shape) for d in datas} if images and phash_max_distance >= 0 else None
     # The hash's own thumbnails compared continuously (per-sample correlation): they confirm a hash match. At the
@@ -400,32 +416,64 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     hash_typical_of: dict[str, float | None] = {}
     compared = 0
     edges = np.linspace(-9, 0.5, 96)
+    indexes: dict[str, Any] = {}  # earlier split -> its approximate index (built once)
+    signatures: dict[str, np.ndarray] = {}  # earlier split -> MinHash signatures of its texts
+    methods: dict[str, str] = {}
+    recalls: list[float] = []
     for later, earlier in _pairs(datas):
-        best, arg = nb.nearest(prepared[later.name], prepared[earlier.name], dev, progress, f"tropt: {later.name} vs {earlier.name}")
-        best = nb.pair_similarity(prepared[later.name], prepared[earlier.name][arg])  # the same pairs, exactly near 1
+        key = _pkey(later, earlier)
+        has_vectors = earlier.name in prepared
         # The yardstick is how close the earlier split's own rows are to each other: when most of the later split is
         # near copies, its own nearest-neighbour distances are the copies' and would hide them.
-        if earlier.name not in typical_of:
-            own = np.arccos(nb.self_nearest(prepared[earlier.name], device=dev))
-            own = own[own > 1e-3]
-            typical_of[earlier.name] = float(np.median(own)) if own.size else None
-        angle = np.arccos(best.astype(np.float64))
-        nonexact = angle[angle > 1e-3]
-        typical = typical_of[earlier.name]
-        if typical is None:  # an earlier split of one row, or only exact copies of each other
-            typical = float(np.median(nonexact)) if nonexact.size else float(np.pi / 2)
+        if has_vectors and earlier.name not in typical_of:
+            typical_of[earlier.name] = _typical_angle(prepared[earlier.name], dev, use_index)
         # Far closer than rows typically are: the expected share of unrelated rows that close falls like
         # ratio**(dim-1), so low-dimensional data gets a smaller ratio (false positives below ~1e-5 per row).
         ratio = min(calibration, 1e-5 ** (1.0 / max(vec_dim - 1, 1)))
-        thr = float(threshold) if threshold is not None else max(min_similarity, float(np.cos(ratio * typical)))
+
+        def cut(typical: float) -> float:
+            return float(threshold) if threshold is not None else max(min_similarity, float(np.cos(ratio * typical)))
+
+        if text_lsh:
+            best, arg, vec_best = _text_pairs(later, earlier, prepared if use_numeric else None, signatures, min_jaccard,
+                                              metrics, methods, key)
+        elif use_index:
+            best, arg = _index_pairs(later, earlier, prepared, indexes, typical_of[earlier.name], cut, progress, methods)
+            vec_best = best
+        else:
+            best, arg = nb.nearest(prepared[later.name], prepared[earlier.name], dev, progress, f"tropt: {later.name} vs {earlier.name}")
+            best = nb.pair_similarity(prepared[later.name], prepared[earlier.name][arg])  # the same pairs, exactly near 1
+            vec_best = best
+        typical = typical_of.get(earlier.name)
+        if typical is None and vec_best is not None:  # an earlier split of one row, or only exact copies of each other
+            angle = np.arccos(vec_best.astype(np.float64))
+            nonexact = angle[angle > 1e-3]
+            typical = float(np.median(nonexact)) if nonexact.size else float(np.pi / 2)
+        thr = cut(typical) if vec_best is not None else float(min_jaccard)
+        if text_lsh:
+            flagged = best >= min_jaccard
+            if vec_best is not None:  # beside the text, the numbers must be near copies too
+                flagged &= vec_best >= thr
+                metrics[f"numeric_threshold.{key}"] = thr
+            thr = float(min_jaccard)  # the pair's similarity is its shingle Jaccard
+        else:
+            flagged = best >= thr
         thresholds.append(thr)
-        flagged = best >= thr
+        if use_index and not text_lsh:
+            rec = _measure_recall(indexes[earlier.name], prepared[earlier.name], prepared[later.name], best, thr,
+                                  recall_sample, dev)
+            metrics.update({f"{k}.{key}": v for k, v in rec.items()})
+            recalls.append(rec["recall"])
         match = arg.copy()
         ham = None
         if hashes is not None:
-            ham, harg = nb.hamming_nearest(hashes[later.name], hashes[earlier.name], dev)
+            if use_index:
+                ham, harg, methods["hash"] = ann.hamming_nearest(hashes[later.name], hashes[earlier.name], phash_max_distance, progress)
+            else:
+                ham, harg = nb.hamming_nearest(hashes[later.name], hashes[earlier.name], dev)
             if earlier.name not in hash_typical_of:  # the earlier split's own spacing, as for the cosine yardstick
-                own_h = nb.hamming_self_nearest(hashes[earlier.name], device=dev)
+                own_h = (ann.hamming_self_nearest(hashes[earlier.name]) if use_index
+                         else nb.hamming_self_nearest(hashes[earlier.name], device=dev))
                 own_h = own_h[own_h > 0]
                 hash_typical_of[earlier.name] = float(np.median(own_h)) if own_h.size else None
             typical_h = hash_typical_of[earlier.name]
@@ -439,9 +487,7 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
             # is blind to brightness and contrast like the hash, is also far closer than the earlier split's own
             # nearest neighbours are.
             if earlier.name not in corr_typical_of:
-                own_c = np.arccos(nb.self_nearest(standardised[earlier.name], device=dev))
-                own_c = own_c[own_c > 1e-3]
-                corr_typical_of[earlier.name] = float(np.median(own_c)) if own_c.size else None
+                corr_typical_of[earlier.name] = _typical_angle(standardised[earlier.name], dev, use_index)
             typical_c = corr_typical_of[earlier.name]
             cthr = max(min_similarity, float(np.cos(hash_confirm * typical_c))) if typical_c is not None else min_similarity
             corr = nb.pair_similarity(standardised[later.name][cand], standardised[earlier.name][harg[cand]])
@@ -472,10 +518,12 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
         room = max_evidence - sum(len(e) for e in evidence)
         if room > 0 and len(hit):
             order = hit[np.argsort(-best[hit], kind="stable")][:room]
-            sim = nb.pair_similarity(prepared[later.name][order], prepared[earlier.name][match[order]])
+            sim = best[order] if text_lsh else nb.pair_similarity(prepared[later.name][order], prepared[earlier.name][match[order]])
             ev = pd.DataFrame({"split": later.name, "row": later.row_id[order], "earlier_split": earlier.name,
                                "earlier_row": earlier.row_id[match[order]], "similarity": sim,
                                "exact": later.fp[order] == earlier.fp[match[order]]})
+            if text_lsh and vec_best is not None:
+                ev["numeric_similarity"] = vec_best[order]
             if use_text:
                 ev["text"] = later.text_preview[order]
                 ev["earlier_text"] = earlier.text_preview[match[order]]
@@ -507,7 +555,12 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
                   "If these are legitimately similar but distinct samples, raise threshold= (the similarity cut-off)."]
     else:
         text = f"; text columns {metrics['text_columns']} compared as normalised text" if use_text else ""
-        summary = f"no near duplicates across splits (similarity threshold {_fmt_sim(metrics['threshold'])}, {dim} dimensions{text})"
+        if text_lsh:
+            numbers = f" and {num_dim} numeric columns" if use_numeric else ""
+            summary = (f"no near duplicates across splits (text columns {metrics['text_columns']}{numbers}; shingle "
+                       f"Jaccard threshold {metrics['threshold']:.2f})")
+        else:
+            summary = f"no near duplicates across splits (similarity threshold {_fmt_sim(metrics['threshold'])}, {dim} dimensions{text})"
         advice = []
     judged = worst
     if worst > max_fraction and tabular and any(r["of_which_exact"] for r in pair_rows):
@@ -522,5 +575,107 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
                        f"among the near duplicates are expected by chance; " + summary)
             advice = ["Exact copies cannot show leakage here: check it by the entity instead (pass group= with the "
                       "user/patient/session id)."] + (advice if judged > 0 else [])
+    if use_index:
+        summary, advice = _say_index(metrics, methods, recalls, big, total, max_auto_rows, min_recall, summary, advice)
     status = Status.FAIL if judged > max_fraction else Status.WARN if leaked else Status.PASS
     return CheckResult(cid, status, summary, metrics, tables, advice, series)
+
+
+# ------------------------------------------------------------------------------- near duplicates: search helpers
+def _index_bytes(datas) -> float:
+    """Memory the index path holds for tables: per row its numeric matrix, prepared vectors and the index's copy
+    (float32, numeric columns + 1), and for free text its normalised text and MinHash signature (~600 bytes)."""
+    per_row = 12 * (len(datas[0].numeric_columns) + 1) + (600 if datas[0].text_columns or any(
+        k == "text" for k in datas[0].kinds.values()) else 0)
+    return float(sum(d.n for d in datas) * per_row)
+
+
+# multiply-adds of the exact self-nearest search that calibrates the threshold with the index: 2,048 queries (as
+# for exact search) up to ~380k rows x 64 dimensions, fewer (at least 256) beyond
+CALIBRATION_COST = 5e10
+
+
+def _typical_angle(vectors: np.ndarray, device: str, capped: bool = False) -> float | None:
+    """Median angle between up to 2,048 sampled rows of one split and their nearest other row (exact search; with
+    ``capped``, as many queries as CALIBRATION_COST allows, at least 256): the yardstick of the threshold. None when
+    every row is an exact copy."""
+    from . import neighbours as nb
+
+    queries = int(np.clip(CALIBRATION_COST / max(1, vectors.size), 256, 2048)) if capped else 2048
+    own = np.arccos(nb.self_nearest(vectors, max_queries=queries, device=device))
+    own = own[own > 1e-3]
+    return float(np.median(own)) if own.size else None
+
+
+def _index_pairs(later, earlier, prepared: dict, indexes: dict, typical: float | None, cut, progress: bool,
+                 methods: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Each later row's approximate nearest earlier row (FAISS IVF on the earlier split, built once) and the pair's
+    exact float64 similarity. With the threshold known beforehand, the index's nprobe is first raised until probes at
+    the threshold are found (:func:`tropt.data.ann.tune`)."""
+    from . import ann
+    from . import neighbours as nb
+
+    ref, query = prepared[earlier.name], prepared[later.name]
+    if earlier.name not in indexes:
+        indexes[earlier.name] = ann.build(ref)
+        if typical is not None:
+            ann.tune(indexes[earlier.name], ref, cut(typical))
+    index = indexes[earlier.name]
+    methods["vectors"] = index.method
+    _, arg = ann.nearest(index, query, progress, f"tropt: {later.name} vs {earlier.name} (index)")
+    return nb.pair_similarity(query, ref[arg]), arg
+
+
+def _measure_recall(index, ref: np.ndarray, query: np.ndarray, best: np.ndarray, thr: float, size: int,
+                    device: str = "cpu") -> dict:
+    """The index's recall at the threshold against exact brute-force search: sampled later rows whose exact nearest
+    neighbour reaches ``thr`` plus ann.PROBES probes (earlier rows turned to exactly ``thr``), and recall@1."""
+    from . import ann
+
+    rec = ann.recall(ref, query, best.astype(np.float32), thr, size, device=device)
+    found, probes = ann.probe_recall(index, ref, thr, ann.PROBES)
+    near_found = round((rec.near_recall or 0.0) * rec.near_queries)
+    total = rec.near_queries + probes
+    return {"recall": (near_found + found) / total if total else 1.0, "recall_at_1": rec.recall,
+            "recall_sample": rec.sample, "recall_near_in_sample": rec.near_queries, "recall_probes": probes}
+
+
+def _text_pairs(later, earlier, prepared: dict | None, signatures: dict, min_jaccard: float, metrics: dict,
+                methods: dict, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Each later row's most similar earlier text by MinHash LSH, verified by exact shingle Jaccard; with numeric
+    columns, also the pair's numeric-block similarity (exact)."""
+    from . import minhash as mh
+    from . import neighbours as nb
+
+    if earlier.name not in signatures:
+        signatures[earlier.name] = mh.signatures(earlier.text_norm)
+    tm = mh.near_texts(later.text_norm, earlier.text_norm, min_jaccard, earlier_sig=signatures[earlier.name])
+    methods["text"] = tm.method
+    metrics[f"lsh_candidates.{key}"] = tm.candidates
+    metrics[f"lsh_verified.{key}"] = tm.verified
+    metrics[f"lsh_bucket_capped.{key}"] = tm.capped
+    metrics["lsh_recall_at_threshold"] = tm.collision_probability(min_jaccard)
+    vec = None
+    if prepared is not None:
+        vec = nb.pair_similarity(prepared[later.name], prepared[earlier.name][tm.match])
+    return tm.jaccard, tm.match, vec
+
+
+def _say_index(metrics: dict, methods: dict, recalls: list, big: bool, total: int, max_auto_rows: int,
+               min_recall: float, summary: str, advice: list) -> tuple[str, list]:
+    """Record how the index searched and say it in the summary; a low recall also in the advice."""
+    metrics["method"] = "; ".join(methods.values())
+    why = (f"{total:,} rows, above the exact-search limit of {max_auto_rows:,}" if total > max_auto_rows
+           else "exact search above its cost limit (max_auto_cost)" if big else "search='index'")
+    said = f"; searched with an approximate index ({why}): {metrics['method']}"
+    if recalls:
+        metrics["recall"] = float(min(recalls))
+        said += f", recall {metrics['recall']:.3f} at the threshold against exact search on a sample"
+        if metrics["recall"] < min_recall:
+            said += f" — LOW RECALL (< {min_recall}): near duplicates may be missed"
+            advice = advice + [f"The index's recall ({metrics['recall']:.3f}) is below {min_recall}: rerun with "
+                               "search='exact' (device='cuda' helps) to search every pair."]
+    if "lsh_recall_at_threshold" in metrics:
+        said += (f", texts paired from Jaccard {metrics['threshold']:.2f} with probability "
+                 f"{metrics['lsh_recall_at_threshold']:.3f}, every pair verified exactly")
+    return summary + said, advice

@@ -34,8 +34,9 @@ CHUNK_ROWS = 250_000  # rows per chunk when streaming files
 SAMPLE_ROWS = 20_000  # rows kept per split for the single-feature models
 NUMERIC_MAX_CELLS = 200_000_000  # numeric matrix kept for near-duplicate search up to this many cells per split
 # A scan that reads everything once (a diagnose session, a file) keeps the numeric matrix, unasked, only up to this
-# many rows per split: data.near_duplicates' automatic limit. Above it the search is skipped unless asked for, and
-# the matrix (float32, rows x numeric columns: 750 MB at 4M x 47) was most of a large table's peak memory.
+# many rows per split: data.near_duplicates' exact-search limit. Above it that check reads the split again for its
+# matrix (searched with an approximate index), and other checks need not hold the matrix (float32, rows x numeric
+# columns: 750 MB at 4M x 47), which was most of a large table's peak memory.
 EAGER_NUMERIC_ROWS = 200_000
 TEXT_PREVIEW = 80  # characters of each row's normalised text kept for near-duplicate evidence
 TEXT_MAX_ROWS = 200_000  # text columns are vectorised (uint8 trigram counts) for splits up to this many rows
@@ -267,6 +268,7 @@ class SplitData:
     text: np.ndarray | None = None  # uint8 (n, TEXT_DIM): hashed trigram counts of the normalised free-text columns
     text_columns: list = field(default_factory=list)
     text_preview: np.ndarray | None = None  # object (n,): each row's normalised text, cut to TEXT_PREVIEW characters
+    text_norm: np.ndarray | None = None  # object (n,): each row's whole normalised text (MinHash LSH above TEXT_MAX_ROWS)
     tabular: bool = True  # a table (columns) rather than tensors/images
     image_shape: tuple | None = None  # (C, H, W)-like shape of one sample when samples are images
     sample: pd.DataFrame | None = None  # up to SAMPLE_ROWS rows: feature columns (+ _LABEL)
@@ -606,7 +608,7 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
             kinds = _head_kinds(_head(reader, feats), feats, name)
         return scan_dask(reader, name, opts, dict(kinds), feats, label, group, time, needs, numeric_rows, progress)
     wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
-    fps, labels, groups, times, nums, texts, previews = [], [], [], [], [], [], []
+    fps, labels, groups, times, nums, texts, norms = [], [], [], [], [], [], []
     sampler = _Sampler(SAMPLE_ROWS)
     local_kinds: dict = {}
     n = 0
@@ -627,13 +629,15 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
         if numeric_cols is None:
             numeric_cols = [c for c in feats if use[c] == "numeric"]
             text_cols = [c for c in feats if use[c] == "text"]
-        if want_numeric and text_ok and text_cols:
-            if n + len(chunk) > TEXT_MAX_ROWS:
-                text_ok, texts, previews = False, [], []
-            else:
-                normalised = nb.normalise_text(chunk, text_cols)
+        if want_numeric and text_cols:
+            # the whole normalised text always (data.near_duplicates' MinHash LSH at scale); trigram vectors only
+            # up to TEXT_MAX_ROWS, for exact search
+            normalised = nb.normalise_text(chunk, text_cols)
+            norms.append(normalised.to_numpy(dtype=object))
+            if text_ok and n + len(chunk) > TEXT_MAX_ROWS:
+                text_ok, texts = False, []
+            elif text_ok:
                 texts.append(np.minimum(nb.text_vectors(normalised), 255).astype(np.uint8))
-                previews.append(normalised.str.slice(0, TEXT_PREVIEW).to_numpy(dtype=object))
         if want_numeric and numeric_ok and numeric_cols:
             if numeric_rows is not None and n + len(chunk) > numeric_rows:
                 numeric_ok, numeric_note, nums, want_numeric = False, f"not kept above {numeric_rows:,} rows", [], False
@@ -671,17 +675,23 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
     elif not numeric_cols:
         numeric_note = "no numeric feature columns"
     text = np.concatenate(texts) if want_numeric and text_ok and texts else None
+    text_norm = np.concatenate(norms) if want_numeric and norms else None
     if text_cols and want_numeric and not text_ok:
         numeric_note = (numeric_note + "; " if numeric_note else "") + f"text columns of more than {TEXT_MAX_ROWS:,} rows are not vectorised"
     return SplitData(
         name=name, kind=reader.kind, n=n, row_id=np.concatenate(row_ids), fp=np.concatenate(fps),
         label=cat(labels), group=cat(groups), time=cat(times), numeric=numeric, numeric_columns=numeric_cols or [],
-        numeric_note=numeric_note, text=text, text_columns=text_cols if text is not None else [],
-        text_preview=np.concatenate(previews) if text is not None else None,
+        numeric_note=numeric_note, text=text, text_columns=text_cols if text_norm is not None else [],
+        text_preview=_previews(text_norm), text_norm=text_norm,
         tabular=not getattr(reader, "from_array", False), sample=sampler.frames,
         feature_columns=feats, kinds=dict(kinds or local_kinds),
         has=frozenset(k for k, w in (("numeric", want_numeric), ("sample", want_sample)) if w),
     )
+
+
+def _previews(texts: np.ndarray | None) -> np.ndarray | None:
+    """Each text cut to TEXT_PREVIEW characters (near-duplicate evidence)."""
+    return None if texts is None else pd.Series(texts, dtype=object).str.slice(0, TEXT_PREVIEW).to_numpy(dtype=object)
 
 
 def _scan_samples(reader: _Reader, progress: bool) -> SplitData:
