@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 import itertools
 import math
+import sys
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -479,6 +480,8 @@ class Setup:
     def run_step(self, ctx: StepContext, micro_batches: list) -> Any:
         """Call the step under test; exceptions from the user's step name it and keep the cause."""
         try:
+            if "accelerate" not in sys.modules:  # nothing to tell (accelerate_told would be a no-op): the hot path
+                return self.step_fn(ctx, micro_batches)
             with accelerate_told(ctx, micro_batches):
                 return self.step_fn(ctx, micro_batches)
         except TroptError:

@@ -48,6 +48,8 @@ class LossRecorder:
 def as_loss(value: Any) -> torch.Tensor | None:
     """The step's return value as a 0-d float tensor, or None when it is not a single number."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
+        if value.dim() == 0 and value.dtype == torch.float32:  # the usual case: one op, not three
+            return value.detach()
         return value.detach().float().reshape(())
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return torch.tensor(float(value))

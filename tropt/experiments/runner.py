@@ -46,6 +46,9 @@ class RunSpec:
     select_data: Any = None  # its data when it is not the Setup's val_data
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 @functools.lru_cache(maxsize=4)
 def _process(pid: int) -> Any:
     import psutil
@@ -54,7 +57,13 @@ def _process(pid: int) -> Any:
 
 
 def _memory_now(device: torch.device) -> float:
-    """Process RSS in MiB on CPU (psutil when present, else the peak from getrusage)."""
+    """Process RSS in MiB on CPU (/proc/self/statm on Linux, a few microseconds; else psutil; else the peak from
+    getrusage)."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return _process(os.getpid()).memory_info().rss / 2**20
     except ImportError:  # pragma: no cover - psutil ships with jupyter
@@ -139,7 +148,7 @@ class _Run:
     # ------------------------------------------------------------------ the result
     def record(self) -> dict[str, Any]:
         spec, budget = self.spec, self.spec.budget
-        losses = [float(v) for v in self.losses]
+        losses = torch.stack(self.losses).float().cpu().tolist() if self.losses else []  # one sync, not one a loss
         curve = _curve_signals(losses, self.lrs)
         primary = next(iter(self.evals), None)
         vals = self.evals.get(primary, []) if primary else []
@@ -237,7 +246,9 @@ class _Stepper:
             return as_loss(self.setup.run_step(self.ctx, micro))
         loss = self.runner.step(micro)
         if self.runner.source == "step return":
-            self.ctx.loss_fn, self.direct = self.runner.recorder.inner, True
+            # The first step went through Setup.loss, which checks that loss_fn gives a scalar tensor; from now on the
+            # step calls loss_fn itself (an error still fails the run, through Setup.run_step).
+            self.ctx.loss_fn, self.direct = self.setup.loss_fn, True
         return loss
 
 
