@@ -78,9 +78,9 @@ def test_bad_arguments_say_how_to_fix(kw, match):
 
 def test_budget_limits_how_often_the_full_judgement_runs(monkeypatch):
     """The periodic judgements run only while their total time fits ``budget`` x the elapsed time. With a clock that
-    advances 1 s per reading, each part "costs" 1 s: budget=1 judges at every check; with a budget near 0 only the
-    first part to run (the curve classification, whose cost is unknown until then) ever runs during training, and
-    the forced check at the end still judges."""
+    advances 1 s per reading, each part "costs" 1 s: budget=1 judges at every check; with a budget near 0 no
+    judgement runs during training (a first run is assumed to cost 10 ms until measured), and the forced check at
+    the end still judges."""
     import types
 
     import tropt.integrations.live as live_mod

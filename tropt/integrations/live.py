@@ -110,7 +110,7 @@ class LiveMonitor:
         looked for at every check (a scan of what arrived since the last one); the loss-curve classification and
         the ``model.gradient_flow`` judgement (vanishing, exploding), whose costs grow with the record, run at a
         check only while their total time stays within this share (on very fast steps they run less often than
-        ``every``); the end of training always judges everything.
+        ``every``); the end of training always judges everything. ``budget=1``: no limit, every check judges.
     """
 
     def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 10,
@@ -246,8 +246,9 @@ class LiveMonitor:
         return new
 
     def _afford(self, part: str, force: bool) -> bool:
-        """Whether running ``part`` now keeps the checks' total time within ``budget`` of the elapsed time."""
-        if force:
+        """Whether running ``part`` now keeps the checks' total time within ``budget`` of the elapsed time
+        (always with ``budget=1``: no limit, every check judges)."""
+        if force or self.budget >= 1.0:
             return True
         allowed = self.budget * (time.perf_counter() - self._started)
         return self.spent + self._costs.get(part, 0.0) <= allowed
