@@ -290,8 +290,6 @@ def peers(quick: bool = False, repeats: int = 3, tmp: str | None = None, big: bo
     import numpy as np
     import pandas as pd
 
-    from tropt.data import check_near_duplicates
-
     watch = LoadWatch("peers")
     out = {}
     with tempfile.TemporaryDirectory(dir=tmp) as folder:
@@ -303,17 +301,7 @@ def peers(quick: bool = False, repeats: int = 3, tmp: str | None = None, big: bo
               "exact kNN graph (50k: ~40 s here; --big: 100k)")
         peer = _run_peer("cleanlab", folder)
         tr, te = pd.DataFrame(train), pd.DataFrame(test)
-        rows = {}
-        for search in ("exact", "index"):
-            times, r = [], None
-            for _ in range(1 if big else repeats):
-                t = time.perf_counter()
-                r = check_near_duplicates({"train": tr, "test": te}, search=search, max_evidence=2 * k, progress=False)
-                times.append(time.perf_counter() - t)
-            ev = r.tables["near_duplicates"]
-            pairs = dict(zip(ev["row"].astype(int), ev["earlier_row"].astype(int)))
-            rows[search] = (times, sum(pairs.get(i) == int(s) for i, s in enumerate(src)))
-            print(f"  tropt search={search!r:<8} {spread(times, 1, ' s')}  found {rows[search][1]}/{k}")
+        rows = _time_tropt(tr, te, src, k, ("exact", "index"), 1 if big else repeats)
         _show_peer(peer, rows, k)
         out["vectors"] = {"peer": peer, "tropt": rows}
         for f in os.listdir(folder):
@@ -329,21 +317,30 @@ def peers(quick: bool = False, repeats: int = 3, tmp: str | None = None, big: bo
               "one word changed; deepchecks' normalised-text hashing can only find the first two thirds)")
         peer = _run_peer("deepchecks", folder)
         tr, te = pd.DataFrame({"text": train}), pd.DataFrame({"text": test})
-        rows = {}
-        for search in ("index",) if n > 200_000 else ("exact", "index"):
-            times, r = [], None
-            for _ in range(1 if big else repeats):
-                t = time.perf_counter()
-                r = check_near_duplicates({"train": tr, "test": te}, search=search, max_evidence=2 * k, progress=False)
-                times.append(time.perf_counter() - t)
-            ev = r.tables["near_duplicates"]
-            pairs = dict(zip(ev["row"].astype(int), ev["earlier_row"].astype(int)))
-            rows[search] = (times, sum(pairs.get(i) == int(s) for i, s in enumerate(src)))
-            print(f"  tropt search={search!r:<8} {spread(times, 1, ' s')}  found {rows[search][1]}/{k}  ({r.metrics.get('method', 'exact trigram vectors')})")
+        rows = _time_tropt(tr, te, src, k, ("index",) if n > 200_000 else ("exact", "index"), 1 if big else repeats)
         _show_peer(peer, rows, k)
         out["text"] = {"peer": peer, "tropt": rows}
     watch.done()
     return out
+
+
+def _time_tropt(tr: "pd.DataFrame", te: "pd.DataFrame", src: "np.ndarray", k: int, searches: tuple, repeats: int) -> dict:
+    """tropt's check on the peers' data with each ``search``: {search: (times, planted pairs found with the right row)}."""
+    from tropt.data import check_near_duplicates
+
+    rows = {}
+    for search in searches:
+        times, r = [], None
+        for _ in range(repeats):
+            t = time.perf_counter()
+            r = check_near_duplicates({"train": tr, "test": te}, search=search, max_evidence=2 * k, progress=False)
+            times.append(time.perf_counter() - t)
+        ev = r.tables["near_duplicates"]
+        pairs = dict(zip(ev["row"].astype(int), ev["earlier_row"].astype(int)))
+        rows[search] = (times, sum(pairs.get(i) == int(s) for i, s in enumerate(src)))
+        print(f"  tropt search={search!r:<8} {spread(times, 1, ' s')}  found {rows[search][1]}/{k}  "
+              f"({r.metrics.get('method', 'exact search')})")
+    return rows
 
 
 def _show_peer(peer: dict, rows: dict, k: int) -> None:
