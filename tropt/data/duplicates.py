@@ -10,7 +10,8 @@ import pandas as pd
 from ..errors import DataError
 from ..registry import register
 from ..result import CheckResult, Status
-from ._common import MAX_EVIDENCE, _canon_hashes, _labels, _load, _pairs, _pct, _pkey, _skip
+from ._common import MAX_EVIDENCE, _label_kind, _labels, _load, _pairs, _pct, _pkey, _skip
+from .sources import hash_column
 
 
 # ---------------------------------------------------------------------------------------------------- exact duplicates
@@ -126,82 +127,82 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
 
 
 def _exact_stats(datas: list, labels: list | None, max_evidence: int) -> dict:
-    """The exact-copy join of the splits' fingerprints: :func:`exact_join` in memory, or bucket by bucket on the
-    workers of the user's Dask Client when every split is a Dask split held there (the same numbers either way)."""
-    if all(d.dask_parts is not None and d.dask_parts.get("fp") is not None for d in datas):
-        from .dask_splits import distributed_exact_stats
-
-        return distributed_exact_stats(datas, labels, max_evidence)
-    lhs = _canon_hashes(labels, [d.name for d in datas]) if labels is not None else None
-    return exact_join([d.fp for d in datas], None, lhs, max_evidence)
+    """The exact-copy join of the splits' fingerprints (:func:`exact_join`). A Dask split's fingerprints were
+    gathered by its scan (8 bytes a row), so the join runs here for every kind of split: it is one sort, and cutting
+    it into buckets joined on the workers moved every fingerprint again, which took longer than the join (#22)."""
+    kind = _label_kind(labels, [d.name for d in datas]) if labels is not None else None
+    return exact_join([d.fp for d in datas], labels, kind, max_evidence)
 
 
-def exact_join(fps: list[np.ndarray], positions: list[np.ndarray] | None, label_hashes: list[np.ndarray] | None,
-               max_evidence: int) -> dict:
-    """Exact copies among the rows of every split: fingerprints ``fps[s]`` of split ``s`` at row ``positions[s]``
-    (ascending; None: 0..n-1), with canonical label hashes. A hash join on the fingerprints (factorised once).
+def repeated_mask(fp: np.ndarray) -> np.ndarray:
+    """Which entries of ``fp`` occur more than once in it. One sort (SIMD in numpy >= 2) finds the repeated values,
+    then a bit table and a binary search mark their rows: several times faster than hashing every row, and most
+    rows of a real table are unique."""
+    s = np.sort(fp)
+    rep = s[1:][s[1:] == s[:-1]]
+    if len(rep) == 0:
+        return np.zeros(len(fp), dtype=bool)
+    rep = rep[np.concatenate([[True], rep[1:] != rep[:-1]])]
+    # A binary search of every row costs ~45 ns a row; a bit table on the fingerprints' top bits leaves ~1/64 of the
+    # unique rows as candidates, and only those are searched.
+    bits = int(min(26, max(12, np.ceil(np.log2(64 * len(rep))))))
+    shift = np.uint64(64 - bits)
+    table = np.zeros(1 << bits, dtype=bool)
+    table[(rep >> shift).astype(np.intp)] = True
+    cand = np.flatnonzero(table[(fp >> shift).astype(np.intp)])
+    at = np.searchsorted(rep, fp[cand])
+    at[at == len(rep)] = 0
+    out = np.zeros(len(fp), dtype=bool)
+    out[cand[rep[at] == fp[cand]]] = True
+    return out
 
-    Rows with equal fingerprints always fall in the same call, so the fingerprint space can be cut into buckets
-    and the buckets' results merged with :func:`merge_exact` (the Dask path does). Returns, by position:
-    ``pairs[(later, earlier)] = (count, first later positions, their first earlier positions, fingerprints)``,
-    ``within`` / ``split_distinct`` / ``repeat_rows`` per split, ``distinct``, ``conflicting``, ``conflict_rows``
-    and ``conflict_evidence`` (split index, position, fingerprint of the first conflicting rows)."""
-    pos = positions if positions is not None else [np.arange(len(f)) for f in fps]
+
+def exact_join(fps: list[np.ndarray], labels: list[pd.Series] | None, label_kind: str | None, max_evidence: int) -> dict:
+    """Exact copies among the rows of every split, from their fingerprints ``fps[s]`` (and labels, compared by
+    ``label_kind``). Only rows whose fingerprint occurs more than once (:func:`repeated_mask`) can pair, repeat or
+    conflict, so only those are factorised and have their labels hashed.
+
+    Returns, by row position: ``pairs[(later, earlier)] = (count, first later positions, their first earlier
+    positions, fingerprints)``, ``within`` / ``split_distinct`` / ``repeat_rows`` per split, ``distinct``,
+    ``conflicting``, ``conflict_rows`` and ``conflict_evidence`` (split index, position, fingerprint of the first
+    conflicting rows)."""
     allfp = np.concatenate(fps) if len(fps) > 1 else fps[0]
-    codes, uniq = pd.factorize(allfp)
     bounds = np.cumsum([0] + [len(f) for f in fps])
-    split_codes = [codes[bounds[i]:bounds[i + 1]] for i in range(len(fps))]
-    firsts = []
-    for c in split_codes:
+    rows = np.flatnonzero(repeated_mask(allfp))  # global row numbers of the repeated rows, ascending
+    codes, uniq = pd.factorize(allfp[rows])
+    cut = np.searchsorted(rows, bounds)
+    local = [rows[cut[i]:cut[i + 1]] - bounds[i] for i in range(len(fps))]  # each split's repeated rows, by row
+    split_codes = [codes[cut[i]:cut[i + 1]] for i in range(len(fps))]
+    firsts = []  # per split: the first row (in the split) holding each repeated value, -1 where none
+    for c, loc in zip(split_codes, local):
         f = np.full(len(uniq), -1, dtype=np.int64)
-        f[c[::-1]] = np.arange(len(c) - 1, -1, -1)
+        f[c[::-1]] = loc[::-1]
         firsts.append(f)
-    out: dict[str, Any] = {"pairs": {}, "distinct": len(uniq), "within": [], "split_distinct": [], "repeat_rows": []}
+    out: dict[str, Any] = {"pairs": {}, "distinct": len(allfp) - len(rows) + len(uniq), "within": [],
+                           "split_distinct": [], "repeat_rows": []}
     for li in range(1, len(fps)):
         for ei in range(li):
             match = firsts[ei][split_codes[li]]
             hit = np.flatnonzero(match >= 0)
-            take = hit[:max_evidence]
-            out["pairs"][(li, ei)] = (len(hit), pos[li][take], pos[ei][match[take]], fps[li][take])
-    for c, f in zip(split_codes, firsts):
-        distinct = int((f >= 0).sum())
-        out["split_distinct"].append(distinct)
-        out["within"].append(len(c) - distinct)
-        out["repeat_rows"].append(int(np.count_nonzero(np.bincount(c, minlength=len(uniq))[c] > 1)) if len(c) > distinct else 0)
+            take = local[li][hit[:max_evidence]]
+            out["pairs"][(li, ei)] = (len(hit), take, match[hit[:max_evidence]], fps[li][take])
+    for i, (c, f) in enumerate(zip(split_codes, firsts)):
+        within = len(c) - int((f >= 0).sum())  # unique rows are distinct in their split too
+        out["split_distinct"].append(len(fps[i]) - within)
+        out["within"].append(within)
+        out["repeat_rows"].append(int(np.count_nonzero(np.bincount(c, minlength=len(uniq))[c] > 1)) if within else 0)
     out["conflicting"], out["conflict_rows"] = 0, 0
     out["conflict_evidence"] = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.uint64))
-    if label_hashes is not None:
-        lh = np.concatenate(label_hashes) if len(label_hashes) > 1 else label_hashes[0]
-        counts = np.bincount(codes, minlength=len(uniq))
-        dup = counts[codes] > 1
-        if dup.any():
-            sub = pd.DataFrame({"code": codes[dup], "lab": lh[dup]})
-            nlab = sub.drop_duplicates().groupby("code").size()
-            bad_codes = nlab.index[nlab.to_numpy() > 1].to_numpy()
-            rows = np.flatnonzero(dup)[np.isin(codes[dup], bad_codes)]
-            out["conflicting"], out["conflict_rows"] = len(bad_codes), len(rows)
-            first = rows[:max_evidence]
-            sid = np.searchsorted(bounds, first, side="right") - 1
-            out["conflict_evidence"] = (sid, np.concatenate(pos)[first] if len(pos) > 1 else pos[0][first], allfp[first])
-    return out
-
-
-def merge_exact(parts: list[dict], max_evidence: int) -> dict:
-    """One :func:`exact_join` result from those of disjoint fingerprint buckets (evidence re-ordered by position)."""
-    first = parts[0]
-    out: dict[str, Any] = {"pairs": {}, "distinct": sum(p["distinct"] for p in parts)}
-    for key in ("within", "split_distinct", "repeat_rows"):
-        out[key] = [int(sum(v)) for v in zip(*(p[key] for p in parts))]
-    for pair in first["pairs"]:
-        got = [p["pairs"][pair] for p in parts]
-        later, earlier, fps = (np.concatenate([g[i] for g in got]) for i in (1, 2, 3))
-        order = np.argsort(later, kind="stable")[:max_evidence]
-        out["pairs"][pair] = (sum(g[0] for g in got), later[order], earlier[order], fps[order])
-    out["conflicting"] = sum(p["conflicting"] for p in parts)
-    out["conflict_rows"] = sum(p["conflict_rows"] for p in parts)
-    sid, pos, fps = (np.concatenate([p["conflict_evidence"][i] for p in parts]) for i in range(3))
-    order = np.lexsort((pos, sid))[:max_evidence]
-    out["conflict_evidence"] = (sid[order], pos[order], fps[order])
+    if labels is not None and len(rows):
+        lh = np.concatenate([hash_column(lab.iloc[loc], label_kind) for lab, loc in zip(labels, local)])
+        sub = pd.DataFrame({"code": codes, "lab": lh})
+        nlab = sub.drop_duplicates().groupby("code").size()
+        bad_codes = nlab.index[nlab.to_numpy() > 1].to_numpy()
+        bad = rows[np.isin(codes, bad_codes)]
+        out["conflicting"], out["conflict_rows"] = len(bad_codes), len(bad)
+        first = bad[:max_evidence]
+        sid = np.searchsorted(bounds, first, side="right") - 1
+        out["conflict_evidence"] = (sid, first - bounds[sid], allfp[first])
     return out
 
 

@@ -17,6 +17,7 @@ column order and the index are ignored, and only the feature columns count (labe
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -66,8 +67,12 @@ def _mix_(z: np.ndarray, pre_shifted: bool = False) -> np.ndarray:
 
 
 def _name_seed(name: Any) -> np.uint64:
-    h = pd.util.hash_array(np.array([str(name)], dtype=object))[0]
-    return np.uint64(h)
+    return _text_seed(str(name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_seed(text: str) -> np.uint64:  # cached: a partition of a 100-column table asks 100 times
+    return np.uint64(pd.util.hash_array(np.array([text], dtype=object))[0])
 
 
 def canonical_float_bits(v: np.ndarray) -> np.ndarray:
@@ -203,15 +208,57 @@ def hash_column(s: pd.Series, kind: str) -> np.ndarray:
     return _string_hash_series(s)
 
 
+_BLOCK = 1 << 14  # rows per block of the plain numeric columns: a block's temporaries stay in the core's cache
+
+
 def hash_rows(frame: pd.DataFrame, columns: list, kinds: Mapping[Any, str]) -> np.ndarray:
     """Row fingerprints over ``columns`` (order-independent: each column's hash is seeded by its name)."""
     acc = np.zeros(len(frame), dtype=np.uint64)
+    plain = []
     for col in columns:
-        h = hash_column(frame[col], kinds[col])  # a new array: mixed in place
+        s = frame[col]
+        if kinds[col] == "numeric" and isinstance(s.dtype, np.dtype) and s.dtype.kind in "biuf":
+            plain.append((s.to_numpy(), _name_seed(col)))
+            continue
+        h = hash_column(s, kinds[col])  # a new array: mixed in place
         h ^= _name_seed(col)
         acc += _mix_(h)
+    if plain:
+        _hash_plain_numeric(plain, acc)
     acc += _GOLD
     return _mix_(acc)
+
+
+def _hash_plain_numeric(columns: list, acc: np.ndarray) -> None:
+    """Add ``mix(hash_column(v) ^ seed)`` of numpy bool/int/float columns to ``acc``, block by block.
+
+    The same values as :func:`hash_column` (float64 bits, -0.0 folded, NaN the missing hash), computed a block of
+    rows at a time into preallocated buffers: a whole column's ten passes would each stream it through memory,
+    and the fingerprints of a wide table were most of a partition's time (issue #22)."""
+    n = len(acc)
+    f, z, t = (np.empty(min(n, _BLOCK), dtype=d) for d in (np.float64, np.uint64, np.uint64))
+    s27, s30, s31 = np.uint64(27), np.uint64(30), np.uint64(31)
+    for a in range(0, n, _BLOCK):
+        m = min(_BLOCK, n - a)
+        ff, zz, tt, out = f[:m], z[:m], t[:m], acc[a:a + m]
+        bits = ff.view(np.uint64)
+        for v, seed in columns:
+            np.add(v[a:a + m], 0.0, out=ff, casting="unsafe")  # as float64, and x + 0.0 turns -0.0 into +0.0
+            if v.dtype.kind == "f":
+                nan = np.isnan(ff)
+                if nan.any():
+                    bits[nan] = _MISSING
+            np.bitwise_xor(bits, seed, out=zz)
+            # _mix_ in place, its shifts into a preallocated buffer
+            np.right_shift(zz, s30, out=tt)
+            zz ^= tt
+            zz *= _C1
+            np.right_shift(zz, s27, out=tt)
+            zz ^= tt
+            zz *= _C2
+            np.right_shift(zz, s31, out=tt)
+            zz ^= tt
+            out += zz
 
 
 def hash_array_rows(x: np.ndarray) -> np.ndarray:
@@ -888,15 +935,20 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
                 kinds[c] = "text"
     sess = _SESSION.get()
     out = []
-    for (name, obj), reader in zip(items, readers):
+    cached = []
+    for name, obj in items:
         key = ("mem", id(obj), opts, tuple(sorted(kinds.items(), key=lambda kv: str(kv[0])))) if sess is not None else None
         fkey = _file_key(obj, opts, kinds)
+        data = None
         if key is not None and key in sess and needs <= sess[key][1].has:
             data = sess[key][1]
         elif fkey is not None and fkey in _FILE_CACHE and needs <= _FILE_CACHE[fkey].has:
             _FILE_CACHE.move_to_end(fkey)
             data = _FILE_CACHE[fkey]
-        else:
+        cached.append((key, fkey, data))
+    started = _start_dask_maps([r for r, (_, _, d) in zip(readers, cached) if d is None], opts, kinds)
+    for (name, obj), reader, (key, fkey, data) in zip(items, readers, cached):
+        if data is None:
             # Inside a session, a scan computes what the session's checks need; alone, files are read once for
             # everything and other splits for what this check needs.
             if sess is not None:
@@ -914,7 +966,23 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
         if data.name != name:
             data = _renamed(data, name)
         out.append(data)
+    del started  # the scans have taken over the maps' futures
     return out
+
+
+def _start_dask_maps(readers: list, opts: Options, kinds: dict) -> list:
+    """Start the map of every Dask split about to be scanned on the current Client at once (their futures, held by
+    the caller until the scans pick them up): scanned one after the other, the workers would idle at each split's
+    last partitions."""
+    started = []
+    dask_readers = [r for r in readers if getattr(r, "ddf", None) is not None]
+    if len(dask_readers) > 1 and kinds:
+        from .dask_splits import prefetch
+
+        for r in dask_readers:
+            feats, label, group, time = _resolve(r, opts)
+            started.append(prefetch(r, dict(kinds), feats, label, group, time))
+    return started
 
 
 def _renamed(data: SplitData, name: str) -> SplitData:
