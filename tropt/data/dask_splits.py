@@ -293,7 +293,7 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
     (default :data:`~tropt.data.sources.EAGER_NUMERIC_ROWS`), from the gathered rows; larger splits have none."""
     from dataclasses import replace
 
-    from .sources import EAGER_NUMERIC_ROWS, SplitData, scan
+    from .sources import EAGER_NUMERIC_ROWS, RowPositions, SplitData, scan
 
     dask = _dask()
     ddf = reader.ddf
@@ -326,7 +326,7 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
         return s.reset_index(drop=True)
 
     fp = np.concatenate([p["fp"] for p in live])
-    row_id = np.concatenate([p["index"] for p in live]) if with_index else np.arange(n)
+    row_id = np.concatenate([p["index"] for p in live]) if with_index else RowPositions(n)
     label_s, group_s, time_s = cat("label"), cat("group"), cat("time")
     del parts, live
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])

@@ -134,26 +134,45 @@ def _exact_stats(datas: list, labels: list | None, max_evidence: int) -> dict:
     return exact_join([d.fp for d in datas], labels, kind, max_evidence)
 
 
-def repeated_mask(fp: np.ndarray) -> np.ndarray:
-    """Which entries of ``fp`` occur more than once in it. One sort (SIMD in numpy >= 2) finds the repeated values,
-    then a bit table and a binary search mark their rows: several times faster than hashing every row, and most
-    rows of a real table are unique."""
-    s = np.sort(fp)
+_MARK_BLOCK = 1 << 20  # rows per block when marking the repeated rows: a block's temporaries are reused
+
+
+def repeated_rows(fps: list[np.ndarray]) -> list[np.ndarray]:
+    """Per array of ``fps``, the (ascending) positions of the entries whose value occurs more than once over all of
+    them. One sort (SIMD in numpy >= 2) finds the repeated values; a bit table on their top bits and a binary search
+    of the few rows it lets through mark the rows, a block at a time. Several times faster than hashing every row
+    (most rows of a real table are unique), and it allocates one array of the fingerprints' size: on a virtual
+    machine, first touches of fresh memory cost more than this arithmetic."""
+    s = np.concatenate(fps) if len(fps) != 1 else fps[0].copy()
+    s.sort()
     rep = s[1:][s[1:] == s[:-1]]
+    del s
     if len(rep) == 0:
-        return np.zeros(len(fp), dtype=bool)
+        return [np.empty(0, dtype=np.int64) for _ in fps]
     rep = rep[np.concatenate([[True], rep[1:] != rep[:-1]])]
-    # A binary search of every row costs ~45 ns a row; a bit table on the fingerprints' top bits leaves ~1/64 of the
-    # unique rows as candidates, and only those are searched.
     bits = int(min(26, max(12, np.ceil(np.log2(64 * len(rep))))))
     shift = np.uint64(64 - bits)
     table = np.zeros(1 << bits, dtype=bool)
     table[(rep >> shift).astype(np.intp)] = True
-    cand = np.flatnonzero(table[(fp >> shift).astype(np.intp)])
-    at = np.searchsorted(rep, fp[cand])
-    at[at == len(rep)] = 0
+    buf = np.empty(min(_MARK_BLOCK, max(len(f) for f in fps)), dtype=np.uint64)
+    out = []
+    for fp in fps:
+        found = []
+        for a in range(0, len(fp), _MARK_BLOCK):
+            blk = fp[a:a + _MARK_BLOCK]
+            top = np.right_shift(blk, shift, out=buf[:len(blk)]).view(np.int64)  # < 2**26: a valid index
+            cand = np.flatnonzero(table[top])
+            at = np.searchsorted(rep, blk[cand])
+            at[at == len(rep)] = 0
+            found.append(cand[rep[at] == blk[cand]] + a)
+        out.append(np.concatenate(found) if found else np.empty(0, dtype=np.int64))
+    return out
+
+
+def repeated_mask(fp: np.ndarray) -> np.ndarray:
+    """Which entries of ``fp`` occur more than once in it (:func:`repeated_rows` of one array, as a mask)."""
     out = np.zeros(len(fp), dtype=bool)
-    out[cand[rep[at] == fp[cand]]] = True
+    out[repeated_rows([fp])[0]] = True
     return out
 
 
@@ -166,19 +185,18 @@ def exact_join(fps: list[np.ndarray], labels: list[pd.Series] | None, label_kind
     positions, fingerprints)``, ``within`` / ``split_distinct`` / ``repeat_rows`` per split, ``distinct``,
     ``conflicting``, ``conflict_rows`` and ``conflict_evidence`` (split index, position, fingerprint of the first
     conflicting rows)."""
-    allfp = np.concatenate(fps) if len(fps) > 1 else fps[0]
+    local = repeated_rows(fps)  # each split's repeated rows, by row
     bounds = np.cumsum([0] + [len(f) for f in fps])
-    rows = np.flatnonzero(repeated_mask(allfp))  # global row numbers of the repeated rows, ascending
-    codes, uniq = pd.factorize(allfp[rows])
-    cut = np.searchsorted(rows, bounds)
-    local = [rows[cut[i]:cut[i + 1]] - bounds[i] for i in range(len(fps))]  # each split's repeated rows, by row
+    rows = np.concatenate([loc + b for loc, b in zip(local, bounds)])  # their global row numbers, ascending
+    codes, uniq = pd.factorize(np.concatenate([f[loc] for f, loc in zip(fps, local)]))
+    cut = np.cumsum([0] + [len(loc) for loc in local])
     split_codes = [codes[cut[i]:cut[i + 1]] for i in range(len(fps))]
     firsts = []  # per split: the first row (in the split) holding each repeated value, -1 where none
     for c, loc in zip(split_codes, local):
         f = np.full(len(uniq), -1, dtype=np.int64)
         f[c[::-1]] = loc[::-1]
         firsts.append(f)
-    out: dict[str, Any] = {"pairs": {}, "distinct": len(allfp) - len(rows) + len(uniq), "within": [],
+    out: dict[str, Any] = {"pairs": {}, "distinct": int(bounds[-1]) - len(rows) + len(uniq), "within": [],
                            "split_distinct": [], "repeat_rows": []}
     for li in range(1, len(fps)):
         for ei in range(li):
@@ -202,7 +220,8 @@ def exact_join(fps: list[np.ndarray], labels: list[pd.Series] | None, label_kind
         out["conflicting"], out["conflict_rows"] = len(bad_codes), len(bad)
         first = bad[:max_evidence]
         sid = np.searchsorted(bounds, first, side="right") - 1
-        out["conflict_evidence"] = (sid, first - bounds[sid], allfp[first])
+        local_first = first - bounds[sid]
+        out["conflict_evidence"] = (sid, local_first, np.array([fps[i][p] for i, p in zip(sid, local_first)], dtype=np.uint64))
     return out
 
 

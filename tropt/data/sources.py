@@ -297,6 +297,38 @@ class Options:
 
 
 # ---------------------------------------------------------------------------------------------------- split data
+class RowPositions:
+    """The row ids of a split whose rows are identified by position (a file, a Parquet dataset): 0..n-1, indexed
+    like an array, without holding n integers (800 MB for 100M rows)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = int(n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> Any:
+        return np.arange(self.n, dtype=np.int64)[i] if isinstance(i, slice) else _checked_positions(i, self.n)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.arange(self.n, dtype=dtype or np.int64)
+
+    def __repr__(self) -> str:
+        return f"RowPositions({self.n})"
+
+
+def _checked_positions(i: Any, n: int) -> Any:
+    idx = np.asarray(i)
+    if idx.dtype == bool:
+        if idx.shape != (n,):
+            raise IndexError(f"boolean index of shape {idx.shape} for {n} rows")
+        return np.flatnonzero(idx)
+    idx = np.where(idx < 0, idx + n, idx).astype(np.int64)
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise IndexError(f"row position out of range for {n} rows")
+    return int(idx) if idx.ndim == 0 else idx
+
+
 @dataclass
 class SplitData:
     """What the checks need from one split. Arrays are aligned by row position."""
@@ -304,7 +336,7 @@ class SplitData:
     name: str
     kind: str  # "frame", "array", "dataset", "csv", "parquet"
     n: int
-    row_id: np.ndarray  # the DataFrame index labels, else row positions (evidence tables show these)
+    row_id: np.ndarray | RowPositions  # the DataFrame index labels, else row positions (evidence tables show these)
     fp: np.ndarray | None = None  # uint64 fingerprints of the features
     label: pd.Series | None = None
     group: pd.Series | None = None
@@ -322,8 +354,8 @@ class SplitData:
     feature_columns: list = field(default_factory=list)
     kinds: dict = field(default_factory=dict)
     has: frozenset = frozenset()  # the optional parts computed: "numeric", "sample"
-    # A Dask split scanned on a distributed Client: {"fp" / "label" / "time": one future per partition} kept on the
-    # workers, with the partitions' first row positions, for the bucketed exact-copy join and the time reduce.
+    # A Dask split scanned on a distributed Client: {"time": one future per partition} kept on the workers, with the
+    # partitions' first row positions, for the time reduce.
     dask_parts: dict | None = None
     dask_offsets: np.ndarray | None = None
 
@@ -703,7 +735,8 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
         if want_sample:
             sample_cols = feats + ([label] if label is not None else [])
             sampler.add(chunk[sample_cols].rename(columns={label: _LABEL}) if label is not None else chunk[sample_cols], n)
-        row_ids.append(chunk.index.to_numpy() if reader.kind == "frame" else np.arange(n, n + len(chunk)))
+        if reader.kind == "frame":
+            row_ids.append(chunk.index.to_numpy())
         n += len(chunk)
     if n == 0:
         raise DataError(f"split {name!r} is empty (0 rows)", "pass a split with at least one row, or leave it out")
@@ -726,7 +759,7 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
     if text_cols and want_numeric and not text_ok:
         numeric_note = (numeric_note + "; " if numeric_note else "") + f"text columns of more than {TEXT_MAX_ROWS:,} rows are not vectorised"
     return SplitData(
-        name=name, kind=reader.kind, n=n, row_id=np.concatenate(row_ids), fp=np.concatenate(fps),
+        name=name, kind=reader.kind, n=n, row_id=np.concatenate(row_ids) if row_ids else RowPositions(n), fp=np.concatenate(fps),
         label=cat(labels), group=cat(groups), time=cat(times), numeric=numeric, numeric_columns=numeric_cols or [],
         numeric_note=numeric_note, text=text, text_columns=text_cols if text_norm is not None else [],
         text_preview=_previews(text_norm), text_norm=text_norm,
