@@ -200,6 +200,44 @@ def test_local_cluster_runs_the_map_and_the_time_reduce_on_its_workers(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------- bad input
+def _hide_tropt() -> None:
+    """On a worker: forget tropt and refuse to import it again (a worker environment without tropt)."""
+    import sys
+
+    class Refuse:
+        def find_spec(self, name, path=None, target=None):
+            if name == "tropt" or name.startswith("tropt."):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    sys.meta_path.insert(0, Refuse())
+    for m in [m for m in sys.modules if m == "tropt" or m.startswith("tropt.")]:
+        del sys.modules[m]
+
+
+def _other_version() -> None:
+    import tropt
+
+    tropt.__version__ = "0.0.1-other"
+
+
+@pytest.mark.parametrize("setup, match", [(_hide_tropt, r"cannot import tropt .*No module named 'tropt"),
+                                          (_other_version, r"other versions of tropt .*0\.0\.1-other")])
+def test_workers_without_this_tropt_are_a_clear_error(tmp_path, setup, match):
+    distributed = pytest.importorskip("distributed")
+    train, test = make_splits(5)
+    paths = {"train": write_dataset(train, tmp_path / "train"), "test": write_dataset(test, tmp_path / "test")}
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        client.run(setup)
+        with pytest.raises(DataError, match=match) as err:
+            check_exact_duplicates(paths, progress=False, **OPTIONS)
+        assert "every worker" in str(err.value) or "same tropt version" in str(err.value)
+        report = tropt.diagnose(splits=paths, progress=False, **OPTIONS)  # inside a report: ERROR, the rest runs
+        data = [r for r in report.results if find_spec(r.check).needs == "splits"]
+        assert data and all(r.status == Status.ERROR for r in data)
+        assert "tropt" in report["data.exact_duplicates"].summary
+
+
 def test_a_glob_that_matches_nothing_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match=r"matches no files") as err:
         check_exact_duplicates({"train": str(tmp_path / "nope-*.parquet"), "test": str(tmp_path / "nope-*.parquet")}, progress=False)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import operator
 import os
 import sys
+import weakref
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,31 @@ def compute(*tasks: Any) -> tuple:
     if client is not None:
         return tuple(client.gather(client.compute(list(tasks))))
     return _dask().compute(*tasks)
+
+
+_CHECKED_CLIENTS: weakref.WeakSet = weakref.WeakSet()  # the Clients whose workers were found to import this tropt
+
+
+def check_workers(client: Any, name: str) -> None:
+    """Raise a DataError when the Client's workers cannot import tropt, or run another version of it: the map's
+    tasks are tropt functions, and a worker without tropt dies unpickling them (Dask restarts it, and the check
+    ends in a KilledWorker that names neither cause nor fix). Asked once per Client, with a builtin as the probe."""
+    if client in _CHECKED_CLIENTS:
+        return
+    from .. import __version__
+
+    try:
+        versions = client.run(eval, "__import__('tropt.data.dask_splits').__version__")
+    except ImportError as exc:
+        raise DataError(f"split {name!r}: the Dask workers cannot import tropt ({type(exc).__name__}: {exc})",
+                        "install tropt, with the 'dask' extra, in every worker's environment (the same version as "
+                        "here: pip install 'tropt[dask]==" + __version__ + "'), then restart the workers") from None
+    other = {w: v for w, v in versions.items() if v != __version__}
+    if other:
+        raise DataError(f"split {name!r}: the Dask workers run other versions of tropt than this process "
+                        f"({__version__}): {other}",
+                        "install the same tropt version on the workers as here, so that rows are fingerprinted alike")
+    _CHECKED_CLIENTS.add(client)
 
 
 def _show_progress(futures: list, desc: str, progress: bool) -> None:
@@ -235,8 +261,11 @@ def _first_rows(part: pd.DataFrame, rows: int) -> pd.DataFrame:
     return part.iloc[:rows]
 
 
-def head(ddf: Any, cols: list, rows: int = HEAD_ROWS) -> pd.DataFrame:
+def head(ddf: Any, cols: list, rows: int = HEAD_ROWS, name: str = "") -> pd.DataFrame:
     """The first ``rows`` rows of ``cols``, reading partitions in order only until there are enough."""
+    client = current_client()
+    if client is not None:
+        check_workers(client, name)
     got, n = [], 0
     first = _dask().delayed(_first_rows, pure=True)
     for part in ddf[cols].to_delayed():  # lazily: only the partitions computed below are read
@@ -282,7 +311,10 @@ def prefetch(reader: Any, kinds: dict, feats: list, label: Any, group: Any, time
     starts every split's map before it waits on the first, so the workers do not idle at the end of each split.
     :func:`scan_dask` later asks for the same tasks and finds them running (the caller holds the futures till then)."""
     client = current_client()
-    return client.compute(_map_tasks(reader, kinds, feats, label, group, time)) if client is not None else None
+    if client is None:
+        return None
+    check_workers(client, reader.name)
+    return client.compute(_map_tasks(reader, kinds, feats, label, group, time))
 
 
 def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label: Any, group: Any, time: Any,
@@ -303,6 +335,7 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
     client = current_client()
     futures = None
     if client is not None:
+        check_workers(client, name)
         futures = client.compute(tasks)
         _show_progress(futures, f"tropt: fingerprinting {name} on the Dask cluster", progress)
         # A date or number time column stays on the workers: data.temporal_leakage reduces it per partition.

@@ -1048,7 +1048,7 @@ def _head(r: _Reader, cols: list) -> pd.DataFrame | None:
     if getattr(r, "ddf", None) is not None:
         from .dask_splits import head  # the first 10,000 rows, as a DataFrame split's kinds are taken from
 
-        return head(r.ddf, cols)
+        return head(r.ddf, cols, name=r.name)
     if r.kind == "csv":
         sep = "\t" if r.path.lower().endswith(".tsv") else ","
         return r.read_csv(pd.read_csv, usecols=cols, nrows=10_000, sep=sep)
