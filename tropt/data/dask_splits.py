@@ -121,15 +121,21 @@ def check_workers(client: Any, name: str) -> None:
     _CHECKED_CLIENTS.add(client)
 
 
-def _show_progress(futures: list, desc: str, progress: bool) -> None:
-    """A tqdm bar over the partitions as the cluster finishes them (returns when all are done)."""
-    if not progress:
-        return
+def _gather_as_done(client: Any, futures: list, desc: str, progress: bool) -> list:
+    """The futures' results in order, each fetched as soon as its task is done (the transfers overlap the map's
+    remaining tasks instead of all following the last one), with a tqdm bar over the partitions."""
     from distributed import as_completed
-    from tqdm.auto import tqdm
 
-    for _ in tqdm(as_completed(futures), total=len(futures), desc=desc, leave=False):
-        pass
+    where = {f.key: i for i, f in enumerate(futures)}
+    out: list = [None] * len(futures)
+    done = as_completed(futures, with_results=True)
+    if progress:
+        from tqdm.auto import tqdm
+
+        done = tqdm(done, total=len(futures), desc=desc, leave=False)
+    for f, result in done:
+        out[where[f.key]] = result
+    return out
 
 
 def _local_progress(total: int, desc: str, progress: bool) -> Any:
@@ -337,10 +343,10 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
     if client is not None:
         check_workers(client, name)
         futures = client.compute(tasks)
-        _show_progress(futures, f"tropt: fingerprinting {name} on the Dask cluster", progress)
         # A date or number time column stays on the workers: data.temporal_leakage reduces it per partition.
         keep = ("time",) if time is not None and _reducible_time(ddf.dtypes[time]) else ()
-        parts = client.gather([client.submit(_without, f, keep, pure=False) for f in futures] if keep else futures)
+        parts = _gather_as_done(client, [client.submit(_without, f, keep, pure=False) for f in futures] if keep else futures,
+                                f"tropt: fingerprinting {name} on the Dask cluster", progress)
         futures = {"time": [client.submit(operator.getitem, f, "time", pure=False) for f in futures]} if keep else None
     else:
         with _local_progress(len(tasks), f"tropt: fingerprinting {name} with Dask", progress):
