@@ -111,3 +111,17 @@ def test_fingerprints_stay_canonical_on_the_fast_path():
     kinds = {"x": "numeric", "y": "numeric"}
     np.testing.assert_array_equal(hash_rows(a, ["x", "y"], kinds), hash_rows(b, ["x", "y"], kinds))
     assert len(set(hash_rows(a, ["x", "y"], kinds).tolist())) == 3
+
+
+def test_row_positions_index_like_the_array_they_replace():
+    from tropt.data.sources import RowPositions
+
+    pos, ref = RowPositions(10), np.arange(10)
+    assert len(pos) == 10
+    for i in ([3, 0, 9], np.array([], dtype=np.int64), np.array([-1, -10]), ref % 3 == 0, slice(2, 8, 3)):
+        np.testing.assert_array_equal(pos[i], ref[i])
+    assert pos[4] == 4 and pos[-1] == 9 and isinstance(pos[np.int64(4)], int)
+    np.testing.assert_array_equal(np.asarray(pos), ref)
+    for bad in ([10], [-11], np.ones(3, dtype=bool)):
+        with pytest.raises(IndexError):
+            pos[bad]
