@@ -581,6 +581,28 @@ def test_label_shift_not_by_p_value_alone_and_regression():
     assert r.plot() is not None
 
 
+def test_a_trending_target_split_by_time_is_drift_not_a_broken_split():
+    """statsmodels' macrodata (shipped): real GDP by quarter, the last 20% of quarters as test. Its label shifts
+    completely (KS 1.0). With time= the splits are seen to be time-ordered: a WARN that names the drift, never the
+    advice to re-split by stratification (which would leak the future); without time= the shift is a FAIL; a
+    random split of the same rows passes."""
+    sm = pytest.importorskip("statsmodels.api")
+    macro = sm.datasets.macrodata.load_pandas().data
+    macro["date"] = pd.PeriodIndex.from_fields(year=macro["year"].astype(int), quarter=macro["quarter"].astype(int),
+                                               freq="Q").to_timestamp()
+    cut = int(len(macro) * 0.8)
+    chrono = {"train": macro.iloc[:cut], "test": macro.iloc[cut:]}
+    r = check_label_shift(chrono, label="realgdp", time="date", progress=False)
+    assert r.status is Status.WARN and r.metrics["time_drift"] is True, r.summary
+    assert "later period" in r.summary and "100% of 'test' labels lie outside 'train''s range" in r.summary
+    assert not any("stratif" in a and "Re-split" in a for a in r.advice) and "leak the future" in r.advice[0]
+    assert bool(r.tables["pairs"]["time_ordered"][0])
+    assert check_label_shift(chrono, label="realgdp", progress=False).status is Status.FAIL  # not told it is temporal
+    mixed = macro.sample(frac=1, random_state=0)
+    r = check_label_shift({"train": mixed.iloc[:cut], "test": mixed.iloc[cut:]}, label="realgdp", time="date", progress=False)
+    assert r.status is Status.PASS and not r.tables["pairs"]["time_ordered"][0], r.summary
+
+
 # ---------------------------------------------------------------------------------------------------- class coverage / sanity
 def test_class_coverage():
     a = pd.DataFrame({"x": range(40), "y": [0] * 20 + [1] * 17 + [2] * 3})

@@ -14,6 +14,9 @@ follow what their public originals do:
   micro-batch, ``accelerator.backward``, a prepared optimizer that steps only on the synchronising micro-batch;
 - ``native_scaler_setup``: an image-model library's ``train_one_epoch`` with its native scaler, a class owning its
   own ``torch.amp.GradScaler`` whose ``__call__`` does scale -> backward -> unscale -> clip -> step -> update;
+- ``lbfgs_setup``: the PyTorch examples' time-sequence prediction: two ``LSTMCell`` layers predicting the next value
+  of sine waves, one full batch, ``optimizer.step(closure)`` with LBFGS (the closure zeroes, computes the loss,
+  backpropagates and returns it; LBFGS evaluates it several times per step);
 - ``hf_setup``: the Hugging Face Trainer's accumulation: losses summed over tokens and divided by the step's
   ``num_items_in_batch`` (newer versions), or each micro-batch's token mean divided by the accumulation steps
   (older versions, the 2024 bug).
@@ -385,3 +388,59 @@ def hf_setup(*, per_micro_mean: bool = False, clip: float | None = 1.0, k: int =
     return tropt.Setup(TinyLM(), hf_loss, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), padded_batches(),
                        scheduler=lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 3)),
                        step=step, accumulation_steps=k, grad_clip=clip, num_classes=VOCAB)
+
+
+# ------------------------------------------------------------------ PyTorch examples time-sequence prediction: LBFGS
+class SineLSTM(nn.Module):
+    """Two LSTMCells unrolled over the sequence, a linear read-out per step: (batch, T) -> (batch, T)."""
+
+    def __init__(self, hidden: int = 16, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.lstm1, self.lstm2 = nn.LSTMCell(1, hidden), nn.LSTMCell(hidden, hidden)
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
+        self.linear = nn.Linear(hidden, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h1 = c1 = h2 = c2 = torch.zeros(x.size(0), self.hidden, dtype=x.dtype)
+        out = []
+        for t in range(x.size(1)):
+            h1, c1 = self.lstm1(x[:, t:t + 1], (h1, c1))
+            h2, c2 = self.lstm2(self.drop(h1), (h2, c2))
+            out.append(self.linear(h2))
+        return torch.cat(out, dim=1)
+
+
+def sine_batch(n: int = 32, length: int = 40, seed: int = 0) -> tuple:
+    """Sine waves with random phase shifts: inputs and the next value at every step."""
+    g = torch.Generator().manual_seed(seed)
+    shift = torch.randint(-40, 40, (n, 1), generator=g)
+    waves = torch.sin((torch.arange(length) + shift).float() / 6.0)
+    return waves[:, :-1], waves[:, 1:]
+
+
+def sine_mse(model: nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return F.mse_loss(model(x), y)
+
+
+def lbfgs_setup(*, forget_zero_grad: bool = False, dropout: float = 0.0) -> tropt.Setup:
+    """Full-batch LBFGS with a closure (strong-Wolfe line search, as is common; without it, lr=0.8 on this data
+    diverges after ~300 steps, which tropt's loss-curve check rightly reports)."""
+
+    def step(ctx, micro_batches):
+        batch = micro_batches[0]  # a loop that never accumulates
+
+        def closure():
+            if not forget_zero_grad:
+                ctx.optimizer.zero_grad()
+            loss = ctx.loss_fn(ctx.model, batch)
+            loss.backward()
+            return loss
+
+        return ctx.optimizer.step(closure)
+
+    torch.manual_seed(0)
+    return tropt.Setup(SineLSTM(dropout=dropout), sine_mse,
+                       optimizer=lambda m: torch.optim.LBFGS(m.parameters(), lr=1.0, max_iter=4, line_search_fn="strong_wolfe"),
+                       train_data=[sine_batch()], val_data=[sine_batch(seed=1)], step=step)

@@ -42,6 +42,8 @@ PORTS = {
     "accelerate_accumulate": accelerate_port,
     "native_scaler_wrapper": rl.native_scaler_setup,
     "hf_trainer_num_items": rl.hf_setup,
+    "lbfgs_closure": rl.lbfgs_setup,
+    "lbfgs_closure_dropout": lambda: rl.lbfgs_setup(dropout=0.2),
 }
 
 
@@ -58,6 +60,8 @@ def test_healthy_port_gets_no_fail_or_error(port):
         "accelerate_accumulate": ["loop.scheduler_cadence", "loop.accumulation"],
         "native_scaler_wrapper": ["loop.loss_scaling"],
         "hf_trainer_num_items": ["loop.scheduler_cadence", "loop.accumulation", "loop.ddp"],
+        "lbfgs_closure": ["loop.zero_grad", "loop.ddp", "loop.resume"],
+        "lbfgs_closure_dropout": ["loop.train_mode"],
     }.get(port, [])
     for cid in expect_run:
         assert results[cid].status is not Status.SKIP, (cid, results[cid].summary)
@@ -74,6 +78,26 @@ def test_hand_written_updates_are_observed_as_parameter_change(port):
     assert results["model.gradient_flow"].status is Status.PASS, results["model.gradient_flow"].summary
     assert results["model.gradient_flow"].metrics["observed_at"] == "parameter change"
     assert results["model.gradient_flow"].metrics["recorded_steps"] == 20  # every call, not only the first
+
+
+def test_an_optimizer_with_a_closure_is_read_at_its_first_evaluation():
+    """LBFGS computes the loss inside step(closure): the gradient it steps with exists only after the closure ran.
+    Read at step() entry, it was the previous step's leftover (a false loop.zero_grad FAIL, a 'no gradient reaches
+    optimizer.step()' accumulation WARN) and each evaluation's all-reduce looked like wasted communication."""
+    results = diagnose(rl.lbfgs_setup(), ["loop.zero_grad", "loop.accumulation", "loop.ddp"])
+    z, a, d = results["loop.zero_grad"], results["loop.accumulation"], results["loop.ddp"]
+    assert z.status is Status.PASS and z.metrics["grad_norm_step_t"] > 0, z.summary
+    assert d.status is Status.PASS and "wasted" not in d.summary, d.summary
+    assert d.metrics["closure_evaluations"] > 1
+    assert d.metrics["synchronised_backward_passes"] == d.metrics["closure_evaluations"]  # one all-reduce per evaluation
+    # The step reads micro_batches[0] (it never accumulates): latent, and named for what it is.
+    assert a.status is Status.WARN and a.metrics.get("latent") and "only the first micro-batch is used" in a.summary, a.summary
+
+
+def test_a_closure_that_forgets_zero_grad_is_caught_by_zero_grad():
+    r = diagnose(rl.lbfgs_setup(forget_zero_grad=True), ["loop.zero_grad"])["loop.zero_grad"]
+    assert r.status is Status.FAIL, r.summary
+    assert "plus the gradient left over from step 1" in r.summary
 
 
 def test_native_scaler_wrapper_is_read_through_its_own_gradscaler():

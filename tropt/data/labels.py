@@ -7,6 +7,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from ..errors import DataError
 from ..registry import register
 from ..result import CheckResult, Status
 from ._common import (MAX_EVIDENCE, _counts_table, _is_num, _labels, _load, _numeric_values, _pairs, _skip, infer_task,
@@ -79,6 +80,12 @@ def check_label_shift(splits: Mapping[str, Any], *, label=None, group=None, time
             pair_rows.append({"split": later.name, "earlier_split": earlier.name, "effect": float(ks.statistic),
                               "effect_name": "ks_statistic", "p_value": float(ks.pvalue),
                               "wasserstein_in_sd": float(stats.wasserstein_distance(a, b) / sd)})
+    ordered = _time_ordered_pairs(datas, time)
+    for r in pair_rows:
+        r["time_ordered"] = (r["split"], r["earlier_split"]) in ordered
+        if task != "classification":
+            a, b = vals[index[r["earlier_split"]]], vals[index[r["split"]]]
+            r["outside_earlier_range"] = float(np.mean((b < a.min()) | (b > a.max())))
     pairs = pd.DataFrame(pair_rows)
     tables = {"pairs": pairs, **tables}
     metrics: dict[str, Any] = {"task": task, "max_effect": float(pairs["effect"].max()) if len(pairs) else 0.0,
@@ -90,18 +97,48 @@ def check_label_shift(splits: Mapping[str, Any], *, label=None, group=None, time
     fail = sig[sig["effect"] >= fail_effect] if len(sig) else sig
     warn = sig[sig["effect"] >= warn_effect] if len(sig) else sig
     eff = metrics["effect_name"]
-    if len(warn):
+    drift = warn[warn["time_ordered"]] if len(warn) else warn
+    if len(warn) and len(drift) == len(warn):
+        # Every shifted pair is a later period after an earlier one (time= given): the target drifting over time,
+        # which a time-ordered split shows by design. Judgement, not a defect; and a random re-split would leak.
+        w = drift.sort_values("effect", ascending=False).iloc[0]
+        metrics["time_drift"] = True
+        outside = (f"; {w['outside_earlier_range']:.0%} of {w['split']!r} labels lie outside {w['earlier_split']!r}'s range"
+                   if "outside_earlier_range" in w and w["outside_earlier_range"] > 0 else "")
+        summary = (f"label distribution of {w['split']!r} differs from {w['earlier_split']!r}: {eff} {w['effect']:.3f} "
+                   f"(p={w['p_value']:.2g}); {w['split']!r} is a later period (the splits are time-ordered by "
+                   f"{time!r}), so the target drifted over time{outside}")
+        advice = ["Keep the time-ordered split: a random or stratified re-split would leak the future into training.",
+                  "Check that the model handles the later period: compare its errors per period; for a trending "
+                  "target, predict changes (differences, returns) or detrend, and re-fit or recalibrate on recent data."]
+        status = Status.WARN
+    elif len(warn):
         w = warn.sort_values("effect", ascending=False).iloc[0]
         summary = f"label distribution of {w['split']!r} differs from {w['earlier_split']!r}: {eff} {w['effect']:.3f} (p={w['p_value']:.2g})"
         advice = ["Re-split with stratification on the label (e.g. sklearn train_test_split(..., stratify=y)) if the "
                   "splits should share one distribution.",
                   "If the shift is real (a later period), evaluate with per-class metrics and re-weight or recalibrate."]
-        status = Status.FAIL if len(fail) else Status.WARN
+        status = Status.FAIL if len(fail[~fail["time_ordered"]]) else Status.WARN
     else:
         summary = f"label distributions agree across splits (largest {eff} {metrics['max_effect']:.3f})"
         advice = []
         status = Status.PASS
     return CheckResult(cid, status, summary, metrics, tables, advice, series)
+
+
+def _time_ordered_pairs(datas: list, time: Any) -> set[tuple[str, str]]:
+    """(later, earlier) split-name pairs whose later split starts at or after the earlier one ends by ``time`` (as
+    data.temporal_leakage reads it); empty without a usable time column (that check reports why)."""
+    if time is None or any(d.time is None and not (d.dask_parts or {}).get("time") for d in datas):
+        return set()
+    from .leakage import _temporal_stats
+
+    try:
+        stats = _temporal_stats(datas, time, 0)
+    except DataError:
+        return set()
+    return {(datas[li].name, datas[ei].name) for li in range(len(datas)) for ei in range(li)
+            if stats[li]["finite"] and stats[ei]["finite"] and stats[li]["min"] >= stats[ei]["max"]}
 
 
 # ---------------------------------------------------------------------------------------------------- class coverage

@@ -94,7 +94,8 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
         grads = {name.removeprefix("module."): (None if g is None else g.numpy()) for name, g in
                  (records[0].grads.items() if records else [])}
         pre = _averaged_pre_clip(ddp, records[0].pre_clip if records else {}, world)
-        out.send((rank, "ok", (grads, pre), syncs, calls))
+        evaluations = records[0].closure_evaluations if records else 0  # LBFGS-style: each is a synchronised backward
+        out.send((rank, "ok", (grads, pre), [*syncs, evaluations], calls))
     except BaseException as exc:  # noqa: BLE001 - report anything to the parent, which turns it into an ERROR
         code = 1
         try:
@@ -329,10 +330,15 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
             per_mean = _per_process_mean(setup, whole, shares, _rank0_grads(franks if frozen_run else ranks, int(pre_clip)), tol,
                                          frozen_run, clipped_grads=not pre_clip)
     syncs_per_step = ranks[0][3][1]
+    # An optimizer that evaluates a closure (LBFGS) needs one synchronised backward per evaluation: only the
+    # passes beyond one per loss evaluation are wasted communication.
+    evaluations = max(1, ranks[0][3][2])
+    wasted_syncs = syncs_per_step - evaluations
+    per = f"{k} micro-batches" + (f", {evaluations} closure evaluations" if evaluations > 1 else "")
     metrics = {"world_size": world_size, "samples_per_process": per_rank, "micro_batches": k, "max_rel_error": err,
                "optimizer_steps_per_call": max(int(np.max(c)) if c else 0 for *_, c in ranks), "observed_at": where,
                "tolerance": tol, "allreduce_buckets": ranks[0][3][0], "synchronised_backward_passes": syncs_per_step,
-               "batch_dependent_layers": len(bn_layers)}
+               "closure_evaluations": ranks[0][3][2], "batch_dependent_layers": len(bn_layers)}
     metrics["compared"] = ("gradients before clipping, averaged over processes (at optimizer.step they "
                            f"differ by {float(post['rel_error'].max()):.1%})" if pre_clip else "gradients at optimizer.step")
     tables = {"parameters": table, **({"parameters_at_step": post} if pre_clip and setup.grad_clip is not None else {}),
@@ -392,8 +398,8 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
                            f"under DDP with {world_size} processes the gradients differ by {derr:.1%}"
                            f"{' before clipping' if pre_clip and setup.grad_clip is not None else ''}{frozen}{why}", metrics, tables, advice)
     if ftable is not None:
-        wasted = (f"; they are also all-reduced {syncs_per_step}× per optimizer step ({k} micro-batches)"
-                  if syncs_per_step > 1 else "")
+        wasted = (f"; they are also all-reduced {syncs_per_step}× per optimizer step ({per})"
+                  if wasted_syncs > 0 else "")
         return CheckResult("loop.ddp", Status.WARN,
                            f"gradients match under DDP once BatchNorm's batch statistics are frozen (error {derr:.1e}); with "
                            f"live statistics each process normalises its {per_rank} samples by themselves and the gradients "
@@ -401,10 +407,10 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
                            [f"Expect {len(bn_layers)} BatchNorm layer(s) to see {per_rank} samples per process under DDP, not the "
                             "whole batch; if that is too few for stable statistics, convert them with "
                             "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (CUDA) or use GroupNorm/LayerNorm."]
-                           + ([no_sync] if syncs_per_step > 1 else []))
-    if syncs_per_step > 1:
+                           + ([no_sync] if wasted_syncs > 0 else []))
+    if wasted_syncs > 0:
         wasted = (f"gradients match under DDP, but they are all-reduced {syncs_per_step}× per optimizer step "
-                  f"({k} micro-batches): {syncs_per_step - 1} of those are wasted communication")
+                  f"({per}): {wasted_syncs} of those are wasted communication")
         if not setup.distributed:
             # Only communication, and only under DDP: a note for a Setup not declared as meant for DDP.
             return CheckResult("loop.ddp", Status.PASS, f"{world_size} DDP processes reach the single-process gradients "
@@ -413,4 +419,6 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
         return CheckResult("loop.ddp", Status.WARN, wasted, metrics, tables, [no_sync, advice_std])
     return CheckResult("loop.ddp", Status.PASS,
                        f"{world_size} DDP processes reach the single-process gradients (max relative error {err:.1e}) "
-                       f"with one all-reduce per optimizer step", metrics, tables)
+                       + ("with one all-reduce per optimizer step" if evaluations == 1 else
+                          f"with one all-reduce per loss evaluation ({evaluations} closure evaluations per optimizer step)"),
+                       metrics, tables)

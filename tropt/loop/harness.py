@@ -53,6 +53,8 @@ class StepRecord:
     autograd hands it over (before it is accumulated into ``.grad``) and divided by the scale of the GradScaler that
     scaled the loss: what the losses asked for, whatever clipping or ``zero_grad`` did afterwards.
     ``last_backward`` is the last backward pass's share of it.
+    When ``optimizer.step(closure)`` computes the loss itself, the record is taken right after the closure's first
+    evaluation (the gradient its first direction uses), and ``closure_evaluations`` counts its evaluations.
     """
 
     grads: dict[str, torch.Tensor | None]
@@ -62,6 +64,7 @@ class StepRecord:
     pre_clip: dict[str, torch.Tensor | None] = field(default_factory=dict)
     last_backward: dict[str, torch.Tensor | None] = field(default_factory=dict)
     observed_at: str = OPTIMIZER_STEP
+    closure_evaluations: int = 0  # times step()'s closure computed the loss (LBFGS: several); 0 without a closure
 
 
 CAPTURES = ("grads", "norm", "lr")
@@ -108,7 +111,31 @@ class StepRecorder:
         scaler = self.scalers.current if self.scalers is not None and self.scalers.current is not None else self.ctx.scaler
         return float(scaler.get_scale()) if scaler is not None else None
 
-    def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> tuple | None:
+        """At ``optimizer.step()``: record now, or, when the step is given a closure (LBFGS and other optimizers
+        that evaluate the loss themselves), hand it a wrapped closure that records after its first evaluation: the
+        gradient the optimizer steps with is the closure's, computed inside ``step``."""
+        # torch passes step()'s own arguments, the optimizer first: (optimizer, closure) or closure=...
+        at = 1 if args and args[0] is optimizer else 0
+        closure = kwargs.get("closure", args[at] if len(args) > at else None)
+        if not callable(closure):
+            self._record(optimizer)
+            return None
+        self._pending, self._last = {}, {}  # the previous step's later closure evaluations (line search)
+        seen: list[StepRecord] = []
+
+        def recording_closure() -> Any:
+            loss = closure()
+            if not seen:
+                seen.append(self._record(optimizer))
+            seen[0].closure_evaluations += 1
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": recording_closure}
+        return (*args[:at], recording_closure, *args[at + 1:]), kwargs
+
+    def _record(self, optimizer: torch.optim.Optimizer) -> StepRecord:
         scale = self._scale()
         lrs = [float(g["lr"]) for g in optimizer.param_groups]
         grads: dict[str, torch.Tensor | None] = {}
@@ -124,7 +151,9 @@ class StepRecorder:
                         grads[self._names.get(id(p), f"unnamed_{len(grads)}")] = None if g is None else g.float().clone()
             norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
         pre, last = self._take_backward_sums(list(grads))
-        self.records.append(StepRecord(grads, lrs, scale, norm, pre, last))
+        record = StepRecord(grads, lrs, scale, norm, pre, last)
+        self.records.append(record)
+        return record
 
     def __enter__(self) -> "StepRecorder":
         if self.ctx.optimizer is not None:

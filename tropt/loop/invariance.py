@@ -242,6 +242,7 @@ def _loss_side_cause(setup: Setup, micro: list, whole: object, a: _Run, b: _Run,
     base = a.pre if ra > close else _scaled(ref, ca)  # when the 1x run is not the reference, compare with it directly
     last = _loss_grads(setup, micro[-1:], [1.0], freeze)
     c_last, r_last = _scalar_fit(b.pre, last)
+    c_first, r_first = _scalar_fit(b.pre, _loss_grads(setup, micro[:1], [1.0], freeze))
     hypotheses = {
         "summed": (global_rel_error(b.pre, _scaled(base, k)),
                    f"the accumulated gradient is {k}× the full-batch one: micro-batch losses are summed, not averaged",
@@ -251,6 +252,13 @@ def _loss_side_cause(setup: Setup, micro: list, whole: object, a: _Run, b: _Run,
                           ["Divide the loss by K once (either per micro-batch or after accumulating, not both)."]),
         "only_last_loss": (r_last, "only the last micro-batch's loss is backpropagated",
                            ["Call backward() on every micro-batch's loss, then step once."]),
+        # A step written for one batch reads micro_batches[0] (an LBFGS closure step, a port of a loop that never
+        # accumulated): the other micro-batches are silently dropped.
+        "only_first_micro_batch": (r_first, "only the first micro-batch is used: the step reads micro_batches[0] and "
+                                   "ignores the others",
+                                   ["Loop over every micro-batch the step receives (backward on each, then one optimizer "
+                                    "step); a step that never accumulates may keep reading micro_batches[0], but then keep "
+                                    "accumulation_steps=1."]),
         _PER_MICRO_MEAN: (global_rel_error(b.pre, _scaled(_loss_grads(setup, micro, [1 / k] * k, freeze), ca if ra <= close else 1.0)),
                           "it equals the average of per-micro-batch mean losses: each micro-batch's loss is normalised by its own item count",
                           ["Each micro-batch loss is a mean over its own items (tokens, pixels, non-padding positions); averaging "
