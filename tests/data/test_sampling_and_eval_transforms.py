@@ -217,14 +217,17 @@ def test_partly_ordered_batches_warn_and_imbalanced_shuffled_data_does_not():
     assert r.metrics["shuffled_one_class_batches"] > 0.5  # what shuffling gives: not a defect
 
 
-def _digits_setup(val_scale: float = 1.0):
-    """sklearn's digits (8x8 images as 64 features, several of them zero in all but a few images), split at random."""
+def _digits_setup(val_scale: float = 1.0, contiguous: bool = False, unscaled: tuple = ()):
+    """sklearn's digits (8x8 images as 64 features, several of them zero in all but a few images), split at random
+    (or as two contiguous blocks: the file is ordered by writer); ``unscaled`` pixels of validation left at 0-16."""
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
     x = torch.tensor(x / 16.0, dtype=torch.float32)
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    tr, va = perm[:1500], perm[1500:]
+    perm = torch.arange(len(y)) if contiguous else torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    tr, va = (perm[:512], perm[512:640]) if contiguous else (perm[:1500], perm[1500:])
+    if unscaled:
+        x[va[:, None], torch.tensor(unscaled)] *= 16.0
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
     return tropt.Setup(model, cc.ce, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
                        DataLoader(TensorDataset(x[tr], torch.tensor(y)[tr]), batch_size=64, shuffle=True),
@@ -239,3 +242,17 @@ def test_rare_nonzero_features_of_a_random_split_are_not_a_shift():
     # ... while the same split with the validation inputs left on the raw 0-16 scale fails, on every varying pixel.
     bad = run(check_eval_transforms, _digits_setup(val_scale=16.0))
     assert bad.status is Status.FAIL and bad.metrics["features_fail"] >= 40, bad.summary
+
+
+def test_a_contiguous_block_of_ordered_rows_is_another_population_not_a_transform():
+    """digits is ordered by writer: its rows 512-640 as validation differ from rows 0-512 on a few pixels, in both
+    directions, the rest alike. That is how the split was drawn, not how validation was prepared: WARN with that
+    cause (it was a FAIL advising to apply the training preprocessing). The same block with validation left on the
+    raw 0-16 scale, or with three pixels left unscaled (moved the same way), is still a transform FAIL."""
+    r = run(check_eval_transforms, _digits_setup(contiguous=True))
+    assert r.status is Status.WARN and r.metrics["pattern"] == "population", r.summary
+    assert "another population, not prepared differently" in r.summary and "drawn" in r.advice[0]
+    for kw in ({"val_scale": 16.0}, {"unscaled": (20, 21, 28)}):
+        bad = run(check_eval_transforms, _digits_setup(contiguous=True, **kw))
+        assert bad.status is Status.FAIL and bad.metrics["pattern"] == "transform", (kw, bad.summary)
+        assert "Apply the training transform's preprocessing" in bad.advice[0]

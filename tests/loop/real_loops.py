@@ -17,6 +17,10 @@ follow what their public originals do:
 - ``lbfgs_setup``: the PyTorch examples' time-sequence prediction: two ``LSTMCell`` layers predicting the next value
   of sine waves, one full batch, ``optimizer.step(closure)`` with LBFGS (the closure zeroes, computes the loss,
   backpropagates and returns it; LBFGS evaluates it several times per step);
+- ``sam_setup``: sharpness-aware minimisation as its popular wrapper optimizer does it: ``first_step`` climbs to
+  ``w + e(w)`` and zeroes the gradients, a second forward/backward, ``second_step`` returns to ``w`` and calls
+  ``base_optimizer.step()`` (the wrapper's own ``step`` is never called); its ``state_dict`` leaves out the base
+  optimizer's momentum (davda54/sam#73), so a healthy loop checkpoints that too;
 - ``hf_setup``: the Hugging Face Trainer's accumulation: losses summed over tokens and divided by the step's
   ``num_items_in_batch`` (newer versions), or each micro-batch's token mean divided by the accumulation steps
   (older versions, the 2024 bug).
@@ -444,3 +448,86 @@ def lbfgs_setup(*, forget_zero_grad: bool = False, dropout: float = 0.0) -> trop
     return tropt.Setup(SineLSTM(dropout=dropout), sine_mse,
                        optimizer=lambda m: torch.optim.LBFGS(m.parameters(), lr=1.0, max_iter=4, line_search_fn="strong_wolfe"),
                        train_data=[sine_batch()], val_data=[sine_batch(seed=1)], step=step)
+
+
+# ------------------------------------------------------------------ SAM: a wrapper optimizer with two passes per update
+class SAM(torch.optim.Optimizer):
+    """Sharpness-aware minimisation around a base optimizer that shares its param groups."""
+
+    def __init__(self, params, base_optimizer, rho: float = 0.05, **kwargs) -> None:
+        super().__init__(params, dict(rho=rho, **kwargs))
+        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
+        self.param_groups = self.base_optimizer.param_groups
+
+    @torch.no_grad()
+    def first_step(self, zero_grad: bool = False) -> None:
+        norm = torch.norm(torch.stack([p.grad.norm() for g in self.param_groups for p in g["params"] if p.grad is not None]))
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.state[p]["e_w"] = e_w = p.grad * (group["rho"] / (norm + 1e-12))
+                    p.add_(e_w)
+        if zero_grad:
+            self.zero_grad()
+
+    @torch.no_grad()
+    def second_step(self, zero_grad: bool = False) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(self.state[p]["e_w"])
+        self.base_optimizer.step()
+        if zero_grad:
+            self.zero_grad()
+
+    def step(self, closure=None):
+        raise NotImplementedError("call first_step and second_step")
+
+    def load_state_dict(self, state_dict) -> None:
+        super().load_state_dict(state_dict)
+        self.base_optimizer.param_groups = self.param_groups
+
+
+def digit_batches(n: int = 8, batch: int = 64) -> list:
+    """scikit-learn's digits (shipped): 8x8 images scaled to [0, 1], as (x, y) batches."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x, y = torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y)
+    return [(x[i:i + batch], y[i:i + batch]) for i in range(0, n * batch, batch)]
+
+
+def digits_ce(model: nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def sam_setup(*, checkpoint_base: bool = True) -> tropt.Setup:
+    def step(ctx, micro_batches):
+        k = len(micro_batches)
+        for mb in micro_batches:
+            (ctx.loss_fn(ctx.model, mb) / k).backward()
+        ctx.optimizer.first_step(zero_grad=True)
+        for mb in micro_batches:
+            (ctx.loss_fn(ctx.model, mb) / k).backward()
+        ctx.optimizer.second_step(zero_grad=True)
+
+    def save(ctx):
+        state = {"model": ctx.model.state_dict(), "optimizer": ctx.optimizer.state_dict(), "rng": torch.get_rng_state()}
+        if checkpoint_base:
+            state["base"] = ctx.optimizer.base_optimizer.state_dict()
+        return state
+
+    def load(ctx, state):
+        ctx.model.load_state_dict(state["model"])
+        ctx.optimizer.load_state_dict(state["optimizer"])
+        if checkpoint_base:
+            ctx.optimizer.base_optimizer.load_state_dict(state["base"])
+        torch.set_rng_state(state["rng"])
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 10))
+    batches = digit_batches(10)
+    return tropt.Setup(model, digits_ce, optimizer=lambda m: SAM(m.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9),
+                       train_data=batches[:8], val_data=batches[8:], step=step, save_state=save, load_state=load,
+                       num_classes=10)

@@ -44,6 +44,7 @@ PORTS = {
     "hf_trainer_num_items": rl.hf_setup,
     "lbfgs_closure": rl.lbfgs_setup,
     "lbfgs_closure_dropout": lambda: rl.lbfgs_setup(dropout=0.2),
+    "sam_two_passes": rl.sam_setup,
 }
 
 
@@ -62,6 +63,7 @@ def test_healthy_port_gets_no_fail_or_error(port):
         "hf_trainer_num_items": ["loop.scheduler_cadence", "loop.accumulation", "loop.ddp"],
         "lbfgs_closure": ["loop.zero_grad", "loop.ddp", "loop.resume"],
         "lbfgs_closure_dropout": ["loop.train_mode"],
+        "sam_two_passes": ["loop.zero_grad", "loop.resume", "loop.train_mode", "loop.ddp"],
     }.get(port, [])
     for cid in expect_run:
         assert results[cid].status is not Status.SKIP, (cid, results[cid].summary)
@@ -98,6 +100,26 @@ def test_a_closure_that_forgets_zero_grad_is_caught_by_zero_grad():
     r = diagnose(rl.lbfgs_setup(forget_zero_grad=True), ["loop.zero_grad"])["loop.zero_grad"]
     assert r.status is Status.FAIL, r.summary
     assert "plus the gradient left over from step 1" in r.summary
+
+
+def test_a_wrapper_optimizer_stepping_its_base_is_read_at_the_base_step():
+    """SAM never calls its own step(): second_step calls base_optimizer.step(). Hooked on the wrapper only, the
+    step looked like it changed no parameter (a false loop.train_mode ERROR), and tropt's own snapshot missed the base
+    optimizer's momentum (a false loop.zero_grad FAIL); its two synchronised passes each start from cleared
+    gradients, so neither all-reduce is wasted."""
+    results = diagnose(rl.sam_setup(), ["loop.zero_grad", "loop.train_mode", "loop.ddp"])
+    for cid in ("loop.zero_grad", "loop.train_mode", "loop.ddp"):
+        assert results[cid].status is Status.PASS, (cid, results[cid].summary)
+    assert results["loop.zero_grad"].metrics["observed_at"] == "optimizer.step"
+    d = results["loop.ddp"]
+    assert d.metrics["synchronised_backward_passes"] == 2 and "wasted" not in d.summary, d.summary
+
+
+def test_a_checkpoint_without_the_wrapped_optimizer_state_is_caught_by_resume():
+    """SAM's state_dict() leaves out its base optimizer's momentum (davda54/sam#73): resume FAILs, naming it."""
+    r = diagnose(rl.sam_setup(checkpoint_base=False), ["loop.resume"])["loop.resume"]
+    assert r.status is Status.FAIL and "first divergence: wrapped optimizer state" in r.summary, r.summary
+    assert any("base_optimizer" in a for a in r.advice)
 
 
 def test_native_scaler_wrapper_is_read_through_its_own_gradscaler():

@@ -188,6 +188,29 @@ def _training_inputs(setup: Any, n_batches: int) -> Iterator[Any]:
     return setup.batches(n_batches, cycle=False)
 
 
+def _population_shift(df: pd.DataFrame, bad: pd.DataFrame) -> bool:
+    """Whether the differing features look like a different population rather than a different preprocessing: at
+    least two of them, at most a quarter of all features, shifted in both directions, with the typical feature's
+    spread unchanged (median std ratio within 1.25x), and none carrying a transform's signature. A missing or
+    different transform (normalisation, scaling, encoding) moves most features, moves the affected ones the same
+    way, or scales a feature's mean and spread by one factor."""
+    if len(bad) < 2 or len(bad) > 0.25 * len(df):
+        return False
+    if float(np.median(np.abs(np.log(df["std_ratio"].to_numpy(dtype=float))))) > math.log(1.25):
+        return False
+    moved = np.where(bad["z_mean"] >= bad["z_std"], np.sign(bad["val_mean"] - bad["train_mean"]), np.sign(np.log(bad["std_ratio"])))
+    if not ((moved > 0).any() and (moved < 0).any()):
+        return False
+    # No feature may carry a transform's signature: a scaling (mean and spread multiplied by one factor: values left
+    # at 0-16 beside pixels scaled to 0-1) or a mean moved far outside the training distribution.
+    tm, vm = bad["train_mean"].to_numpy(dtype=float), bad["val_mean"].to_numpy(dtype=float)
+    ratio = bad["std_ratio"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scaled = (ratio >= 2.0) & (tm * vm > 0) & (np.abs(np.log(np.abs(vm / tm)) - np.log(ratio)) < math.log(1.5))
+        far = np.abs(vm - tm) > 5.0 * bad["train_std"].to_numpy(dtype=float)
+    return not bool((scaled | far).any())
+
+
 @register(CHECK, title="Evaluation data prepared like training data",
           description="train vs val per-feature/channel mean and std; random transforms in evaluation")
 def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float = 1.0, fail_std_ratio: float = 3.0,
@@ -301,7 +324,23 @@ def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float 
                        max_effect=float(df["effect"].replace(np.inf, np.nan).max() if np.isfinite(df["effect"]).any() else 0.0),
                        max_std_ratio=float(np.exp(np.abs(lr)).max()))
         bad = df[df["verdict"] != "ok"]
-        if len(bad):
+        population = _population_shift(df, bad)
+        metrics["pattern"] = "none" if not len(bad) else "population" if population else "transform"
+        if len(bad) and population:
+            # A few features, shifted both ways, the rest alike: rows drawn from elsewhere, not a preprocessing step
+            # (a missing normalisation moves most features the same way). Judgement, not a defect of the transforms.
+            names = [f"{r.input} {r.kind} {r.index} (mean {r.train_mean:.3g} vs {r.val_mean:.3g}, std {r.train_std:.3g} vs {r.val_std:.3g})"
+                     for r in bad.head(4).itertuples()]
+            more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+            findings.append((Status.WARN,
+                             f"{len(bad)} of {len(df)} input {bad['kind'].iloc[0]}(s) of the validation data differ from training "
+                             f"beyond sampling noise, in both directions, while the others agree (median std ratio "
+                             f"{float(np.exp(np.median(np.abs(lr)))):.2f}): the validation rows look drawn from another "
+                             f"population, not prepared differently: {'; '.join(names)}{more}",
+                             "Check how the validation split was drawn: a contiguous block of ordered data (by writer, "
+                             "source or time) differs from the rest; shuffle before splitting, or split by group on "
+                             "purpose (see data.label_shift and data.group_leakage)."))
+        elif len(bad):
             status = Status.FAIL if fail.any() else Status.WARN
             names = [f"{r.input} {r.kind} {r.index} (mean {r.train_mean:.3g} vs {r.val_mean:.3g}, std {r.train_std:.3g} vs {r.val_std:.3g})"
                      for r in bad.head(4).itertuples()]

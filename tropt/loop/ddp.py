@@ -81,11 +81,27 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
         if freeze:
             freeze_batch_stats(ctx.model)
         ddp = DistributedDataParallel(ctx.model, find_unused_parameters=find_unused)
-        syncs = [0, 0]  # bucket all-reduces, synchronised backward passes
+        syncs = [0, 0, 0]  # bucket all-reduces, synchronised backward passes, those that started from zeroed gradients
+        opened = {"open": False, "fresh": False}  # the current backward pass: seen, and whether .grad was clear
+
+        def first_gradient(p: torch.nn.Parameter):
+            def hook(grad):  # runs before this pass's gradient is added to p.grad
+                if not opened["open"]:
+                    opened.update(open=True, fresh=p.grad is None or not bool(torch.any(p.grad)))
+            return hook
+
+        for p in ctx.model.parameters():
+            if p.requires_grad:
+                p.register_hook(first_gradient(p))
 
         def counting_allreduce(state, bucket):  # unannotated: DDP rejects annotations other than dist.GradBucket
             syncs[0] += 1
-            syncs[1] += int(bucket.is_last())
+            if bucket.is_last():
+                # A synchronised pass that adds to gradients not yet used (accumulation without no_sync) wastes its
+                # all-reduce; one that starts from cleared gradients (a closure's evaluation, SAM's second pass) needs it.
+                syncs[1] += 1
+                syncs[2] += int(opened["fresh"])
+                opened["open"] = False
             return default_hooks.allreduce_hook(state, bucket)
 
         ddp.register_comm_hook(None, counting_allreduce)
@@ -330,15 +346,16 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
             per_mean = _per_process_mean(setup, whole, shares, _rank0_grads(franks if frozen_run else ranks, int(pre_clip)), tol,
                                          frozen_run, clipped_grads=not pre_clip)
     syncs_per_step = ranks[0][3][1]
-    # An optimizer that evaluates a closure (LBFGS) needs one synchronised backward per evaluation: only the
-    # passes beyond one per loss evaluation are wasted communication.
-    evaluations = max(1, ranks[0][3][2])
-    wasted_syncs = syncs_per_step - evaluations
+    # A synchronised backward pass is needed when it starts from cleared gradients (each evaluation of an LBFGS
+    # closure, SAM's second pass after first_step(zero_grad=True)); one that adds to gradients not yet used is wasted.
+    evaluations = max(1, ranks[0][3][3])
+    wasted_syncs = max(0, syncs_per_step - max(1, ranks[0][3][2]))
     per = f"{k} micro-batches" + (f", {evaluations} closure evaluations" if evaluations > 1 else "")
     metrics = {"world_size": world_size, "samples_per_process": per_rank, "micro_batches": k, "max_rel_error": err,
                "optimizer_steps_per_call": max(int(np.max(c)) if c else 0 for *_, c in ranks), "observed_at": where,
                "tolerance": tol, "allreduce_buckets": ranks[0][3][0], "synchronised_backward_passes": syncs_per_step,
-               "closure_evaluations": ranks[0][3][2], "batch_dependent_layers": len(bn_layers)}
+               "closure_evaluations": ranks[0][3][3],
+               "backward_passes_from_cleared_gradients": ranks[0][3][2], "batch_dependent_layers": len(bn_layers)}
     metrics["compared"] = ("gradients before clipping, averaged over processes (at optimizer.step they "
                            f"differ by {float(post['rel_error'].max()):.1%})" if pre_clip else "gradients at optimizer.step")
     tables = {"parameters": table, **({"parameters_at_step": post} if pre_clip and setup.grad_clip is not None else {}),
@@ -419,6 +436,7 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
         return CheckResult("loop.ddp", Status.WARN, wasted, metrics, tables, [no_sync, advice_std])
     return CheckResult("loop.ddp", Status.PASS,
                        f"{world_size} DDP processes reach the single-process gradients (max relative error {err:.1e}) "
-                       + ("with one all-reduce per optimizer step" if evaluations == 1 else
-                          f"with one all-reduce per loss evaluation ({evaluations} closure evaluations per optimizer step)"),
+                       + ("with one all-reduce per optimizer step" if syncs_per_step <= 1 else
+                          f"with one all-reduce per backward pass that starts from cleared gradients ({syncs_per_step} per "
+                          f"optimizer step{f': {evaluations} closure evaluations' if evaluations > 1 else ''})"),
                        metrics, tables)

@@ -42,6 +42,40 @@ OPTIMIZER_STEP = "optimizer.step"
 PARAMETER_CHANGE = "parameter change"
 
 
+def stepping_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """``optimizer`` and the optimizers it wraps (attributes holding a torch Optimizer: SAM's ``base_optimizer``,
+    Lookahead's ``optimizer``, ZeroRedundancyOptimizer's ``optim``), outermost first."""
+    out, todo, seen = [], [optimizer], set()
+    while todo:
+        o = todo.pop(0)
+        if not isinstance(o, torch.optim.Optimizer) or id(o) in seen:
+            continue
+        seen.add(id(o))
+        out.append(o)
+        todo += [v for v in vars(o).values() if isinstance(v, torch.optim.Optimizer)]
+    return out
+
+
+def on_update(optimizer: Any, hook: Any) -> list[Any]:
+    """Call ``hook(optimizer, args, kwargs)`` (a step pre-hook; its return value is passed on) once per update:
+    at ``optimizer.step()``, or at the step of an optimizer it wraps when that one is stepped by other means (SAM's
+    ``second_step`` calls ``base_optimizer.step()``; the wrapper's own ``step`` is never called). A wrapped step
+    inside the wrapper's ``step`` (Lookahead) is the same update and is not reported again. Returns the handles."""
+    depth = [0]
+
+    def pre(opt: Any, args: Any, kwargs: Any) -> Any:
+        depth[0] += 1
+        return hook(opt, args, kwargs) if depth[0] == 1 else None
+
+    def post(opt: Any, args: Any, kwargs: Any) -> None:
+        depth[0] = max(0, depth[0] - 1)
+
+    handles = []
+    for o in stepping_optimizers(optimizer):
+        handles += [o.register_step_pre_hook(pre), o.register_step_post_hook(post)]
+    return handles
+
+
 @dataclass
 class StepRecord:
     """What reached one ``optimizer.step()`` call, or one hand-written update (``observed_at="parameter change"``).
@@ -88,7 +122,7 @@ class StepRecorder:
         if self.capture not in CAPTURES:
             raise ValueError(f"capture must be one of {CAPTURES}, not {self.capture!r}")
         self._names = {id(p): n for n, p in self.ctx.model.named_parameters()}
-        self._handle = None
+        self._handles: list[Any] = []
         self._grad_handles: list[Any] = []
         self._pending: dict[str, torch.Tensor] = {}
         self._last: dict[str, torch.Tensor] = {}
@@ -157,15 +191,16 @@ class StepRecorder:
 
     def __enter__(self) -> "StepRecorder":
         if self.ctx.optimizer is not None:
-            self._handle = self.ctx.optimizer.register_step_pre_hook(self._hook)
+            self._handles = on_update(self.ctx.optimizer, self._hook)
         if self.capture == "grads":
             self._grad_handles = [p.register_hook(self._backward_hook(n))
                                   for n, p in self.ctx.model.named_parameters() if p.requires_grad]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._handle is not None:
-            self._handle.remove()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
         for h in self._grad_handles:
             h.remove()
         self._grad_handles = []
@@ -274,7 +309,10 @@ class TrainingState:
         from ..snapshot import Snapshot
 
         self.ctx = ctx
-        self.snapshot = Snapshot.take([ctx.model, ctx.optimizer, ctx.scheduler, ctx.scaler])
+        # Inner optimizers first: a wrapper's state_dict may not hold theirs (SAM keeps the base optimizer's momentum
+        # out of its own), and restoring the wrapper last keeps its view of the shared param groups.
+        optimizers = stepping_optimizers(ctx.optimizer)[::-1] if ctx.optimizer is not None else []
+        self.snapshot = Snapshot.take([ctx.model, *optimizers, ctx.scheduler, ctx.scaler])
         self.user = ctx.user_state()
 
     def restore(self) -> None:

@@ -25,6 +25,7 @@ from ..setup import Setup
 from ..snapshot import preserved
 from .harness import (
     PARAMETER_CHANGE,
+    on_update,
     TOLERANCE,
     ScalerWatch,
     StepRecorder,
@@ -726,7 +727,7 @@ def _cadence_run(setup: Setup, ctx: object, batches: list, kk: int) -> dict:
     """
     quiet_randomness(ctx.model)
     at_step: list[float] = []
-    handle = ctx.optimizer.register_step_pre_hook(lambda opt, args, kwargs: at_step.append(_schedule_position(ctx.scheduler)))
+    handles = on_update(ctx.optimizer, lambda opt, args, kwargs: at_step.append(_schedule_position(ctx.scheduler)))
     start = _schedule_position(ctx.scheduler)
     before, lr_before, after, lr_after, calls = [], [], [], [], []
     try:
@@ -741,7 +742,8 @@ def _cadence_run(setup: Setup, ctx: object, batches: list, kk: int) -> dict:
                 after.append(_schedule_position(ctx.scheduler) - start)
                 lr_after.append(_lr0(ctx.optimizer))
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
     require_steps(setup, calls, f"the K={kk} run")
     if any(not r.lrs for r in rec.records):
         raise _HandUpdate()

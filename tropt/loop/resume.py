@@ -24,6 +24,7 @@ from ..snapshot import RngState, preserved
 from ..training import StepContext, user_state_is_plain
 from .harness import (
     compare_tensors,
+    stepping_optimizers,
     defer_multi_step,
     flatten_state,
     max_rel_error,
@@ -35,7 +36,7 @@ from .harness import (
 )
 
 COMPONENTS = ("model weights", "optimizer moments", "optimizer hyperparameters", "schedule position", "loss scale", "RNG",
-              "step attributes")
+              "step attributes", "wrapped optimizer state")
 _ADVICE = {
     "model weights": "Restore the weights in load_state: ctx.model.load_state_dict(state['model']).",
     "optimizer moments": "Save and load ctx.optimizer.state_dict() too: it holds the moments (Adam's exp_avg/exp_avg_sq, "
@@ -47,6 +48,9 @@ _ADVICE = {
            "load, or dropout masks and data shuffling diverge after a resume.",
     "step attributes": "Save the state your step keeps on ctx (an iteration counter such as ctx.it, a recurrent hidden "
                        "state) in save_state and set it again in load_state.",
+    "wrapped optimizer state": "ctx.optimizer wraps another optimizer whose state its own state_dict() leaves out (SAM's "
+                               "base_optimizer keeps the momentum: davda54/sam#73): save and load that optimizer's "
+                               "state_dict() too, e.g. state['base'] = ctx.optimizer.base_optimizer.state_dict().",
 }
 
 
@@ -108,7 +112,21 @@ def _state_of(ctx: StepContext, rng: RngState) -> dict[str, dict[str, torch.Tens
             **({f"cuda{i}": t.double() for i, t in enumerate(rng.cuda)} if rng.cuda else {}),
         },
         "step attributes": flatten_state(_plain_attrs(ctx)),
+        "wrapped optimizer state": _wrapped_state(ctx.optimizer),
     }
+
+
+def _wrapped_state(optimizer: Any) -> dict[str, torch.Tensor]:
+    """The state of the optimizers ``optimizer`` wraps (SAM's ``base_optimizer``), by attribute name: a wrapper's
+    state_dict may leave it out. (When it holds it, a resume restores both alike.)"""
+    if optimizer is None:
+        return {}
+    inner = {id(o) for o in stepping_optimizers(optimizer)[1:]}
+    out = {}
+    for name, value in vars(optimizer).items():
+        if id(value) in inner:
+            out.update({f"{name}.{k}": v for k, v in flatten_state(value.state_dict()["state"]).items()})
+    return out
 
 
 def _position(ctx: StepContext) -> float | None:

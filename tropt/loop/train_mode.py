@@ -29,7 +29,7 @@ from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from .harness import require_steps
+from .harness import on_update, require_steps
 
 CHECK = "loop.train_mode"
 
@@ -91,7 +91,7 @@ class ModeRecorder:
     def __enter__(self) -> "ModeRecorder":
         self.handles = [m.register_forward_pre_hook(self._pre(n)) for n, m in self.modules.items()]
         if self.optimizer is not None:
-            self.handles.append(self.optimizer.register_step_pre_hook(self._step))
+            self.handles += on_update(self.optimizer, self._step)
         return self
 
     def __exit__(self, *exc: Any) -> None:
