@@ -72,7 +72,10 @@ def on_update(optimizer: Any, hook: Any) -> list[Any]:
 
     handles = []
     for o in stepping_optimizers(optimizer):
-        handles += [o.register_step_pre_hook(pre), o.register_step_post_hook(post)]
+        try:
+            handles += [o.register_step_pre_hook(pre), o.register_step_post_hook(post)]
+        except (AttributeError, TypeError):  # a wrapper without hook dicts of its own (it skipped
+            continue  # Optimizer.__init__): the optimizer it wraps still reports the update
     return handles
 
 

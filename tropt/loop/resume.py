@@ -98,6 +98,8 @@ def default_load_state(ctx: StepContext, state: dict[str, Any]) -> None:
 def _state_of(ctx: StepContext, rng: RngState) -> dict[str, dict[str, torch.Tensor]]:
     """Every resumable component of a run as flat tensors (views of the live state), for comparison."""
     opt = ctx.optimizer.state_dict() if ctx.optimizer is not None else {"state": {}, "param_groups": []}
+    if not (isinstance(opt, dict) and "state" in opt and "param_groups" in opt):
+        opt = {"state": opt, "param_groups": []}  # a wrapper's own format (Lookahead's): all of it compared as state
     return {
         "model weights": flatten_state(ctx.model.state_dict()),
         "optimizer moments": flatten_state(opt["state"]),
@@ -125,7 +127,9 @@ def _wrapped_state(optimizer: Any) -> dict[str, torch.Tensor]:
     out = {}
     for name, value in vars(optimizer).items():
         if id(value) in inner:
-            out.update({f"{name}.{k}": v for k, v in flatten_state(value.state_dict()["state"]).items()})
+            inner_state = value.state_dict()
+            inner_state = inner_state.get("state", inner_state) if isinstance(inner_state, dict) else inner_state
+            out.update({f"{name}.{k}": v for k, v in flatten_state(inner_state).items()})
     return out
 
 
