@@ -415,7 +415,7 @@ class SineLSTM(nn.Module):
         return torch.cat(out, dim=1)
 
 
-def sine_batch(n: int = 32, length: int = 40, seed: int = 0) -> tuple:
+def sine_batch(n: int = 32, length: int = 20, seed: int = 0) -> tuple:
     """Sine waves with random phase shifts: inputs and the next value at every step."""
     g = torch.Generator().manual_seed(seed)
     shift = torch.randint(-40, 40, (n, 1), generator=g)
@@ -446,7 +446,7 @@ def lbfgs_setup(*, forget_zero_grad: bool = False, dropout: float = 0.0) -> trop
 
     torch.manual_seed(0)
     return tropt.Setup(SineLSTM(dropout=dropout), sine_mse,
-                       optimizer=lambda m: torch.optim.LBFGS(m.parameters(), lr=1.0, max_iter=4, line_search_fn="strong_wolfe"),
+                       optimizer=lambda m: torch.optim.LBFGS(m.parameters(), lr=1.0, max_iter=3, line_search_fn="strong_wolfe"),
                        train_data=[sine_batch()], val_data=[sine_batch(seed=1)], step=step)
 
 
