@@ -168,7 +168,8 @@ def standard_step(ctx: StepContext, micro_batches: list) -> torch.Tensor:
 
     Each micro-batch's (mean-reduced) loss is weighted by its share of the step's samples, so K uneven
     micro-batches give exactly the gradient of the whole batch; then unscale -> clip -> step -> update ->
-    zero_grad, and the scheduler once per optimizer step. Returns the step's loss (detached, sample-weighted).
+    zero_grad, and the scheduler once per optimizer step (except one that steps on a metric, such as ReduceLROnPlateau:
+    the user's epoch loop steps it after validation). Returns the step's loss (detached, sample-weighted).
     """
     if ctx.optimizer is None:
         from .errors import SetupError
@@ -177,14 +178,6 @@ def standard_step(ctx: StepContext, micro_batches: list) -> torch.Tensor:
             "Setup: optimizer=None but no step function: tropt.standard_step needs an optimizer to step",
             "pass optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=...), or your own step=step(ctx, micro_batches) "
             "that updates the parameters by hand")
-    if ctx.scheduler is not None and needs_metric(ctx.scheduler):  # fail before any update, not at scheduler.step()
-        from .errors import SetupError
-
-        raise SetupError(
-            f"Setup: the scheduler is a {type(ctx.scheduler).__name__}, which steps on a metric (scheduler.step(metric)); "
-            "tropt.standard_step steps the scheduler once per optimizer step with no argument, so it cannot drive it",
-            "pass your own step=step(ctx, micro_batches) that calls ctx.scheduler.step(metric) (e.g. with the step's loss), "
-            "or leave the scheduler out of the Setup")
     sizes = [ctx.batch_size(mb) for mb in micro_batches]
     total = sum(sizes)
     step_loss = torch.zeros((), device=ctx.device)
@@ -207,6 +200,8 @@ def standard_step(ctx: StepContext, micro_batches: list) -> torch.Tensor:
     else:
         ctx.optimizer.step()
     ctx.optimizer.zero_grad(set_to_none=True)
-    if ctx.scheduler is not None:
+    # A scheduler that steps on a metric (ReduceLROnPlateau) belongs to the user's epoch loop, after validation:
+    # the reference step leaves it alone (the learning rate stays as it is during tropt's short runs).
+    if ctx.scheduler is not None and not needs_metric(ctx.scheduler):
         ctx.scheduler.step()
     return step_loss

@@ -23,6 +23,7 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
+from ..training import needs_metric
 from .harness import (
     PARAMETER_CHANGE,
     on_update,
@@ -787,6 +788,14 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
         has_position = not math.isnan(_schedule_position(first.scheduler))
         # ReduceLROnPlateau counts metric evaluations: stepping it before optimizer.step() shifts no schedule.
         plateau = isinstance(first.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        if setup.uses_standard_step and first.scheduler is not None and needs_metric(first.scheduler):
+            return CheckResult("loop.scheduler_cadence", Status.SKIP,
+                               f"the scheduler is a {type(first.scheduler).__name__}, which steps on a metric in your epoch "
+                               "loop (scheduler.step(val_loss) after validation); tropt.standard_step leaves it alone, so "
+                               "there is no per-step schedule to compare",
+                               {"scheduler": type(first.scheduler).__name__},
+                               advice=["Step it once per validation with the metric it watches; to check a loop that "
+                                       "steps it inside the training step, pass that step as Setup(step=...)."])
         if steps is None:
             steps = 1 if has_position else 3 if hand_set else 2
         batches = list(setup.batches(steps))
