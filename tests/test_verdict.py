@@ -136,3 +136,23 @@ def test_diagnose_hands_each_result_over_as_it_finishes():
     report = tropt.diagnose(splits={"train": [[1, 0]], "test": [[2, 1]]}, checks=["data.exact_duplicates", "data.group_leakage"],
                             progress=False, on_result=seen.append)
     assert [r.check for r in seen] == report.checks and report.identity["budget"] == "standard"
+
+
+def test_checks_that_could_not_run_for_one_reason_are_one_finding():
+    """A Setup every check rejects for one reason (a batch layout tropt cannot split) reads once, naming the checks,
+    not as a wall of identical ERRORs; other ERRORs and the counts stay."""
+    why, fix = "could not run: the tensors of this batch disagree on the batch dimension", "Pass Setup(split_fn=...)."
+    results = [CheckResult(cid, "error", why, advice=[fix]) for cid in ("model.init_loss", "loop.zero_grad", "perf.memory")]
+    results += [CheckResult("loop.resume", "error", "could not run: save_state failed", advice=["Fix save_state."]),
+                CheckResult("data.label_shift", "fail", "labels shifted", {"fraction": 0.4}, advice=["Re-split."])]
+    v = verdict(Report(results))
+    assert [f.check for f in v.findings] == ["data.label_shift", "model.init_loss", "loop.resume"]
+    grouped = v.findings[1]
+    assert grouped.same == ("loop.zero_grad", "perf.memory")
+    assert grouped.summary == f"{why} (the same error in 2 more check(s): loop.zero_grad, perf.memory)"
+    assert v.headline.startswith("1 FAIL, 4 ERROR of 5 checks")
+    from tropt.verdict import summary_lines
+
+    assert sum(why in line for line in summary_lines(Report(results))) == 1  # the CLI's verdict names it once
+    head = Report(results).to_markdown().split("## All checks")[0]
+    assert head.count("disagree on the batch dimension") == 1 and "perf.memory" in head

@@ -1,8 +1,9 @@
 """The verdict first: one function orders a report's findings, and every surface renders that order.
 
 :func:`verdict` is the only place that decides what a person reads first: FAILs by contract stage (a leak before
-an optimizer change), then ERRORs (a check that could not run proves nothing), then WARNs, each with its one-line
-summary and its first fix; PASS and SKIP collapse into one line. Within a status and a stage, findings sort by
+an optimizer change), then ERRORs (a check that could not run proves nothing; checks that could not run for one
+and the same reason are one finding), then WARNs, each with its one-line summary and its first fix; PASS and SKIP
+collapse into one line. Within a status and a stage, findings sort by
 :func:`severity`. The HTML report, ``Report._repr_html_``, ``Report.to_markdown``, the CLI text and the Dashboard
 all call :func:`verdict` and only format what it returns.
 """
@@ -93,10 +94,18 @@ class Finding:
     result: CheckResult
     severity: float
     severity_metric: str | None
+    same: tuple[str, ...] = ()  # other checks that could not run for the very same reason (one Setup error)
 
     @property
     def check(self) -> str:
         return self.result.check
+
+    @property
+    def summary(self) -> str:
+        """The result's summary, naming the other checks it stands for when several ERRORed alike."""
+        if not self.same:
+            return self.result.summary
+        return f"{self.result.summary} (the same error in {len(self.same)} more check(s): {', '.join(self.same)})"
 
     @property
     def status(self) -> Status:
@@ -126,9 +135,9 @@ class Verdict:
     @property
     def headline(self) -> str:
         """The overall verdict in one sentence."""
-        n = {s: sum(f.status is s for f in self.findings) for s in _FINDING_ORDER}
+        n = {s: sum(1 + len(f.same) for f in self.findings if f.status is s) for s in _FINDING_ORDER}
         parts = [f"{n[s]} {s.value.upper()}" for s in _FINDING_ORDER if n[s]]
-        total = len(self.findings) + len(self.passed) + len(self.skipped)
+        total = sum(n.values()) + len(self.passed) + len(self.skipped)
         if not parts:
             return f"nothing to fix in {total} checks"
         return f"{', '.join(parts)} of {total} checks; fix them in this order"
@@ -153,7 +162,24 @@ def verdict_order(results: Iterable[CheckResult]) -> list[Finding]:
             score, metric = severity(r)
             findings.append(Finding(r, score, metric))
     findings.sort(key=lambda f: (_FINDING_ORDER.index(f.status), _stage(f.check), -f.severity, _contract_index(f.check)))
-    return findings
+    return _group_errors(findings)
+
+
+def _group_errors(findings: list[Finding]) -> list[Finding]:
+    """ERRORs with the same summary and first fix (a Setup every check rejects for one reason) as one finding, at
+    the place of the first: a person reads the reason once, not once per check."""
+    out: list[Finding] = []
+    first: dict[tuple, int] = {}
+    for f in findings:
+        key = (f.result.summary, f.first_fix)
+        if f.status is Status.ERROR and key in first:
+            i = first[key]
+            out[i] = Finding(out[i].result, out[i].severity, out[i].severity_metric, out[i].same + (f.check,))
+            continue
+        if f.status is Status.ERROR:
+            first[key] = len(out)
+        out.append(f)
+    return out
 
 
 def verdict(report: Report | Iterable[CheckResult]) -> Verdict:
@@ -180,7 +206,7 @@ def summary_lines(report: Report | Iterable[CheckResult], width: int = 110) -> l
     lines = [f"verdict: {v.status.value.upper()}: {v.headline}"]
     pad = max((len(f.check) for f in v.findings), default=10)
     for i, f in enumerate(v.findings, 1):
-        lines.append(f"{i:>2}. {_MARK[f.status.value]}  {f.check:<{pad}}  {f.result.summary}")
+        lines.append(f"{i:>2}. {_MARK[f.status.value]}  {f.check:<{pad}}  {f.summary}")
         if f.first_fix:
             lines.append(textwrap.fill(f.first_fix, width, initial_indent=" " * (pad + 12) + "→ ", subsequent_indent=" " * (pad + 14)))
     if v.rest_line:
@@ -219,7 +245,7 @@ def summary_html(report: Report | Iterable[CheckResult]) -> str:
         rows.append(
             f'<li class="tropt-finding" data-check="{e(f.check)}" data-status="{f.status.value}" '
             f'style="margin:4px 0;border-left:4px solid {_COLOUR[f.status]};padding-left:8px;list-style-position:inside">'
-            f"{_badge(f.status)} <code>{e(f.check)}</code> {e(f.result.summary)}{key}{doc_link_html(f.check)}{fix}</li>"
+            f"{_badge(f.status)} <code>{e(f.check)}</code> {e(f.summary)}{key}{doc_link_html(f.check)}{fix}</li>"
         )
     rest = ""
     if v.passed or v.skipped:
@@ -241,7 +267,7 @@ def summary_markdown(report: Report | Iterable[CheckResult]) -> list[str]:
     lines = [f"**Verdict: {v.status.value.upper()}: {_md_text(v.headline)}**", ""]
     for i, f in enumerate(v.findings, 1):
         key = f" ({_md_text(f.key_number)})" if f.key_number else ""
-        lines.append(f"{i}. **{f.status.value.upper()}** {_md_id(f.check)} — {_md_text(f.result.summary)}{key}")
+        lines.append(f"{i}. **{f.status.value.upper()}** {_md_id(f.check)} — {_md_text(f.summary)}{key}")
         if f.first_fix:
             lines.append(f"   → {_md_text(f.first_fix)}")
     if v.rest_line:
