@@ -97,6 +97,26 @@ def test_throughput_in_memory_batches_are_compute_bound():
     plt.close("all")
 
 
+def test_top_operators_sum_one_profiler_session_per_step_and_stop_early_on_op_heavy_steps(monkeypatch):
+    """Each profiled step is its own profiler session (the events of three op-heavy steps in one session held a
+    gigabyte); rows are summed by operator, and a step heavier than the budget is profiled alone."""
+    from tropt.perf import throughput
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(4)]
+    torch.manual_seed(0)
+    s = tropt.Setup(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1), batches)
+    r = check_throughput(s, warmup=1, steps=3, profile_steps=3, progress=False)
+    ops = r.tables["top_operators"].set_index("operator")
+    assert r.metrics["profiled_steps"] == 3
+    assert ops.loc["aten::addmm", "calls"] == 3 * 2  # two Linear layers a step, three steps summed
+    monkeypatch.setattr(throughput, "MAX_PROFILED_OPS", 10)
+    r = check_throughput(s, warmup=1, steps=3, profile_steps=3, progress=False)
+    assert r.metrics["profiled_steps"] == 1
+    assert r.tables["top_operators"].set_index("operator").loc["aten::addmm", "calls"] == 2
+
+
 def test_precision_on_cpu_compares_fp32_and_bf16_and_skips_fp16_with_the_reason(sample_module):
     s = sample_module.make_setup()
     with untouched(s):
