@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tropt.data.duplicates import exact_join, repeated_mask
+from tropt.data.duplicates import exact_join, repeated_rows
 from tropt.data.sources import _BLOCK, _GOLD, _mix_, _name_seed, column_kind, hash_column, hash_rows
 
 
@@ -63,6 +63,12 @@ def test_exact_join_matches_a_row_by_row_join(seed):
     sid, pos, fp = got["conflict_evidence"]
     assert list(zip(sid.tolist(), pos.tolist())) == want["conflict_first"]
     assert all(fps[s][p] == v for s, p, v in zip(sid, pos, fp))
+
+
+def repeated_mask(fp: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(fp), dtype=bool)
+    out[repeated_rows([fp])[0]] = True
+    return out
 
 
 def test_repeated_mask_marks_exactly_the_repeated_values():

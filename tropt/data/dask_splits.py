@@ -307,7 +307,9 @@ def _sample_positions(n: int, k: int) -> np.ndarray:
 def _map_tasks(reader: Any, kinds: dict, feats: list, label: Any, group: Any, time: Any) -> list:
     """The map step's tasks, one per partition. Their keys depend only on the arguments (``pure=True``), so the same
     call made twice names the same tasks, and a Client computes them once."""
-    wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
+    from .sources import wanted_columns
+
+    wanted = wanted_columns(feats, label, group, time)
     summarise = _dask().delayed(_summarise, pure=True)
     return [summarise(p, feats, kinds, label, group, time, not reader.positions) for p in _partitions(reader.ddf, wanted)]
 
@@ -331,11 +333,11 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
     (default :data:`~tropt.data.sources.EAGER_NUMERIC_ROWS`), from the gathered rows; larger splits have none."""
     from dataclasses import replace
 
-    from .sources import EAGER_NUMERIC_ROWS, RowPositions, SplitData, scan
+    from .sources import EAGER_NUMERIC_ROWS, RowPositions, SplitData, scan, wanted_columns
 
     dask = _dask()
     ddf = reader.ddf
-    wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
+    wanted = wanted_columns(feats, label, group, time)
     with_index = not reader.positions
     tasks = _map_tasks(reader, kinds, feats, label, group, time)
     client = current_client()

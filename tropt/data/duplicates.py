@@ -169,16 +169,9 @@ def repeated_rows(fps: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
-def repeated_mask(fp: np.ndarray) -> np.ndarray:
-    """Which entries of ``fp`` occur more than once in it (:func:`repeated_rows` of one array, as a mask)."""
-    out = np.zeros(len(fp), dtype=bool)
-    out[repeated_rows([fp])[0]] = True
-    return out
-
-
 def exact_join(fps: list[np.ndarray], labels: list[pd.Series] | None, label_kind: str | None, max_evidence: int) -> dict:
     """Exact copies among the rows of every split, from their fingerprints ``fps[s]`` (and labels, compared by
-    ``label_kind``). Only rows whose fingerprint occurs more than once (:func:`repeated_mask`) can pair, repeat or
+    ``label_kind``). Only rows whose fingerprint occurs more than once (:func:`repeated_rows`) can pair, repeat or
     conflict, so only those are factorised and have their labels hashed.
 
     Returns, by row position: ``pairs[(later, earlier)] = (count, first later positions, their first earlier

@@ -640,6 +640,11 @@ def _resolve(reader: _Reader, opts: Options) -> tuple[list, Any, Any, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- scanning
+def wanted_columns(feats: list, label: Any, group: Any, time: Any) -> list:
+    """The columns a scan reads: the features, then the label, group and time columns (each once)."""
+    return list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
+
+
 class _Sampler:
     """Deterministic uniform row sample of bounded size over a stream (bottom-k of a seeded hash of the position)."""
 
@@ -686,7 +691,7 @@ def scan(obj: Any, name: str, opts: Options, kinds: Mapping | None = None, progr
         if not kinds:
             kinds = _head_kinds(_head(reader, feats), feats, name)
         return scan_dask(reader, name, opts, dict(kinds), feats, label, group, time, needs, numeric_rows, progress)
-    wanted = list(dict.fromkeys(feats + [c for c in (label, group, time) if c is not None]))
+    wanted = wanted_columns(feats, label, group, time)
     fps, labels, groups, times, nums, texts, norms = [], [], [], [], [], [], []
     sampler = _Sampler(SAMPLE_ROWS)
     local_kinds: dict = {}

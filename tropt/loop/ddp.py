@@ -345,17 +345,17 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
         if float((ftable if frozen_run else table)["rel_error"].max()) > tol:
             per_mean = _per_process_mean(setup, whole, shares, _rank0_grads(franks if frozen_run else ranks, int(pre_clip)), tol,
                                          frozen_run, clipped_grads=not pre_clip)
-    syncs_per_step = ranks[0][3][1]
+    allreduces, syncs_per_step, fresh_syncs, closure_evaluations = ranks[0][3]
     # A synchronised backward pass is needed when it starts from cleared gradients (each evaluation of an LBFGS
     # closure, SAM's second pass after first_step(zero_grad=True)); one that adds to gradients not yet used is wasted.
-    evaluations = max(1, ranks[0][3][3])
-    wasted_syncs = max(0, syncs_per_step - max(1, ranks[0][3][2]))
+    evaluations = max(1, closure_evaluations)
+    wasted_syncs = max(0, syncs_per_step - max(1, fresh_syncs))
     per = f"{k} micro-batches" + (f", {evaluations} closure evaluations" if evaluations > 1 else "")
     metrics = {"world_size": world_size, "samples_per_process": per_rank, "micro_batches": k, "max_rel_error": err,
                "optimizer_steps_per_call": max(int(np.max(c)) if c else 0 for *_, c in ranks), "observed_at": where,
-               "tolerance": tol, "allreduce_buckets": ranks[0][3][0], "synchronised_backward_passes": syncs_per_step,
-               "closure_evaluations": ranks[0][3][3],
-               "backward_passes_from_cleared_gradients": ranks[0][3][2], "batch_dependent_layers": len(bn_layers)}
+               "tolerance": tol, "allreduce_buckets": allreduces, "synchronised_backward_passes": syncs_per_step,
+               "closure_evaluations": closure_evaluations,
+               "backward_passes_from_cleared_gradients": fresh_syncs, "batch_dependent_layers": len(bn_layers)}
     metrics["compared"] = ("gradients before clipping, averaged over processes (at optimizer.step they "
                            f"differ by {float(post['rel_error'].max()):.1%})" if pre_clip else "gradients at optimizer.step")
     tables = {"parameters": table, **({"parameters_at_step": post} if pre_clip and setup.grad_clip is not None else {}),

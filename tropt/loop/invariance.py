@@ -26,7 +26,6 @@ from ..snapshot import preserved
 from ..training import needs_metric
 from .harness import (
     PARAMETER_CHANGE,
-    on_update,
     TOLERANCE,
     ScalerWatch,
     StepRecorder,
@@ -41,6 +40,7 @@ from .harness import (
     nonfinite_result,
     nonfinite_tensors,
     observed_at,
+    on_update,
     quiet_randomness,
     require_steps,
     run_steps,
@@ -244,7 +244,7 @@ def _loss_side_cause(setup: Setup, micro: list, whole: object, a: _Run, b: _Run,
     base = a.pre if ra > close else _scaled(ref, ca)  # when the 1x run is not the reference, compare with it directly
     last = _loss_grads(setup, micro[-1:], [1.0], freeze)
     c_last, r_last = _scalar_fit(b.pre, last)
-    c_first, r_first = _scalar_fit(b.pre, _loss_grads(setup, micro[:1], [1.0], freeze))
+    _, r_first = _scalar_fit(b.pre, _loss_grads(setup, micro[:1], [1.0], freeze))
     hypotheses = {
         "summed": (global_rel_error(b.pre, _scaled(base, k)),
                    f"the accumulated gradient is {k}× the full-batch one: micro-batch losses are summed, not averaged",

@@ -24,7 +24,6 @@ from ..snapshot import RngState, preserved
 from ..training import StepContext, user_state_is_plain
 from .harness import (
     compare_tensors,
-    stepping_optimizers,
     defer_multi_step,
     flatten_state,
     max_rel_error,
@@ -123,10 +122,9 @@ def _wrapped_state(optimizer: Any) -> dict[str, torch.Tensor]:
     state_dict may leave it out. (When it holds it, a resume restores both alike.)"""
     if optimizer is None:
         return {}
-    inner = {id(o) for o in stepping_optimizers(optimizer)[1:]}
     out = {}
     for name, value in vars(optimizer).items():
-        if id(value) in inner:
+        if isinstance(value, torch.optim.Optimizer) and value is not optimizer:
             inner_state = value.state_dict()
             inner_state = inner_state.get("state", inner_state) if isinstance(inner_state, dict) else inner_state
             out.update({f"{name}.{k}": v for k, v in flatten_state(inner_state).items()})
