@@ -198,12 +198,11 @@ class TroptTrainerCallback(_TrainerCallback):
         return log_targets(self._targets) if self._targets else None
 
     def _log_events(self, events: list, step: int) -> None:
+        from .sinks import log_events
+
         sink = self._sink()
-        if sink is None:
-            return
-        for ev in events:
-            sink.text(f"tropt/warning/{ev.kind}", f"step {ev.step}: {ev.message}", step)
-        sink.scalars({f"tropt/warnings/{ev.kind}": 1.0 for ev in events}, step)
+        if sink is not None:
+            log_events(events, sink, step)
 
 
 __all__ = ["TroptTrainerCallback"]

@@ -135,12 +135,11 @@ class TroptCallback(_Callback):
     def _log_events(self, trainer: Any, events: list, step: int) -> None:
         if not trainer.is_global_zero:
             return
+        from .sinks import log_events
+
         sink = self._sink(trainer)
-        if sink is None:
-            return
-        for ev in events:
-            sink.text(f"tropt/warning/{ev.kind}", f"step {ev.step}: {ev.message}", step)
-        sink.scalars({f"tropt/warnings/{ev.kind}": 1.0 for ev in events}, step)
+        if sink is not None:
+            log_events(events, sink, step)
 
 
 def _loss_of(outputs: Any) -> Any:

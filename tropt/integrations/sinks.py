@@ -316,6 +316,13 @@ def log_targets(targets: Iterable[Any]) -> Sink:
     return MultiSink(sinks)
 
 
+def log_events(events: list, sink: Sink, step: int) -> None:
+    """Write the live monitor's new warnings: each as text (when and why) and as a 1 at ``tropt/warnings/<kind>``."""
+    for ev in events:
+        sink.text(f"tropt/warning/{ev.kind}", f"step {ev.step}: {ev.message}", step)
+    sink.scalars({f"tropt/warnings/{ev.kind}": 1.0 for ev in events}, step)
+
+
 def log_monitor(mon: Any, sink: Sink, step: int, *, prefix: str = "tropt", figures: bool = True, **thresholds: Any) -> Any:
     """Write a :class:`tropt.GradientMonitor`'s record (see :meth:`tropt.GradientMonitor.log_to`); returns its verdict.
 
