@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from .batching import BatchLayout, to_device
+from .core.batch import BatchLayout, to_device
 from .errors import SetupError, StepError, TroptError
 from .integrations.accelerate import accelerate_told
 from .training import PRECISION_DTYPES, StepContext, standard_step

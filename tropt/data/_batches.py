@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..batching import _is_plain_sequence, batch_size, split_batch
+from ..core.batch import batch_size, is_plain_sequence, split_batch
 from ..errors import SetupError
 
 LABEL_KEYS = ("label", "labels", "y", "target", "targets")
@@ -45,7 +45,7 @@ def label_path(batch: Any) -> tuple | None:
     """Where the label sits in a batch or sample by the documented rule, or None."""
     if isinstance(batch, Mapping):
         return next(((k,) for k in LABEL_KEYS if k in batch), None)
-    if isinstance(batch, (list, tuple)) and not _is_plain_sequence(batch) and len(batch) >= 2:
+    if isinstance(batch, (list, tuple)) and not is_plain_sequence(batch) and len(batch) >= 2:
         return (1,)
     return None
 
@@ -169,7 +169,7 @@ def row_hashes(x: torch.Tensor) -> list[bytes]:
 
 def input_leaves(batch: Any) -> list[tuple[tuple, torch.Tensor]]:
     """The floating-point tensors of a batch other than its label (the inputs whose statistics are compared)."""
-    from ..model._common import leaves
+    from ..core.batch import leaves
 
     label = label_path(batch)
     return [(p, t) for p, t in leaves(batch) if t.is_floating_point() and t.ndim >= 1 and (label is None or p[:1] != label)]

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..batching import batch_size, to_device
+from ..core.batch import batch_size, to_device
 from ..errors import StepError
 from ..metric import Metric, as_score
 

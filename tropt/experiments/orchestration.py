@@ -68,7 +68,7 @@ def _selection(setup: Any, splits: Mapping | None, select_split: str) -> tuple[s
 def _default_eval_every(setup: Any, budget: Budget) -> int:
     steps = budget.steps
     if steps is None and budget.samples is not None:
-        from ..batching import batch_size
+        from ..core.batch import batch_size
 
         steps = max(1, budget.samples // max(1, batch_size(setup.sample_batch())))
     return max(1, (steps or 500) // 10)

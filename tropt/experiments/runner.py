@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..batching import batch_size, split_batch
+from ..core.batch import batch_size, split_batch
 from ..errors import Cancelled, TroptError
 from ..metric import Metric
 from .budget import Budget, EarlyStopping

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..batching import split_sizes
+from ..core.batch import split_sizes
 from ..errors import StepError, TroptError
 from ..registry import register
 from ..result import CheckResult, Status

@@ -18,40 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..batching import _is_plain_sequence, _rebuild, batch_size, split_batch
+from ..core.batch import Path, batch_size, get_leaf, leaves, map_leaves, split_batch
 from ..errors import TroptError
-
-Path = tuple  # a path of keys/indices into a nested batch
-
-
-# ---------------------------------------------------------------------------------------------- batch leaves
-def leaves(batch: Any, path: Path = ()) -> list[tuple[Path, torch.Tensor]]:
-    """Every tensor in a nested batch with its path."""
-    if isinstance(batch, torch.Tensor):
-        return [(path, batch)]
-    if isinstance(batch, Mapping):
-        return [x for k, v in batch.items() for x in leaves(v, path + (k,))]
-    if isinstance(batch, (list, tuple)) and not _is_plain_sequence(batch):
-        return [x for i, v in enumerate(batch) for x in leaves(v, path + (i,))]
-    return []
-
-
-def get_leaf(batch: Any, path: Path) -> Any:
-    for key in path:
-        batch = batch[key]
-    return batch
-
-
-def map_leaves(batch: Any, fn: Callable[[Path, torch.Tensor], torch.Tensor], path: Path = ()) -> Any:
-    """A batch of the same structure with ``fn(path, tensor)`` in place of every tensor."""
-    if isinstance(batch, torch.Tensor):
-        return fn(path, batch)
-    if isinstance(batch, Mapping):
-        return _rebuild(batch, {k: map_leaves(v, fn, path + (k,)) for k, v in batch.items()})
-    if isinstance(batch, (list, tuple)) and not _is_plain_sequence(batch):
-        return _rebuild(batch, [map_leaves(v, fn, path + (i,)) for i, v in enumerate(batch)])
-    return batch
-
 
 def zero_inputs(batch: Any, inputs: set) -> Any:
     """The batch with the tensors at ``inputs`` zeroed (the rest, e.g. the target, kept): the input-independent
