@@ -6,8 +6,31 @@ global state. Start with :func:`tropt.diagnose` on a :class:`tropt.Setup`, or :f
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_attrs
+
+if TYPE_CHECKING:  # what type checkers see; at run time each name loads on first access
+    from tropt.checkdocs import explain
+    from tropt.core.batch import batch_size, split_batch, to_device
+    from tropt.diagnosis import diagnose
+    from tropt.errors import TroptError
+    from tropt.experiments.budget import Budget, Guardrails
+    from tropt.experiments.comparison import Comparison
+    from tropt.experiments.optimize import optimize
+    from tropt.experiments.orchestration import compare
+    from tropt.experiments.plan import OptimizationPlan
+    from tropt.experiments.suggest import suggest
+    from tropt.identity import run_identity
+    from tropt.metric import Metric
+    from tropt.model.monitor import GradientMonitor
+    from tropt.registry import list_checks
+    from tropt.result import CheckResult, Report, Status
+    from tropt.setup import Setup
+    from tropt.snapshot import preserved
+    from tropt.training import StepContext, standard_step
+    from tropt.verdict import verdict
+    from tropt.widgets import dashboard
 
 __version__ = "0.1.0"
 
@@ -43,16 +66,4 @@ _SUBMODULES = {"data", "model", "loop", "dynamics", "perf", "plots", "widgets", 
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module(f"tropt.{name}")
-    raise AttributeError(f"module 'tropt' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)
+__getattr__, __dir__ = lazy_attrs(__name__, _LAZY, _SUBMODULES)

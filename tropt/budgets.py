@@ -2,8 +2,9 @@
 count for tropt's own runs.
 
 "standard" is every check's own defaults. "quick" cuts the steps of the model-side runs for a first answer in
-seconds; "thorough" adds steps and seeds. Only options a check accepts are passed; a check missing here runs at
-its defaults in every budget (the data checks are cheap already).
+seconds; "thorough" adds steps and seeds. Each check declares its own budgets where it registers
+(``@register(..., budgets={"quick": {...}, "thorough": {...}})``); :data:`BUDGETS` gathers them, loading the checks
+on first read. A check that declares none runs at its defaults in every budget (the data checks are cheap already).
 """
 
 from __future__ import annotations
@@ -14,8 +15,39 @@ from typing import Any, Iterator
 
 from .errors import TroptError
 
-# check id -> keyword options; "standard" is the checks' own defaults (listed in docs/checks/<id>.md).
-BUDGETS: dict[str, dict[str, dict[str, Any]]] = {
+
+
+class _Budgets(dict):
+    """budget name -> check id -> keyword options, filled by the checks' registrations; reading it loads them."""
+
+    def table(self, name: str) -> dict[str, dict[str, Any]]:
+        """The options table of one budget, without loading the checks (what registration writes into)."""
+        return dict.__getitem__(self, name)
+
+    def _load(self) -> None:
+        from .registry import load_checks
+
+        load_checks()
+
+    def __getitem__(self, name: str) -> dict[str, dict[str, Any]]:
+        self._load()
+        return dict.__getitem__(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self._load()
+        return dict.get(self, name, default)
+
+    def items(self):  # type: ignore[override]
+        self._load()
+        return dict.items(self)
+
+    def values(self):  # type: ignore[override]
+        self._load()
+        return dict.values(self)
+
+
+# "standard" is the checks' own defaults (listed in docs/checks/<id>.md).
+BUDGETS: _Budgets = _Budgets({
     "quick": {
         "data.target_leakage": {"bootstrap": 50},
         "model.init_loss": {"n_batches": 2},
@@ -42,7 +74,7 @@ BUDGETS: dict[str, dict[str, dict[str, Any]]] = {
         "perf.precision": {"warmup": 5, "steps": 50},
         "perf.memory": {"growth_steps": 20},
     },
-}
+})
 
 
 def budget_options(budget: str, check: str) -> dict[str, Any]:

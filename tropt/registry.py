@@ -1,15 +1,19 @@
 """The check registry: one table drives every runner (``diagnose``, the CLI, the notebooks, the widgets).
 
-A check module registers its functions with :func:`register`; :data:`CHECK_MODULES` lists the modules that hold
-implemented checks, imported on first use so ``import tropt`` stays light. The public ids and their contract order
-are fixed by DESIGN.md and never change meaning.
+One check id, one module named after it: ``<stage>.<name>`` lives in ``tropt/<stage>/<name>.py``, and registers its
+function there with :func:`register`, declaring every fact about the check in that one call: title, description,
+what it runs on, its budgets (``budget="quick" | "thorough"`` options) and the module that draws it. The module list
+(:func:`check_modules`) is derived from the ids, and the modules are imported on first use so ``import tropt`` stays
+light. The public ids and their contract order are fixed by DESIGN.md and never change meaning.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Callable
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -53,8 +57,15 @@ PUBLIC_IDS: dict[str, int] = {
 }
 _ORDER = {check: i for i, check in enumerate(PUBLIC_IDS)}
 
-# Modules holding implemented checks; each issue that lands checks adds its module here.
-CHECK_MODULES: tuple[str, ...] = ("tropt.data", "tropt.loop", "tropt.model", "tropt.dynamics.loss_curve", "tropt.dynamics.lr_range", "tropt.perf.throughput", "tropt.perf.precision", "tropt.perf.memory")
+
+def check_module(check_id: str) -> str:
+    """The module that holds a check: its id under ``tropt`` (``loop.zero_grad`` -> ``tropt.loop.zero_grad``)."""
+    return f"tropt.{check_id}"
+
+
+def check_modules() -> tuple[str, ...]:
+    """The modules of the implemented checks, in contract order: those of the public ids that exist."""
+    return tuple(m for m in map(check_module, PUBLIC_IDS) if importlib.util.find_spec(m) is not None)
 
 
 @dataclass(frozen=True)
@@ -63,7 +74,9 @@ class CheckSpec:
 
     ``needs`` says what the check is run on: ``"setup"`` (a :class:`tropt.Setup`) or ``"splits"`` (a mapping of
     named data splits). The function takes that subject first and keyword options after it; ``diagnose`` passes
-    the options the function's signature accepts.
+    the options the function's signature accepts. ``budgets`` maps a budget name (``"quick"``, ``"thorough"``) to
+    the options it passes; ``plot`` names the :mod:`tropt.plots` module that draws the check's results (None: the
+    default series plot).
     """
 
     id: str
@@ -72,38 +85,64 @@ class CheckSpec:
     description: str
     func: Callable
     needs: str
+    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    plot: str | None = None
 
     @property
     def stage_name(self) -> str:
         return STAGES[self.stage]
 
+    @property
+    def module(self) -> str:
+        return check_module(self.id)
+
+    @property
+    def docs(self) -> Path:
+        """The check's page, ``docs/checks/<id>.md`` (shipped in the package)."""
+        from .checkdocs import check_doc_path
+
+        return check_doc_path(self.id)
+
 
 _REGISTRY: dict[str, CheckSpec] = {}
+# Transitional: the stage packages that still hold checks outside their own module.
+_LEGACY_MODULES: tuple[str, ...] = ("tropt.data", "tropt.loop", "tropt.model")
 _loaded = False
 
 
-def register(check_id: str, *, title: str, description: str, needs: str = "setup") -> Callable:
-    """Decorator registering a check function under a public id (see :data:`PUBLIC_IDS`)."""
+def register(check_id: str, *, title: str, description: str, needs: str = "setup",
+             budgets: dict[str, dict[str, Any]] | None = None, plot: str | None = None) -> Callable:
+    """Decorator registering a check function under a public id (see :data:`PUBLIC_IDS`), with its facts:
+    ``budgets`` (``{"quick": {...}, "thorough": {...}}``, the options each budget passes; "standard" is the
+    function's own defaults) and ``plot`` (the module of :mod:`tropt.plots` that draws it)."""
+    from .budgets import BUDGETS
+
     if check_id not in PUBLIC_IDS:
         raise ValueError(f"{check_id!r} is not a public check id (DESIGN.md fixes them)")
     if needs not in ("setup", "splits"):
         raise ValueError(f"needs must be 'setup' or 'splits', not {needs!r}")
+    unknown = set(budgets or {}) - set(BUDGETS)
+    if unknown:
+        raise ValueError(f"{check_id}: unknown budget(s) {sorted(unknown)}; choose from {list(BUDGETS)}")
 
     def deco(func: Callable) -> Callable:
-        _REGISTRY[check_id] = CheckSpec(check_id, PUBLIC_IDS[check_id], title, description, func, needs)
-        func.check_id = check_id
+        _REGISTRY[check_id] = CheckSpec(check_id, PUBLIC_IDS[check_id], title, description, func, needs,
+                                        dict(budgets or {}), plot)
+        for name, options in (budgets or {}).items():
+            BUDGETS.table(name)[check_id] = dict(options)
+        func.check_id = check_id  # type: ignore[attr-defined]
         return func
 
     return deco
 
 
 def load_checks() -> None:
-    """Import every module in :data:`CHECK_MODULES` once, so their checks register."""
+    """Import every check module (:func:`check_modules`) once, so their checks register."""
     global _loaded
     if not _loaded:
-        for module in CHECK_MODULES:
+        _loaded = True  # first: a check module's import may ask for the budgets, which load the checks
+        for module in (*check_modules(), *_LEGACY_MODULES):
             importlib.import_module(module)
-        _loaded = True
 
 
 def specs() -> list[CheckSpec]:

@@ -49,7 +49,7 @@ _COLOUR = {
 HTML_MAX_ROWS = 10  # evidence rows shown inline; the rest is counted ("N more rows")
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Convert numpy/torch scalars, arrays and non-finite floats to plain JSON values (NaN/inf -> None)."""
     if isinstance(value, Enum):
         return value.value
@@ -65,23 +65,23 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (pd.Timestamp, np.datetime64)):
         return str(pd.Timestamp(value))
     if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensor, without importing torch
         value = value.detach().cpu().numpy()
     if isinstance(value, np.ndarray):
-        return [_json_safe(v) for v in value.tolist()] if value.ndim else _json_safe(value.item())
+        return [json_safe(v) for v in value.tolist()] if value.ndim else json_safe(value.item())
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return str(value)
 
 
 def _frame_to_dict(df: pd.DataFrame) -> dict:
     return {
         "columns": [str(c) for c in df.columns],
-        "index": _json_safe(list(df.index)),
+        "index": json_safe(list(df.index)),
         "index_name": None if df.index.name is None else str(df.index.name),
         "dtypes": {str(c): str(t) for c, t in df.dtypes.items()},
-        "data": _json_safe(df.to_numpy(dtype=object).tolist()),
+        "data": json_safe(df.to_numpy(dtype=object).tolist()),
     }
 
 
@@ -170,10 +170,10 @@ class CheckResult:
             "check": self.check,
             "status": self.status.value,
             "summary": self.summary,
-            "metrics": _json_safe(self.metrics),
+            "metrics": json_safe(self.metrics),
             "tables": {name: _frame_to_dict(df) for name, df in self.tables.items()},
             "advice": list(self.advice),
-            "series": {name: _json_safe(np.asarray(v)) for name, v in self.series.items()},
+            "series": {name: json_safe(np.asarray(v)) for name, v in self.series.items()},
             "duration_s": self.duration_s,
         }
 
@@ -199,7 +199,7 @@ class CheckResult:
         return plot_result(self, ax=ax)
 
     def _repr_html_(self) -> str:
-        return _result_html(self, open_details=False)
+        return result_html(self, open_details=False)
 
     def __repr__(self) -> str:
         return f"<CheckResult {self.check} {self.status.value.upper()}: {self.summary}>"
@@ -240,7 +240,7 @@ def _table_html(name: str, df: pd.DataFrame, max_rows: int = HTML_MAX_ROWS) -> s
             f"{shown}{tail}</div>")
 
 
-def _result_html(r: CheckResult, open_details: bool = False, extra: str = "") -> str:
+def result_html(r: CheckResult, open_details: bool = False, extra: str = "") -> str:
     """One result as HTML: badge, id, title and its "what this means" link, summary, advice; metrics and evidence
     inside a collapsed ``<details>`` (opened only when ``open_details`` and the result is not ok); ``extra`` is
     trusted HTML (a picture) added to the evidence."""
@@ -269,7 +269,7 @@ def _result_html(r: CheckResult, open_details: bool = False, extra: str = "") ->
     return "".join(parts)
 
 
-_CSS = """
+REPORT_CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em;max-width:1100px;color:#1f2328}
 table{border-collapse:collapse;font-size:90%;margin:4px 0} th,td{padding:2px 8px;border-bottom:1px solid #d0d7de;text-align:left}
 code{background:#f6f8fa;padding:0 3px} .tropt-more{color:#6e7781;font-style:italic} .tropt-summary{margin:2px 0}
@@ -352,7 +352,7 @@ class Report:
         return {
             "status": self.status.value,
             "counts": self.counts(),
-            "identity": _json_safe(self.identity),
+            "identity": json_safe(self.identity),
             "results": [r.to_dict() for r in self.results],
         }
 
@@ -378,15 +378,15 @@ class Report:
         """
         from .verdict import summary_markdown
 
-        t = _md_text
+        t = md_text
         lines = [f"# tropt report — {self.status.value.upper()}", "", *summary_markdown(self), ""]
         lines += ["## All checks in contract order", "", "| status | check | summary |", "|---|---|---|"]
         for r in self.results:
-            lines.append(f"| {r.status.value.upper()} | {_md_id(r.check)} | {_md_cell(r.summary)} |")
+            lines.append(f"| {r.status.value.upper()} | {md_id(r.check)} | {_md_cell(r.summary)} |")
         for r in self.results:
             if r.ok:
                 continue
-            lines += ["", f"## {r.status.value.upper()} {_md_id(r.check)} — {t(r.title)}", "", t(r.summary)]
+            lines += ["", f"## {r.status.value.upper()} {md_id(r.check)} — {t(r.title)}", "", t(r.summary)]
             lines += [f"- {t(a)}" for a in r.advice]
             for name, df in r.tables.items():
                 lines += ["", f"**{t(name)}** ({len(df)} rows)", "", _markdown_table(df.head(HTML_MAX_ROWS))]
@@ -398,7 +398,7 @@ class Report:
         """The verdict first (what to fix, in order), then every result in contract order, evidence collapsed."""
         from .verdict import summary_html
 
-        details = "".join(_result_html(r) for r in self.results)
+        details = "".join(result_html(r) for r in self.results)
         return (
             f'<div class="tropt-report">{summary_html(self)}'
             f'<details class="tropt-all"><summary>all {len(self.results)} checks in contract order, with evidence</summary>'
@@ -415,7 +415,7 @@ class Report:
             ident = f"<details><summary>run identity</summary><table>{rows}</table></details>"
         page = (
             f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{_CSS}</style></head><body>{self._repr_html_()}{ident}</body></html>"
+            f"<style>{REPORT_CSS}</style></head><body>{self._repr_html_()}{ident}</body></html>"
         )
         if path is not None:
             _parent_dir(path)
@@ -429,9 +429,9 @@ class Report:
 
         ``target``: a ``SummaryWriter`` or a log directory, ``"mlflow"`` (the active run) or an MLflow run,
         ``"wandb"`` or a W&B run, a Lightning logger, or a list of these (see
-        :func:`tropt.integrations.sinks.as_sink`). Each framework is imported only when used.
+        :func:`tropt.sinks.as_sink`). Each framework is imported only when used.
         """
-        from .integrations.sinks import as_sink, log_report
+        from .sinks import as_sink, log_report
 
         sink = as_sink(target)
         try:
@@ -476,21 +476,21 @@ _MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_[]"})
 _PLAIN_ID = re.compile(r"[a-z0-9_.]+")
 
 
-def _md_text(value: Any) -> str:
+def md_text(value: Any) -> str:
     """User text as inert Markdown: HTML escaped (``<script>`` shows as text), Markdown syntax backslash-escaped,
     and line breaks folded so the text cannot start a new block (a heading, a raw HTML block)."""
     text = html.escape(str(value), quote=False).translate(_MD_SPECIAL)  # quotes matter only inside tags
     return " ".join(text.splitlines())
 
 
-def _md_id(check: str) -> str:
+def md_id(check: str) -> str:
     """A check id as inline code when it is a plain id (it may come from an untrusted findings.json)."""
-    return f"`{check}`" if _PLAIN_ID.fullmatch(check) else _md_text(check)
+    return f"`{check}`" if _PLAIN_ID.fullmatch(check) else md_text(check)
 
 
 def _md_cell(value: Any) -> str:
-    """A table cell: :func:`_md_text` plus escaped pipes, so a value never splits into another column."""
-    return _md_text(value).replace("|", "\\|")
+    """A table cell: :func:`md_text` plus escaped pipes, so a value never splits into another column."""
+    return md_text(value).replace("|", "\\|")
 
 
 def _markdown_table(df: pd.DataFrame) -> str:

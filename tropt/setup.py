@@ -19,9 +19,9 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from .core.accelerate import accelerate_told
 from .core.batch import BatchLayout, to_device
 from .errors import SetupError, StepError, TroptError
-from .integrations.accelerate import accelerate_told
 from .training import PRECISION_DTYPES, StepContext, standard_step
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]

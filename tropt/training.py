@@ -16,8 +16,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .core.accelerate import accelerate_told  # noqa: F401 - moved there; kept importable from here
 from .core.batch import BatchLayout
-from .integrations.accelerate import accelerate_told  # noqa: F401 - moved there; kept importable from here
 
 PRECISION_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

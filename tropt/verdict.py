@@ -261,15 +261,15 @@ def summary_html(report: Report | Iterable[CheckResult]) -> str:
 
 def summary_markdown(report: Report | Iterable[CheckResult]) -> list[str]:
     """The verdict as Markdown lines (every piece of text escaped as ``Report.to_markdown`` does)."""
-    from .result import _md_id, _md_text
+    from .result import md_id, md_text
 
     v = verdict(report)
-    lines = [f"**Verdict: {v.status.value.upper()}: {_md_text(v.headline)}**", ""]
+    lines = [f"**Verdict: {v.status.value.upper()}: {md_text(v.headline)}**", ""]
     for i, f in enumerate(v.findings, 1):
-        key = f" ({_md_text(f.key_number)})" if f.key_number else ""
-        lines.append(f"{i}. **{f.status.value.upper()}** {_md_id(f.check)} — {_md_text(f.summary)}{key}")
+        key = f" ({md_text(f.key_number)})" if f.key_number else ""
+        lines.append(f"{i}. **{f.status.value.upper()}** {md_id(f.check)} — {md_text(f.summary)}{key}")
         if f.first_fix:
-            lines.append(f"   → {_md_text(f.first_fix)}")
+            lines.append(f"   → {md_text(f.first_fix)}")
     if v.rest_line:
-        lines += ["", _md_text(v.rest_line)]
+        lines += ["", md_text(v.rest_line)]
     return lines

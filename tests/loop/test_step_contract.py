@@ -9,9 +9,10 @@ from torch.nn import functional as F
 
 import tropt
 from tropt.batching import BatchLayout, batch_size, split_batch
+from tropt.core.capture import ScalerWatch
 from tropt.errors import TroptError
 from tropt.loop import check_resume, check_scheduler_cadence, check_zero_grad
-from tropt.loop.harness import ScalerWatch, steps_per_call_note
+from tropt.loop._verdicts import steps_per_call_note
 from tropt.result import Status
 from tropt.training import StepContext
 

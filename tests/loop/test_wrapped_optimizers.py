@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import tropt
-from tropt.loop.harness import run_steps, stepping_optimizers
+from tropt.core.capture import run_steps, stepping_optimizers
 from tropt.result import Status
 
 

@@ -178,7 +178,7 @@ def test_trivial_predictors_keep_the_output_format():
         def forward(self, x):
             return {"logits": self.lin(x), "hidden": x}
 
-    from tropt.model._common import Objective
+    from tropt.core.objective import Objective
 
     m = DictModel()
     x = torch.randn(5, cc.D)
@@ -186,7 +186,7 @@ def test_trivial_predictors_keep_the_output_format():
     out = ConstantPredictor(m, obj, 1, "always 1")(x)
     assert set(out) == {"logits", "hidden"} and out["logits"].argmax(1).tolist() == [1] * 5
     assert torch.equal(out["hidden"], x) and ConstantPredictor(m, obj, 1, "").config == "kept"
-    from tropt.data._batches import row_hashes
+    from tropt.core.hashes import row_hashes
 
     y = torch.tensor([0, 1, 1, 0, 1])
     perfect = PerfectPredictor(m, obj, dict(zip(row_hashes(x), y)))

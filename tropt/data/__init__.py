@@ -12,13 +12,18 @@ map-style torch Dataset or a path to a CSV/Parquet file (streamed in chunks).
 from __future__ import annotations
 
 from ._common import infer_task
-from .duplicates import check_exact_duplicates, check_near_duplicates
-from .labels import check_class_coverage, check_label_sanity, check_label_shift
-from .leakage import check_group_leakage, check_temporal_leakage
+from .class_coverage import check_class_coverage
 from .eval_transforms import check_eval_transforms
+from .exact_duplicates import check_exact_duplicates
+from .group_leakage import check_group_leakage
+from .label_sanity import check_label_sanity
+from .label_shift import check_label_shift
+from .near_duplicates import check_near_duplicates
 from .sampling import check_sampling
 from .splits import CHECKS, check_splits
-from .target import check_target_leakage
+from .target_leakage import check_target_leakage
+from .temporal_leakage import check_temporal_leakage
+
 
 __all__ = [
     "CHECKS",

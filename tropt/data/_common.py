@@ -1,4 +1,4 @@
-"""Shared machinery of the stage-1 checks: loading splits, split pairs, result helpers, label handling.
+"""What the stage-1 table checks share: loading splits, split pairs, result helpers, label handling.
 
 Every check takes the ordered ``splits`` mapping first (earlier splits first: train, val, test, ...) and checks
 each later split against every earlier one. Feature columns are every column except ``label``, ``group`` and
@@ -12,30 +12,12 @@ import pandas as pd
 
 from ..errors import DataError
 from ..result import CheckResult, Status
-from .sources import Options, SplitData, column_kind, hash_column, load_splits, unify_kinds
-
+from .columns import column_kind, is_numeric, numeric_values, unify_kinds
+from .hashing import hash_column
+from .load import load_splits
+from .split_data import Options, SplitData
 
 MAX_EVIDENCE = 1000  # evidence rows kept per table; metrics always count everything
-
-# The optional parts of a split scan (see sources.scan) each data check uses; FINGERPRINT_ONLY checks need only the
-# fingerprints, labels, group and time. A session (diagnose) scans once for the union of its checks' needs.
-# (data.exact_duplicates reads the row sample only to judge a FAIL-sized leak; then it scans again.)
-SCAN_NEEDS = {"data.near_duplicates": {"numeric"}, "data.target_leakage": {"sample"}}
-FINGERPRINT_ONLY = {"data.exact_duplicates", "data.group_leakage", "data.temporal_leakage", "data.label_shift",
-                    "data.class_coverage", "data.label_sanity"}
-
-
-def scan_needs(check_ids) -> frozenset:
-    """The scan parts the given checks need together (a data check not listed above: everything, to be safe)."""
-    from .sources import ALL_NEEDS
-
-    needs: set = set()
-    for c in check_ids:
-        if c in SCAN_NEEDS:
-            needs |= SCAN_NEEDS[c]
-        elif c.startswith("data.") and c not in FINGERPRINT_ONLY:
-            return ALL_NEEDS
-    return frozenset(needs)
 
 
 def _load(splits, label, group, time, features, progress, min_splits=2, needs=frozenset()) -> list[SplitData]:
@@ -77,18 +59,6 @@ def _labels(datas: list[SplitData], label=None) -> list[pd.Series] | None:
     return None if any(s is None for s in out) else out
 
 
-def _is_num(s: pd.Series) -> bool:
-    return (pd.api.types.is_numeric_dtype(s.dtype) or pd.api.types.is_bool_dtype(s.dtype)) and not pd.api.types.is_complex_dtype(s.dtype)
-
-
-def _numeric_values(s: pd.Series) -> np.ndarray:
-    if pd.api.types.is_bool_dtype(s.dtype):
-        return s.to_numpy(dtype=np.float64, na_value=np.nan)
-    if _is_num(s):
-        return s.to_numpy(dtype=np.float64, na_value=np.nan)
-    return pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-
-
 def infer_task(labels: list[pd.Series], task: str | None = None, num_classes: int | None = None, max_classes: int = 50) -> str:
     """"classification" or "regression" from the label values (or what the user said)."""
     if task is not None:
@@ -97,9 +67,9 @@ def infer_task(labels: list[pd.Series], task: str | None = None, num_classes: in
         return task
     if num_classes is not None:
         return "classification"
-    if not all(_is_num(s) for s in labels):
+    if not all(is_numeric(s) for s in labels):
         return "classification"
-    v = np.concatenate([_numeric_values(s) for s in labels])
+    v = np.concatenate([numeric_values(s) for s in labels])
     v = v[np.isfinite(v)]
     if v.size == 0:
         return "classification"
@@ -112,7 +82,7 @@ def regression_reason(labels: list[pd.Series], task: str | None = None, max_clas
     """Why :func:`infer_task` took these labels for a regression target, in words that are true of them."""
     if task == "regression":
         return "task='regression' was given"
-    v = np.concatenate([_numeric_values(s) for s in labels])
+    v = np.concatenate([numeric_values(s) for s in labels])
     v = v[np.isfinite(v)]
     nunique = len(np.unique(v[: 1_000_000]))
     nonint = float(np.mean(v != np.round(v))) if v.size else 0.0
@@ -123,8 +93,8 @@ def regression_reason(labels: list[pd.Series], task: str | None = None, max_clas
 
 def _class_keys(s: pd.Series) -> pd.Series:
     """Class values comparable across splits: numbers as floats → ints where integral, else as they are."""
-    if _is_num(s):
-        v = _numeric_values(s)
+    if is_numeric(s):
+        v = numeric_values(s)
         finite = np.isfinite(v)
         # ±inf is no class: it counts as missing here (data.label_sanity reports it as an infinite label)
         out = pd.Series(np.where(finite, v, np.nan))

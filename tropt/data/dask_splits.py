@@ -2,14 +2,14 @@
 ``fsspec`` URL such as ``s3://bucket/train/``), scanned as a map-reduce on the user's Dask scheduler.
 
 Map (on the workers, one task per partition): the same canonical row fingerprints as the in-memory path
-(:func:`tropt.data.sources.hash_rows`, with the comparison kinds fixed once for all splits from the first 10,000
+(:func:`tropt.data.hashing.hash_rows`, with the comparison kinds fixed once for all splits from the first 10,000
 rows), plus the label, group and time columns. The client receives 8 bytes of fingerprint a row and the label and
-group columns, concatenated in partition order into the same :class:`~tropt.data.sources.SplitData` the pandas path
+group columns, concatenated in partition order into the same :class:`~tropt.data.split_data.SplitData` the pandas path
 builds; the wide feature columns never leave the workers. Every split's map is started before the first is
 waited on (:func:`prefetch`), so the workers do not idle at a split's last partitions.
 
 Reduce: ``data.exact_duplicates`` joins the gathered fingerprints on the client with the in-memory path's
-:func:`tropt.data.duplicates.exact_join` (one sort: ~0.2 s for 30M rows, less than moving the fingerprints between
+:func:`tropt.data.exact_join.exact_join` (one sort: ~0.2 s for 30M rows, less than moving the fingerprints between
 workers again for a bucketed join would take). On a ``distributed`` Client a date or number time column stays on
 the workers as one future per partition, and ``data.temporal_leakage`` reduces it there (min/max, rows before each
 end, histograms; that column is not gathered). The other checks run their one implementation on the gathered
@@ -28,12 +28,18 @@ import operator
 import os
 import sys
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from . import limits
+from .columns import is_numeric
+from .hashing import hash_rows, mix
+from .split_data import LABEL_COLUMN, RowPositions, SplitData, wanted_columns
+from .times import merge_rows_before, merge_time_summaries, rows_before, time_summary, time_values
 
 HEAD_ROWS = 10_000  # rows the comparison kinds are taken from: what the pandas path reads of a DataFrame
 _GLOB_CHARS = ("*", "?", "[")
@@ -232,8 +238,6 @@ def read_dataset(path: str, name: str) -> Any:
 # ---------------------------------------------------------------------------------------------------- map
 def _summarise(part: pd.DataFrame, feats: list, kinds: dict, label: Any, group: Any, time: Any, with_index: bool) -> dict:
     """One partition's fingerprints, role columns and index (the map step; runs on a worker)."""
-    from .sources import hash_rows
-
     out: dict = {"n": len(part), "fp": hash_rows(part, feats, kinds) if len(part) else np.empty(0, dtype=np.uint64)}
     for role, col in (("label", label), ("group", group), ("time", time)):
         if col is not None:
@@ -250,17 +254,13 @@ def _without(summary: dict, keys: tuple) -> dict:
 def _reducible_time(dtype: Any) -> bool:
     """Whether a time column can be summarised per partition: dates or numbers (a text column is parsed as a whole,
     with a rule on the share of values that fail to parse)."""
-    from ._common import _is_num
-
-    return pd.api.types.is_datetime64_any_dtype(dtype) or _is_num(pd.Series([], dtype=dtype))
+    return pd.api.types.is_datetime64_any_dtype(dtype) or is_numeric(pd.Series([], dtype=dtype))
 
 
 def _take(part: pd.DataFrame, positions: np.ndarray, cols: list, label: Any) -> pd.DataFrame:
     """The rows at ``positions`` of one partition, in the sample's layout (the label renamed as the pandas path does)."""
-    from .sources import _LABEL
-
     rows = part[cols].iloc[positions]
-    return rows.rename(columns={label: _LABEL}) if label is not None else rows
+    return rows.rename(columns={label: LABEL_COLUMN}) if label is not None else rows
 
 
 def _first_rows(part: pd.DataFrame, rows: int) -> pd.DataFrame:
@@ -285,10 +285,8 @@ def head(ddf: Any, cols: list, rows: int = HEAD_ROWS, name: str = "") -> pd.Data
 
 
 def _sample_positions(n: int, k: int) -> np.ndarray:
-    """The row positions of the pandas path's sample (:class:`tropt.data.sources._Sampler`): the ``k`` smallest
+    """The row positions of the pandas path's sample (:class:`tropt.data.scan._Sampler`): the ``k`` smallest
     seeded hashes of the positions 0..n-1, in position order. Depends on ``n`` only, so no data is read to choose."""
-    from .sources import mix
-
     if n <= k:
         return np.arange(n)
     best_keys, best_pos = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
@@ -307,8 +305,6 @@ def _sample_positions(n: int, k: int) -> np.ndarray:
 def _map_tasks(reader: Any, kinds: dict, feats: list, label: Any, group: Any, time: Any) -> list:
     """The map step's tasks, one per partition. Their keys depend only on the arguments (``pure=True``), so the same
     call made twice names the same tasks, and a Client computes them once."""
-    from .sources import wanted_columns
-
     wanted = wanted_columns(feats, label, group, time)
     summarise = _dask().delayed(_summarise, pure=True)
     return [summarise(p, feats, kinds, label, group, time, not reader.positions) for p in _partitions(reader.ddf, wanted)]
@@ -325,19 +321,26 @@ def prefetch(reader: Any, kinds: dict, feats: list, label: Any, group: Any, time
     return client.compute(_map_tasks(reader, kinds, feats, label, group, time))
 
 
-def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label: Any, group: Any, time: Any,
-              needs: frozenset, numeric_rows: int | None = None, progress: bool = False) -> Any:
-    """Summarise a Dask split into a :class:`~tropt.data.sources.SplitData` (see the module docstring).
+@dataclass
+class DaskMap:
+    """What the map step of one Dask split gathered: the row count per partition, the fingerprints, row ids and role
+    columns in partition order, and (on a distributed Client) the futures of the time column left on the workers."""
 
-    The numeric matrix for the near-duplicate search is built only for splits of at most ``numeric_rows`` rows
-    (default :data:`~tropt.data.sources.EAGER_NUMERIC_ROWS`), from the gathered rows; larger splits have none."""
-    from dataclasses import replace
+    n: int
+    lengths: np.ndarray
+    offsets: np.ndarray  # each partition's first row position
+    fp: np.ndarray
+    row_id: np.ndarray | RowPositions
+    label: pd.Series | None
+    group: pd.Series | None
+    time: pd.Series | None
+    futures: dict | None
 
-    from .sources import EAGER_NUMERIC_ROWS, RowPositions, SplitData, scan, wanted_columns
 
-    dask = _dask()
+def map_split(reader: Any, name: str, kinds: dict, feats: list, label: Any, group: Any, time: Any,
+              progress: bool = False) -> DaskMap:
+    """Run the map step of a Dask split (see the module docstring) and gather its fingerprints and role columns."""
     ddf = reader.ddf
-    wanted = wanted_columns(feats, label, group, time)
     with_index = not reader.positions
     tasks = _map_tasks(reader, kinds, feats, label, group, time)
     client = current_client()
@@ -368,29 +371,35 @@ def scan_dask(reader: Any, name: str, opts: Any, kinds: dict, feats: list, label
 
     fp = np.concatenate([p["fp"] for p in live])
     row_id = np.concatenate([p["index"] for p in live]) if with_index else RowPositions(n)
-    label_s, group_s, time_s = cat("label"), cat("group"), cat("time")
-    del parts, live
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    small = numeric_rows if numeric_rows is not None else EAGER_NUMERIC_ROWS
-    if "numeric" in needs and n <= small:
-        # Small enough to hold: the near-duplicate vectors (and the sample) come from the in-memory scan of the
-        # gathered rows, so a small Dask split gives the very report its pandas copy gives.
-        (frame,) = compute(ddf[wanted])
-        frame = frame.reset_index(drop=True) if reader.positions else frame
-        data = scan(frame, name, opts, kinds, False, needs, numeric_rows)
-        return replace(data, kind=reader.kind, dask_parts=futures, dask_offsets=offsets)
+    return DaskMap(n, lengths, offsets, fp, row_id, cat("label"), cat("group"), cat("time"), futures)
+
+
+def gather_rows(reader: Any, wanted: list) -> pd.DataFrame:
+    """The whole split's ``wanted`` columns as one pandas DataFrame (for a split small enough to hold: its
+    near-duplicate vectors and sample then come from the in-memory scan, so a small Dask split gives the very
+    report its pandas copy gives)."""
+    (frame,) = compute(reader.ddf[wanted])
+    return frame.reset_index(drop=True) if reader.positions else frame
+
+
+def split_data(reader: Any, name: str, mapped: DaskMap, kinds: dict, roles: tuple, needs: frozenset,
+               small: int) -> SplitData:
+    """The :class:`~tropt.data.split_data.SplitData` of a Dask split not gathered whole (more than ``small`` rows, or
+    no numeric matrix asked for): the map's columns, and the row sample (a second pass) when asked for."""
+    feats, label, group, time = roles
     sample = None
     if "sample" in needs:
-        sample = _sample(ddf, wanted, feats, label, lengths, dask)
+        sample = _sample(reader.ddf, wanted_columns(feats, label, group, time), feats, label, mapped.lengths, _dask())
     numeric_cols = [c for c in feats if kinds[c] == "numeric"]
     return SplitData(
-        name=name, kind=reader.kind, n=n, row_id=row_id, fp=fp, label=label_s, group=group_s, time=time_s,
-        numeric=None, numeric_columns=numeric_cols,
+        name=name, kind=reader.kind, n=mapped.n, row_id=mapped.row_id, fp=mapped.fp, label=mapped.label,
+        group=mapped.group, time=mapped.time, numeric=None, numeric_columns=numeric_cols,
         numeric_note=f"a Dask split of more than {small:,} rows: its near-duplicate vectors are not gathered",
         tabular=True, sample=sample, feature_columns=feats, kinds=dict(kinds),
         # "numeric" is claimed (as not available) so a check asking for it does not scan the cluster again
         has=frozenset({"numeric", *(["sample"] if "sample" in needs else [])}),
-        dask_parts=futures, dask_offsets=offsets,
+        dask_parts=mapped.futures, dask_offsets=mapped.offsets,
     )
 
 
@@ -404,9 +413,7 @@ def _partitions(ddf: Any, columns: list) -> list:
 def _sample(ddf: Any, wanted: list, feats: list, label: Any, lengths: np.ndarray, dask: Any) -> pd.DataFrame:
     """The pandas path's uniform row sample, taken from the partitions that hold its rows (a second pass over the
     feature columns: 20,000 rows spread over the partitions usually touch every one)."""
-    from .sources import SAMPLE_ROWS
-
-    positions = _sample_positions(int(lengths.sum()), SAMPLE_ROWS)
+    positions = _sample_positions(int(lengths.sum()), limits.SAMPLE_ROWS)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     cols = feats + ([label] if label is not None else [])
     take = dask.delayed(_take, pure=True)
@@ -426,20 +433,14 @@ def _sample(ddf: Any, wanted: list, feats: list, label: Any, lengths: np.ndarray
 
 # ---------------------------------------------------------------------------------------------------- time reduce
 def _part_times(time: pd.Series) -> tuple[np.ndarray, bool]:
-    from .leakage import _times
-
-    return _times(time, "", None)
+    return time_values(time, "", None)
 
 
 def _part_time_summary(time: pd.Series) -> dict:
-    from .leakage import time_summary
-
     return time_summary(*_part_times(time))
 
 
 def _part_rows_before(time: pd.Series, offset: int, ends: list, max_evidence: int) -> list:
-    from .leakage import rows_before
-
     t, _ = _part_times(time)
     return rows_before(t, np.arange(offset, offset + len(t), dtype=np.int64), ends, max_evidence)
 
@@ -459,16 +460,12 @@ def _client_for(d: Any) -> Any:
 
 def distributed_time_summary(d: Any, time: Any) -> dict:
     """Min, max and finite count of a split's times, per partition on the workers, reduced here."""
-    from .leakage import merge_time_summaries
-
     client = _client_for(d)
     return merge_time_summaries(client.gather([client.submit(_part_time_summary, f, pure=False) for f in d.dask_parts["time"]]))
 
 
 def distributed_rows_before(d: Any, stat: dict, ends: list, max_evidence: int) -> list:
     """Rows dated before each end (count and first evidence), per partition on the workers, merged by time then row."""
-    from .leakage import merge_rows_before
-
     client = _client_for(d)
     parts = client.gather([client.submit(_part_rows_before, f, int(o), ends, max_evidence, pure=False)
                            for f, o in zip(d.dask_parts["time"], d.dask_offsets)])

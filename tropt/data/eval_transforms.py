@@ -8,7 +8,7 @@
 - *Random transforms in evaluation*: two passes over the same validation samples give different tensors: WARN
   (scores are noisy); PASS with a note when ``Setup(eval_augmentation=True)`` declares test-time augmentation.
 
-Inputs are the floating-point tensors of a batch other than its label (rule: :mod:`tropt.data._batches`).
+Inputs are the floating-point tensors of a batch other than its label (rule: :mod:`tropt.data.pipeline`).
 Cost: ``n_batches`` training batches and two passes of ``n_batches`` validation batches (no model step).
 """
 
@@ -21,10 +21,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.hashes import row_hashes
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from ._batches import input_leaves, iter_pass, loader_state, path_name, row_hashes, sample_dim
+from .pipeline import input_leaves, iter_pass, loader_state, path_name, sample_dim
 
 CHECK = "data.eval_transforms"
 MAX_ROWS = 200  # feature rows kept in the evidence table (worst first); metrics count all
@@ -211,40 +212,22 @@ def _population_shift(df: pd.DataFrame, bad: pd.DataFrame) -> bool:
     return not bool((scaled | far).any())
 
 
-@register(CHECK, title="Evaluation data prepared like training data",
-          description="train vs val per-feature/channel mean and std; random transforms in evaluation")
-def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float = 1.0, fail_std_ratio: float = 3.0,
-                          warn_effect: float = 0.5, warn_std_ratio: float = 1.5, z: float = 6.0,
-                          progress: bool = True) -> CheckResult:
-    """Compare the inputs of the Setup's training and validation data, and read the validation data twice.
-
-    Parameters
-    ----------
-    setup
-        The :class:`tropt.Setup`; SKIP without ``val_data``.
-    n_batches
-        Batches read from the training data and from each of two validation passes.
-    fail_effect, fail_std_ratio
-        FAIL when a feature's means differ by at least ``fail_effect`` pooled stds, or its stds by a factor of at least
-        ``fail_std_ratio``, with a z-score of at least ``z`` (far beyond sampling noise).
-    warn_effect, warn_std_ratio
-        WARN thresholds, same rule.
-    z
-        The z-score a difference needs (per-sample means for the mean; the std of a log std ratio, widened by each feature's kurtosis).
-    progress
-        Unused (the check is quick); accepted for uniformity.
-    """
-    if setup.val_data is None:
-        return CheckResult(CHECK, Status.SKIP, "no val_data: pass Setup(val_data=...) to compare how evaluation data is prepared")
-    val_loader = setup.loader("val")
-    dim = sample_dim(setup)
+def _train_moments(setup: Any, n_batches: int, dim: int | None) -> tuple[dict[tuple, Moments], int]:
+    """Per input: the statistics of ``n_batches`` training batches (and how many were read)."""
     xt: dict[tuple, Moments] = {}
-    xv: dict[tuple, Moments] = {}
     n_train = 0
     with preserved():
         for batch in _training_inputs(setup, n_batches):
             _add_all(xt, batch, dim)
             n_train += 1
+    return xt, n_train
+
+
+def _val_reads(setup: Any, val_loader: Any, n_batches: int,
+               dim: int | None) -> tuple[dict[tuple, Moments], int, str | None, Any]:
+    """Per input: the statistics of ``n_batches`` validation batches, how many were read, how the validation data
+    was read twice (None: not), and the per-input differences between the two reads."""
+    xv: dict[tuple, Moments] = {}
     is_list = isinstance(setup.val_data, (list, tuple))
     ds = getattr(val_loader, "dataset", None)
     with preserved(), loader_state(val_loader, setup.seed):
@@ -272,88 +255,132 @@ def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float 
             for i, batch in enumerate(_items(ds, idx)):
                 first.add(i, batch)
             diffs = first.compare(_items(ds, idx))
-    metrics: dict[str, Any] = {"train_batches": n_train, "val_batches": n_val, "eval_augmentation": setup.eval_augmentation}
-    tables: dict[str, pd.DataFrame] = {}
-    findings: list[tuple[Status, str, str]] = []
-    notes: list[str] = []
+    return xv, n_val, how, diffs
 
-    # ---- random transforms in evaluation
+
+def _randomness(setup: Any, how: str | None, diffs: Any, metrics: dict, tables: dict, findings: list,
+                notes: list) -> None:
+    """Two reads of the same validation samples that differ: WARN, unless test-time augmentation is declared."""
     if how is None:
-        notes.append("a list of validation batches is fixed tensors: no transform runs when it is read" if is_list
+        notes.append("a list of validation batches is fixed tensors: no transform runs when it is read"
+                     if isinstance(setup.val_data, (list, tuple))
                      else "the validation loader shuffles and has no dataset to read twice: randomness not checked")
-    else:
-        tables["randomness"] = diffs
-        random = diffs[diffs["differing"] > 0]
-        metrics.update(random_inputs=len(random), random_compared=how)
-        if len(random):
-            worst = random.sort_values("max_abs_diff", ascending=False).iloc[0]
-            what = (f"{how} give different tensors ({', '.join(random['input'])}: {int(random['differing'].sum())} of "
-                    f"{int(random['samples'].sum())} samples; max |difference| in the first batch {worst['max_abs_diff']:.3g})")
-            if setup.eval_augmentation:
-                notes.append(f"{what}: declared test-time augmentation (eval_augmentation=True)")
-            else:
-                findings.append((Status.WARN, f"random transforms in evaluation: {what}, so validation scores are noisy",
-                                 "Use deterministic validation transforms (e.g. Resize + CenterCrop instead of RandomResizedCrop, "
-                                 "no random flips); if test-time augmentation is intended, declare it with Setup(eval_augmentation=True)."))
-        elif setup.eval_augmentation:
-            notes.append("eval_augmentation=True, but two reads of the validation data gave identical tensors")
+        return
+    tables["randomness"] = diffs
+    random = diffs[diffs["differing"] > 0]
+    metrics.update(random_inputs=len(random), random_compared=how)
+    if len(random):
+        worst = random.sort_values("max_abs_diff", ascending=False).iloc[0]
+        what = (f"{how} give different tensors ({', '.join(random['input'])}: {int(random['differing'].sum())} of "
+                f"{int(random['samples'].sum())} samples; max |difference| in the first batch {worst['max_abs_diff']:.3g})")
+        if setup.eval_augmentation:
+            notes.append(f"{what}: declared test-time augmentation (eval_augmentation=True)")
+        else:
+            findings.append((Status.WARN, f"random transforms in evaluation: {what}, so validation scores are noisy",
+                             "Use deterministic validation transforms (e.g. Resize + CenterCrop instead of RandomResizedCrop, "
+                             "no random flips); if test-time augmentation is intended, declare it with Setup(eval_augmentation=True)."))
+    elif setup.eval_augmentation:
+        notes.append("eval_augmentation=True, but two reads of the validation data gave identical tensors")
 
-    # ---- statistics of the inputs
-    frames, shape_notes = [], []
+
+def _feature_table(xt: dict[tuple, Moments], xv: dict[tuple, Moments]) -> pd.DataFrame | None:
+    """Per feature/channel of every input in both splits, the train and validation statistics compared."""
+    frames = []
     for path, a in xt.items():
         b = xv.get(path)
         if b is None or a.shape is None or b.shape is None or a.mixed or b.mixed:
             continue
         name = path_name(path)
-        if a.shape != b.shape:
-            shape_notes.append(f"{name}: train samples {a.shape}, val {b.shape}")
-            if a.shape[:1] != b.shape[:1]:
-                continue  # a different number of features or channels: nothing to compare one by one
+        if a.shape != b.shape and a.shape[:1] != b.shape[:1]:
+            continue  # a different number of features or channels: nothing to compare one by one
         frames.append(compare_inputs(a, b, name))
-    if frames:
-        df = pd.concat(frames, ignore_index=True)
-        eff_ok, std_ok = df["z_mean"] >= z, df["z_std"] >= z
-        lr = np.log(df["std_ratio"].to_numpy(dtype=float))
-        fail = (eff_ok & (df["effect"] >= fail_effect)) | (std_ok & (np.abs(lr) >= math.log(fail_std_ratio)))
-        warn = ~fail & ((eff_ok & (df["effect"] >= warn_effect)) | (std_ok & (np.abs(lr) >= math.log(warn_std_ratio))))
-        df["verdict"] = np.where(fail, "fail", np.where(warn, "warn", "ok"))
-        df = df.sort_values(["verdict", "effect"], key=lambda s: s.map({"fail": 0, "warn": 1, "ok": 2}) if s.name == "verdict" else -s,
-                            kind="stable").reset_index(drop=True)
-        tables["features"] = df.head(MAX_ROWS)
-        metrics.update(features_compared=len(df), features_fail=int(fail.sum()), features_warn=int(warn.sum()),
-                       max_effect=float(df["effect"].replace(np.inf, np.nan).max() if np.isfinite(df["effect"]).any() else 0.0),
-                       max_std_ratio=float(np.exp(np.abs(lr)).max()))
-        bad = df[df["verdict"] != "ok"]
-        population = _population_shift(df, bad)
-        metrics["pattern"] = "none" if not len(bad) else "population" if population else "transform"
-        if len(bad) and population:
-            # A few features, shifted both ways, the rest alike: rows drawn from elsewhere, not a preprocessing step
-            # (a missing normalisation moves most features the same way). Judgement, not a defect of the transforms.
-            names = [f"{r.input} {r.kind} {r.index} (mean {r.train_mean:.3g} vs {r.val_mean:.3g}, std {r.train_std:.3g} vs {r.val_std:.3g})"
-                     for r in bad.head(4).itertuples()]
-            more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
-            findings.append((Status.WARN,
-                             f"{len(bad)} of {len(df)} input {bad['kind'].iloc[0]}(s) of the validation data differ from training "
-                             f"beyond sampling noise, in both directions, while the others agree (median std ratio "
-                             f"{float(np.exp(np.median(np.abs(lr)))):.2f}): the validation rows look drawn from another "
-                             f"population, not prepared differently: {'; '.join(names)}{more}",
-                             "Check how the validation split was drawn: a contiguous block of ordered data (by writer, "
-                             "source or time) differs from the rest; shuffle before splitting, or split by group on "
-                             "purpose (see data.label_shift and data.group_leakage)."))
-        elif len(bad):
-            status = Status.FAIL if fail.any() else Status.WARN
-            names = [f"{r.input} {r.kind} {r.index} (mean {r.train_mean:.3g} vs {r.val_mean:.3g}, std {r.train_std:.3g} vs {r.val_std:.3g})"
-                     for r in bad.head(4).itertuples()]
-            more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
-            sentence = (f"{len(bad)} input {bad['kind'].iloc[0]}(s) of the validation data are distributed differently from training "
-                        f"{'far ' if status is Status.FAIL else ''}beyond sampling noise: {'; '.join(names)}{more}")
-            if status is Status.FAIL:
-                findings.append((status, sentence, "Apply the training transform's preprocessing (normalisation, scaling, "
-                                 "feature encoding) to the validation data too, with the statistics fitted on the training data."))
-            else:
-                findings.append((status, sentence + " (a transform difference, or a genuine shift between the splits)",
-                                 "Check that the validation transform normalises like the training transform; if it does, "
-                                 "the splits differ (see data.label_shift / data.temporal_leakage)."))
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def _judge_features(df: pd.DataFrame, fail_effect: float, fail_std_ratio: float, warn_effect: float,
+                    warn_std_ratio: float, z: float, metrics: dict, tables: dict, findings: list) -> None:
+    """Features distributed differently beyond sampling noise: FAIL (a transform difference) or WARN (smaller, or a
+    few features shifted both ways: another population)."""
+    eff_ok, std_ok = df["z_mean"] >= z, df["z_std"] >= z
+    lr = np.log(df["std_ratio"].to_numpy(dtype=float))
+    fail = (eff_ok & (df["effect"] >= fail_effect)) | (std_ok & (np.abs(lr) >= math.log(fail_std_ratio)))
+    warn = ~fail & ((eff_ok & (df["effect"] >= warn_effect)) | (std_ok & (np.abs(lr) >= math.log(warn_std_ratio))))
+    df["verdict"] = np.where(fail, "fail", np.where(warn, "warn", "ok"))
+    df = df.sort_values(["verdict", "effect"], key=lambda s: s.map({"fail": 0, "warn": 1, "ok": 2}) if s.name == "verdict" else -s,
+                        kind="stable").reset_index(drop=True)
+    tables["features"] = df.head(MAX_ROWS)
+    metrics.update(features_compared=len(df), features_fail=int(fail.sum()), features_warn=int(warn.sum()),
+                   max_effect=float(df["effect"].replace(np.inf, np.nan).max() if np.isfinite(df["effect"]).any() else 0.0),
+                   max_std_ratio=float(np.exp(np.abs(lr)).max()))
+    bad = df[df["verdict"] != "ok"]
+    population = _population_shift(df, bad)
+    metrics["pattern"] = "none" if not len(bad) else "population" if population else "transform"
+    if not len(bad):
+        return
+    names = [f"{r.input} {r.kind} {r.index} (mean {r.train_mean:.3g} vs {r.val_mean:.3g}, std {r.train_std:.3g} vs {r.val_std:.3g})"
+             for r in bad.head(4).itertuples()]
+    more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+    if population:
+        # A few features, shifted both ways, the rest alike: rows drawn from elsewhere, not a preprocessing step
+        # (a missing normalisation moves most features the same way). Judgement, not a defect of the transforms.
+        findings.append((Status.WARN,
+                         f"{len(bad)} of {len(df)} input {bad['kind'].iloc[0]}(s) of the validation data differ from training "
+                         f"beyond sampling noise, in both directions, while the others agree (median std ratio "
+                         f"{float(np.exp(np.median(np.abs(lr)))):.2f}): the validation rows look drawn from another "
+                         f"population, not prepared differently: {'; '.join(names)}{more}",
+                         "Check how the validation split was drawn: a contiguous block of ordered data (by writer, "
+                         "source or time) differs from the rest; shuffle before splitting, or split by group on "
+                         "purpose (see data.label_shift and data.group_leakage)."))
+        return
+    status = Status.FAIL if fail.any() else Status.WARN
+    sentence = (f"{len(bad)} input {bad['kind'].iloc[0]}(s) of the validation data are distributed differently from training "
+                f"{'far ' if status is Status.FAIL else ''}beyond sampling noise: {'; '.join(names)}{more}")
+    if status is Status.FAIL:
+        findings.append((status, sentence, "Apply the training transform's preprocessing (normalisation, scaling, "
+                         "feature encoding) to the validation data too, with the statistics fitted on the training data."))
+    else:
+        findings.append((status, sentence + " (a transform difference, or a genuine shift between the splits)",
+                         "Check that the validation transform normalises like the training transform; if it does, "
+                         "the splits differ (see data.label_shift / data.temporal_leakage)."))
+
+
+@register(CHECK, title="Evaluation data prepared like training data",
+          description="train vs val per-feature/channel mean and std; random transforms in evaluation")
+def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float = 1.0, fail_std_ratio: float = 3.0,
+                          warn_effect: float = 0.5, warn_std_ratio: float = 1.5, z: float = 6.0,
+                          progress: bool = True) -> CheckResult:
+    """Compare the inputs of the Setup's training and validation data, and read the validation data twice.
+
+    Parameters
+    ----------
+    setup
+        The :class:`tropt.Setup`; SKIP without ``val_data``.
+    n_batches
+        Batches read from the training data and from each of two validation passes.
+    fail_effect, fail_std_ratio
+        FAIL when a feature's means differ by at least ``fail_effect`` pooled stds, or its stds by a factor of at least
+        ``fail_std_ratio``, with a z-score of at least ``z`` (far beyond sampling noise).
+    warn_effect, warn_std_ratio
+        WARN thresholds, same rule.
+    z
+        The z-score a difference needs (per-sample means for the mean; the std of a log std ratio, widened by each feature's kurtosis).
+    progress
+        Unused (the check is quick); accepted for uniformity.
+    """
+    if setup.val_data is None:
+        return CheckResult(CHECK, Status.SKIP, "no val_data: pass Setup(val_data=...) to compare how evaluation data is prepared")
+    val_loader = setup.loader("val")
+    dim = sample_dim(setup)
+    xt, n_train = _train_moments(setup, n_batches, dim)
+    xv, n_val, how, diffs = _val_reads(setup, val_loader, n_batches, dim)
+    metrics: dict[str, Any] = {"train_batches": n_train, "val_batches": n_val, "eval_augmentation": setup.eval_augmentation}
+    tables: dict[str, pd.DataFrame] = {}
+    findings: list[tuple[Status, str, str]] = []
+    notes: list[str] = []
+    _randomness(setup, how, diffs, metrics, tables, findings, notes)
+    df = _feature_table(xt, xv)
+    if df is not None:
+        _judge_features(df, fail_effect, fail_std_ratio, warn_effect, warn_std_ratio, z, metrics, tables, findings)
     else:
         notes.append("no floating-point input tensor in both splits to compare" if dim is not None
                      else "a custom split_fn layout: per-feature statistics not compared")

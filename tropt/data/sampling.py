@@ -11,7 +11,7 @@ sampler and collate are what is tested.
 
 Cost: ``n_batches`` batches of two passes over the training loader (no model step), plus up to ``max_samples``
 dataset items read one by one for the split's label distribution (none for a ``TensorDataset`` or a list of batches).
-Labels follow the rule in :mod:`tropt.data._batches`.
+Labels follow the rule in :mod:`tropt.data.pipeline`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.hashes import fingerprint
+from ..core.modes import batch_dependent_layers
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from ._batches import class_labels, fingerprint, iter_pass, loader_state, sample_label, samples_in
+from .pipeline import class_labels, iter_pass, loader_state, sample_label, samples_in
 
 CHECK = "data.sampling"
 
@@ -133,6 +135,156 @@ def _shuffled_expectation(p: np.ndarray, sizes: list[int], seed: int, draws: int
     return np.asarray(ent), np.asarray(sd), float(np.mean(pure))
 
 
+class _Found:
+    """What the check finds, part by part: metrics, tables, series, findings (status, sentence, advice) and notes."""
+
+    def __init__(self, metrics: dict[str, Any]) -> None:
+        self.metrics = metrics
+        self.tables: dict[str, pd.DataFrame] = {}
+        self.series: dict[str, Any] = {}
+        self.findings: list[tuple[Status, str, str | None]] = []
+        self.notes: list[str] = []
+
+
+def _same_order(found: _Found, first: list, second: list, owner: Any, is_list: bool, per_pass: int | None) -> None:
+    """The same batches in the same order in two passes: WARN, naming the missing set_epoch or shuffle."""
+    if is_list:
+        found.notes.append("a list of batches is read in its given order (the order across epochs is your loop's)")
+        return
+    if per_pass == 1:
+        found.notes.append("one batch per pass: the order does not matter")
+        return
+    a, b = [r[0] for r in first], [r[0] for r in second]
+    m = min(len(a), len(b))
+    same = a[:m] == b[:m]
+    found.metrics["same_order_every_pass"] = bool(same)
+    found.tables["order"] = pd.DataFrame({"batch": np.arange(m), "first_pass": [h[:12] for h in a[:m]],
+                                          "second_pass": [h[:12] for h in b[:m]], "same": [x == y for x, y in zip(a[:m], b[:m])]})
+    if same:
+        if owner is not None:
+            advice = (f"Call {type(owner).__name__}.set_epoch(epoch) at the start of every epoch: it reshuffles only "
+                      "when its epoch changes. If your loop already does, pass set_epoch=True to check_sampling.")
+            why = f"the {type(owner).__name__}'s set_epoch is never called between passes"
+        else:
+            advice = "Shuffle every epoch: DataLoader(..., shuffle=True), or a sampler that draws a new order each pass."
+            why = "the loader does not reshuffle"
+        found.findings.append((Status.WARN, f"the same batches in the same order in two passes ({m} batches compared): {why}", advice))
+
+
+def _tiny_last_batch(found: _Found, model: Any, last: int | None, full: int | None, drop_last: bool,
+                     tiny_last: int) -> None:
+    """A last batch of at most ``tiny_last`` samples beside batch-dependent layers (BatchNorm): WARN."""
+    layers = batch_dependent_layers(model)
+    found.metrics.update(last_batch_size=last if last is not None else "unknown",
+                         batch_size=full if full is not None else "unknown",
+                         drop_last=drop_last, batch_dependent_layers=len(layers))
+    if last is not None and full is not None and layers and not drop_last and last <= tiny_last and last < full:
+        effect = "BatchNorm raises on a batch of 1 in training" if last == 1 else "BatchNorm's batch statistics are noise at this size"
+        found.findings.append((Status.WARN, f"the last batch of every epoch holds {last} sample(s) of {full} and the model has "
+                               f"batch-dependent layers ({', '.join(repr(n) for n in layers[:3])}{'...' if len(layers) > 3 else ''}): {effect}",
+                               "Pass drop_last=True to the training DataLoader (or choose a batch size that divides the data)."))
+
+
+def _batch_classes(ys: list, classes: np.ndarray) -> pd.DataFrame:
+    """Per batch read: its size, classes, dominant class and share, and class entropy."""
+    rows = []
+    for i, (y, _) in enumerate(ys):
+        c = _counts(y.numpy(), classes)
+        top = int(c.argmax()) if c.sum() else 0
+        rows.append({"batch": i, "size": int(y.numel()), "classes": int((c > 0).sum()), "dominant_class": int(classes[top]) if len(classes) else -1,
+                     "dominant_share": float(c[top] / max(c.sum(), 1)), "entropy": _entropy(c)})
+    return pd.DataFrame(rows)
+
+
+def _effective(loader: Any, seen: np.ndarray, classes: np.ndarray, y_data: np.ndarray | None,
+               y_index: np.ndarray | None) -> tuple[np.ndarray, str, Any]:
+    """(the class distribution the loader samples, where it was read from, the WeightedRandomSampler or None)."""
+    sampled = _counts(seen, classes)
+    effective, eff_how = sampled / max(sampled.sum(), 1), "the batches read"
+    weighted = next((s for s in _samplers(loader) if isinstance(s, torch.utils.data.WeightedRandomSampler)), None)
+    if weighted is not None and y_index is not None:
+        w = torch.as_tensor(weighted.weights, dtype=torch.double).numpy()
+        if len(w) > int(y_index.max()):
+            ww = w[y_index]
+            effective = np.array([ww[y_data == c].sum() for c in classes]) / max(ww.sum(), 1e-300)
+            eff_how = "the sampler's weights"
+    return effective, eff_how, weighted
+
+
+def _class_mix(found: _Found, loader: Any, first: list, y_data: np.ndarray | None, y_index: np.ndarray | None,
+               how: str, seed: int, fail_one_class: float, warn_entropy_ratio: float) -> str | None:
+    """The class mix of the batches read against shuffled batches of the same data; returns why it could not be
+    checked (None when it was)."""
+    ys = [(r[2], r[3]) for r in first]
+    missing = next((why for y, why in ys if y is None), None)
+    if missing is None:
+        sizes = [int(y.numel()) for y, _ in ys]
+        seen = torch.cat([y for y, _ in ys]).numpy()
+        source = y_data if y_data is not None else seen
+        classes = np.unique(np.concatenate([source, seen]))
+        classes = classes[classes >= 0]  # -100 and friends are "ignore" markers, not classes
+        if len(classes) == 0:
+            missing = "every label is negative (ignore markers such as -100): there are no classes to mix"
+    if missing is not None:
+        found.metrics["labels"] = "not found"
+        return missing
+    data_counts = _counts(source, classes)
+    p = data_counts / max(data_counts.sum(), 1)
+    batches = _batch_classes(ys, classes)
+    expected, spread, expected_pure = _shuffled_expectation(p, sizes, seed)
+    batches["shuffled_entropy"] = expected
+    found.tables["batches"] = batches
+    found.series.update(batch_entropy=batches["entropy"].to_numpy(), shuffled_entropy=expected)
+    one_class = float((batches["classes"] == 1).mean())
+    ratio = float(batches["entropy"].mean() / expected.mean()) if expected.mean() > 0 else 1.0
+    # How far below shuffling the mean entropy is, in standard errors of a mean of that many shuffled batches.
+    se = float(np.sqrt((spread ** 2).sum())) / len(spread)
+    deficit_z = float((expected.mean() - batches["entropy"].mean()) / se) if se > 0 else 0.0
+    found.metrics.update(classes=len(classes), data_entropy=_entropy(data_counts), mean_batch_entropy=float(batches["entropy"].mean()),
+                         shuffled_batch_entropy=float(expected.mean()), entropy_ratio=ratio, one_class_batches=one_class,
+                         shuffled_one_class_batches=expected_pure, entropy_deficit_z=deficit_z, label_source=how or "the batches read")
+    effective, eff_how, weighted = _effective(loader, seen, classes, y_data, y_index)
+    found.tables["class_distribution"] = pd.DataFrame({"class": classes, "data_share": p, "sampled_share": effective})
+    if len(classes) >= 2 and len(first) >= 2 and one_class >= fail_one_class and expected_pure <= 0.1:
+        found.findings.append((Status.FAIL, f"{one_class:.0%} of the first {len(first)} batches hold a single class while the data has "
+                               f"{len(classes)} classes (shuffled batches would: {expected_pure:.0%}); the loader is sorted by class or not shuffled",
+                               "Shuffle the training data: DataLoader(..., shuffle=True) or a RandomSampler; one-class batches push "
+                               "every step towards that class."))
+    elif len(classes) >= 2 and len(first) >= 3 and ratio < warn_entropy_ratio and deficit_z >= 4:
+        found.findings.append((Status.WARN, f"the batches mix classes far less than shuffling would (mean class entropy {ratio:.0%} of a "
+                               "shuffled batch's): the data is partly ordered by class", "Shuffle the training data: DataLoader(..., shuffle=True)."))
+    tv = float(0.5 * np.abs(effective - p).sum())
+    found.metrics["sampled_vs_data_tv"] = tv
+    if weighted is not None and tv > 0.05:
+        def show(q: np.ndarray) -> str:
+            return "/".join(f"{x:.0%}" for x in q[:6]) + ("/..." if len(q) > 6 else "")
+
+        found.notes.append(f"the sampler's weights change the class balance: data {show(p)} -> sampled {show(effective)} "
+                           f"(classes {', '.join(str(c) for c in classes[:6])}; from {eff_how})")
+    return None
+
+
+def _verdict(found: _Found, missing: str | None, is_list: bool, per_pass: int | None) -> tuple[Status, str, list[str]]:
+    findings, notes, metrics = found.findings, found.notes, found.metrics
+    status = max((f[0] for f in findings), key=lambda s: s.rank, default=Status.PASS)
+    if status is Status.PASS and missing is not None:
+        status = Status.SKIP
+    elif missing is not None:
+        notes.append(f"class mix not checked: {missing}")
+    if findings:
+        summary = "; ".join(f[1] for f in sorted(findings, key=lambda f: -f[0].rank))
+    elif status is Status.SKIP:
+        summary = f"class mix of the batches not checked: {missing}" + (
+            "; the order changes between passes" if metrics.get("same_order_every_pass") is False else "")
+    else:
+        summary = "the batches mix classes as shuffled batches would" + (
+            "" if is_list or per_pass == 1 else " and the order changes between passes")
+    if notes:
+        summary += " (" + "; ".join(notes) + ")"
+    advice = [f[2] for f in sorted(findings, key=lambda f: -f[0].rank) if f[2]]
+    return status, summary, advice
+
+
 @register(CHECK, title="Training order and sampling",
           description="class mix of the first batches vs shuffling, a new order every pass, tiny last batch with BatchNorm, sampler weights")
 def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, fail_one_class: float = 0.5,
@@ -161,8 +313,6 @@ def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, 
     progress
         Unused (the check is quick); accepted for uniformity.
     """
-    from ..loop.harness import batch_dependent_layers
-
     data = setup.train_data
     is_list = isinstance(data, (list, tuple))
     loader = setup.loader("train")
@@ -174,121 +324,14 @@ def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, 
         second = [] if is_list else _read(setup, loader, n_batches)
         last, full, drop_last = _last_batch(setup, loader, first)
         y_data, y_index, how = _dataset_labels(data, loader, max_samples, setup.seed)
-    metrics: dict[str, Any] = {"batches_read": len(first), "sampler": type(_samplers(loader)[0]).__name__ if _samplers(loader) else type(data).__name__}
-    tables: dict[str, pd.DataFrame] = {}
-    series: dict[str, Any] = {}
-    findings: list[tuple[Status, str, str | None]] = []  # (status, sentence, advice)
-    notes: list[str] = []
-
-    # ---- the same order every pass
+    found = _Found({"batches_read": len(first),
+                    "sampler": type(_samplers(loader)[0]).__name__ if _samplers(loader) else type(data).__name__})
     try:
         per_pass = len(loader)
     except TypeError:
         per_pass = None
-    if is_list:
-        notes.append("a list of batches is read in its given order (the order across epochs is your loop's)")
-    elif per_pass == 1:
-        notes.append("one batch per pass: the order does not matter")
-    else:
-        a, b = [r[0] for r in first], [r[0] for r in second]
-        m = min(len(a), len(b))
-        same = a[:m] == b[:m]
-        metrics["same_order_every_pass"] = bool(same)
-        tables["order"] = pd.DataFrame({"batch": np.arange(m), "first_pass": [h[:12] for h in a[:m]],
-                                        "second_pass": [h[:12] for h in b[:m]], "same": [x == y for x, y in zip(a[:m], b[:m])]})
-        if same:
-            if owner is not None:
-                advice = (f"Call {type(owner).__name__}.set_epoch(epoch) at the start of every epoch: it reshuffles only "
-                          "when its epoch changes. If your loop already does, pass set_epoch=True to check_sampling.")
-                why = f"the {type(owner).__name__}'s set_epoch is never called between passes"
-            else:
-                advice = "Shuffle every epoch: DataLoader(..., shuffle=True), or a sampler that draws a new order each pass."
-                why = "the loader does not reshuffle"
-            findings.append((Status.WARN, f"the same batches in the same order in two passes ({m} batches compared): {why}", advice))
-
-    # ---- a tiny last batch with batch-dependent layers
-    layers = batch_dependent_layers(setup.model)
-    metrics.update(last_batch_size=last if last is not None else "unknown", batch_size=full if full is not None else "unknown",
-                   drop_last=drop_last, batch_dependent_layers=len(layers))
-    if last is not None and full is not None and layers and not drop_last and last <= tiny_last and last < full:
-        effect = "BatchNorm raises on a batch of 1 in training" if last == 1 else "BatchNorm's batch statistics are noise at this size"
-        findings.append((Status.WARN, f"the last batch of every epoch holds {last} sample(s) of {full} and the model has "
-                         f"batch-dependent layers ({', '.join(repr(n) for n in layers[:3])}{'...' if len(layers) > 3 else ''}): {effect}",
-                         "Pass drop_last=True to the training DataLoader (or choose a batch size that divides the data)."))
-
-    # ---- class mix of the batches
-    ys = [(r[2], r[3]) for r in first]
-    missing = next((why for y, why in ys if y is None), None)
-    if missing is None:
-        sizes = [int(y.numel()) for y, _ in ys]
-        seen = torch.cat([y for y, _ in ys]).numpy()
-        source = y_data if y_data is not None else seen
-        classes = np.unique(np.concatenate([source, seen]))
-        classes = classes[classes >= 0]  # -100 and friends are "ignore" markers, not classes
-        if len(classes) == 0:
-            missing = "every label is negative (ignore markers such as -100): there are no classes to mix"
-    if missing is not None:
-        metrics["labels"] = "not found"
-    else:
-        data_counts = _counts(source, classes)
-        p = data_counts / max(data_counts.sum(), 1)
-        rows = []
-        for i, (y, _) in enumerate(ys):
-            c = _counts(y.numpy(), classes)
-            top = int(c.argmax()) if c.sum() else 0
-            rows.append({"batch": i, "size": int(y.numel()), "classes": int((c > 0).sum()), "dominant_class": int(classes[top]) if len(classes) else -1,
-                         "dominant_share": float(c[top] / max(c.sum(), 1)), "entropy": _entropy(c)})
-        batches = pd.DataFrame(rows)
-        expected, spread, expected_pure = _shuffled_expectation(p, sizes, setup.seed)
-        batches["shuffled_entropy"] = expected
-        tables["batches"] = batches
-        series.update(batch_entropy=batches["entropy"].to_numpy(), shuffled_entropy=expected)
-        one_class = float((batches["classes"] == 1).mean())
-        ratio = float(batches["entropy"].mean() / expected.mean()) if expected.mean() > 0 else 1.0
-        # How far below shuffling the mean entropy is, in standard errors of a mean of that many shuffled batches.
-        se = float(np.sqrt((spread ** 2).sum())) / len(spread)
-        deficit_z = float((expected.mean() - batches["entropy"].mean()) / se) if se > 0 else 0.0
-        metrics.update(classes=len(classes), data_entropy=_entropy(data_counts), mean_batch_entropy=float(batches["entropy"].mean()),
-                       shuffled_batch_entropy=float(expected.mean()), entropy_ratio=ratio, one_class_batches=one_class,
-                       shuffled_one_class_batches=expected_pure, entropy_deficit_z=deficit_z, label_source=how or "the batches read")
-        sampled = _counts(seen, classes)
-        effective, eff_how = sampled / max(sampled.sum(), 1), "the batches read"
-        weighted = next((s for s in _samplers(loader) if isinstance(s, torch.utils.data.WeightedRandomSampler)), None)
-        if weighted is not None and y_index is not None:
-            w = torch.as_tensor(weighted.weights, dtype=torch.double).numpy()
-            if len(w) > int(y_index.max()):
-                ww = w[y_index]
-                effective = np.array([ww[y_data == c].sum() for c in classes]) / max(ww.sum(), 1e-300)
-                eff_how = "the sampler's weights"
-        tables["class_distribution"] = pd.DataFrame({"class": classes, "data_share": p, "sampled_share": effective})
-        if len(classes) >= 2 and len(first) >= 2 and one_class >= fail_one_class and expected_pure <= 0.1:
-            findings.append((Status.FAIL, f"{one_class:.0%} of the first {len(first)} batches hold a single class while the data has "
-                             f"{len(classes)} classes (shuffled batches would: {expected_pure:.0%}); the loader is sorted by class or not shuffled",
-                             "Shuffle the training data: DataLoader(..., shuffle=True) or a RandomSampler; one-class batches push "
-                             "every step towards that class."))
-        elif len(classes) >= 2 and len(first) >= 3 and ratio < warn_entropy_ratio and deficit_z >= 4:
-            findings.append((Status.WARN, f"the batches mix classes far less than shuffling would (mean class entropy {ratio:.0%} of a "
-                             "shuffled batch's): the data is partly ordered by class", "Shuffle the training data: DataLoader(..., shuffle=True)."))
-        tv = float(0.5 * np.abs(effective - p).sum())
-        metrics["sampled_vs_data_tv"] = tv
-        if weighted is not None and tv > 0.05:
-            show = lambda q: "/".join(f"{x:.0%}" for x in q[:6]) + ("/..." if len(q) > 6 else "")  # noqa: E731
-            notes.append(f"the sampler's weights change the class balance: data {show(p)} -> sampled {show(effective)} "
-                         f"(classes {', '.join(str(c) for c in classes[:6])}; from {eff_how})")
-    status = max((f[0] for f in findings), key=lambda s: s.rank, default=Status.PASS)
-    if status is Status.PASS and missing is not None:
-        status = Status.SKIP
-    elif missing is not None:
-        notes.append(f"class mix not checked: {missing}")
-    if findings:
-        summary = "; ".join(f[1] for f in sorted(findings, key=lambda f: -f[0].rank))
-    elif status is Status.SKIP:
-        summary = f"class mix of the batches not checked: {missing}" + (
-            "; the order changes between passes" if metrics.get("same_order_every_pass") is False else "")
-    else:
-        summary = "the batches mix classes as shuffled batches would" + (
-            "" if is_list or per_pass == 1 else " and the order changes between passes")
-    if notes:
-        summary += " (" + "; ".join(notes) + ")"
-    advice = [f[2] for f in sorted(findings, key=lambda f: -f[0].rank) if f[2]]
-    return CheckResult(CHECK, status, summary, metrics, tables, advice, series)
+    _same_order(found, first, second, owner, is_list, per_pass)
+    _tiny_last_batch(found, setup.model, last, full, drop_last, tiny_last)
+    missing = _class_mix(found, loader, first, y_data, y_index, how, setup.seed, fail_one_class, warn_entropy_ratio)
+    status, summary, advice = _verdict(found, missing, is_list, per_pass)
+    return CheckResult(CHECK, status, summary, found.metrics, found.tables, advice, found.series)

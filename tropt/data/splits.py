@@ -5,11 +5,17 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..result import Report
-from .duplicates import check_exact_duplicates, check_near_duplicates
-from .labels import check_class_coverage, check_label_sanity, check_label_shift
-from .leakage import check_group_leakage, check_temporal_leakage
-from .sources import Options, load_splits, session
-from .target import check_target_leakage
+from .cache import session
+from .class_coverage import check_class_coverage
+from .exact_duplicates import check_exact_duplicates
+from .group_leakage import check_group_leakage
+from .label_sanity import check_label_sanity
+from .label_shift import check_label_shift
+from .load import load_splits
+from .near_duplicates import check_near_duplicates
+from .split_data import Options
+from .target_leakage import check_target_leakage
+from .temporal_leakage import check_temporal_leakage
 
 
 CHECKS = {

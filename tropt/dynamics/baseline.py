@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-
-from ..model._common import get_leaf, probe
+from ..core.batch import get_leaf
+from ..core.objective import probe
 from ..snapshot import preserved
 
 

@@ -7,6 +7,7 @@ Works on a short run of a :class:`tropt.Setup` (:func:`check_loss_curve`) and on
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -90,7 +91,8 @@ def _describe(cls: str, m: dict) -> str:
 
 def _advice(cls: str, m: dict) -> list[str]:
     if cls in ("non_finite", "diverging"):
-        return ["Lower the learning rate (3–10× lower, or run dynamics.lr_range) and add a warm-up of a few hundred steps.",
+        return ["Lower the learning rate (3–10× lower, or run dynamics.lr_range) and add a warm-up of a few hundred "
+                "steps.",
                 _clip_advice(m)]
     if cls == "flat":
         return ["Raise the learning rate (run dynamics.lr_range to find one that lowers the loss) and check that "
@@ -118,7 +120,8 @@ def _trend_table(diag: CurveDiagnosis) -> pd.DataFrame:
     return pd.DataFrame({"step": diag.series["trend_step"], "smoothed_loss": diag.series["trend_loss"]})
 
 
-def curve_result(diag: CurveDiagnosis, *, probe_steps: int | None = None, extra_metrics: dict | None = None) -> CheckResult:
+def curve_result(diag: CurveDiagnosis, *, probe_steps: int | None = None,
+                 extra_metrics: dict | None = None) -> CheckResult:
     """Turn a :class:`CurveDiagnosis` into the ``dynamics.loss_curve`` result.
 
     ``probe_steps`` marks a short diagnostic run chosen by tropt: there "still improving" is expected and reported
@@ -229,8 +232,68 @@ def diagnose_curves(
     return curve_result(diag, extra_metrics={"source": "logs"})
 
 
+@dataclass
+class _Probe:
+    """What the probe run recorded: the loss (and LR) of each optimizer step, validation losses, gradient norms."""
+
+    losses: list[Any] = field(default_factory=list)
+    loss_steps: list[int] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)  # the LR of each loss's optimizer step (scheduled spikes)
+    val_losses: list[float] = field(default_factory=list)
+    val_at: list[int] = field(default_factory=list)
+    norms: list[float] = field(default_factory=list)
+
+
+def _horizon_skip(ctx: Any, steps: int) -> CheckResult | None:
+    """A SKIP when the scheduler cannot be stepped ``steps`` times (OneCycleLR raises past its total_steps)."""
+    horizon = getattr(ctx.scheduler, "total_steps", None)
+    if not (isinstance(horizon, int) and not isinstance(horizon, bool) and horizon < steps):
+        return None
+    fix = (f"run a shorter probe, tropt.dynamics.check_loss_curve(setup, steps={horizon}), "
+           if horizon >= 10 else "")
+    return CheckResult(
+        CHECK_ID, Status.SKIP,
+        f"the scheduler's total_steps ({horizon}) is shorter than the {steps}-step probe: "
+        f"{type(ctx.scheduler).__name__} cannot be stepped past its total_steps, so the probe cannot run",
+        {"scheduler": type(ctx.scheduler).__name__, "scheduler_total_steps": horizon, "probe_steps": steps},
+        advice=[f"To probe this Setup, {fix or ''}{'or ' if fix else ''}give the Setup a longer schedule "
+                f"(total_steps >= {steps}, e.g. the length of your real run)."])
+
+
+def _run_probe(setup: Any, ctx: Any, runner: Any, probe: _Probe, steps: int, every: int, val_batches: int,
+               progress: bool, callback: Any) -> None:
+    """Step the copy ``steps`` times (stopping at the first non-finite loss), evaluating every ``every`` steps."""
+    from tqdm.auto import tqdm
+
+    from ..core.capture import StepRecorder
+    from ..core.stepping import evaluate
+
+    has_val = setup.val_data is not None
+    bar = tqdm(total=steps, desc=CHECK_ID, disable=not progress, leave=False)
+    with bar, StepRecorder(ctx, "norm") as hook:  # the gradient norm at each optimizer.step()
+        for i, batch in enumerate(setup.batches(steps)):
+            before = len(hook.records)
+            loss = runner.step(ctx.split(batch, ctx.accumulation_steps))
+            stepped = hook.records[before:]
+            bar.update(1)
+            if callback is not None:
+                callback({"check": CHECK_ID, "step": i + 1, "total": steps,
+                          "loss": None if loss is None else float(loss)})
+            if loss is not None:
+                probe.losses.append(loss)
+                probe.loss_steps.append(i)
+                probe.lrs.append(max(stepped[-1].lrs) if stepped and stepped[-1].lrs else math.nan)
+                if not math.isfinite(float(loss)):
+                    break
+            if has_val and ((i + 1) % every == 0 or i + 1 == steps):
+                probe.val_at.append(i + 1)
+                probe.val_losses.append(evaluate(setup, ctx, val_batches))
+    probe.norms = [r.grad_norm for r in hook.records]
+
+
 @register(CHECK_ID, title="Loss-curve diagnosis",
-          description="Run a few hundred steps on a copy and classify the curve: diverging, flat, unstable, noisy, overfitting, budget-bound or healthy.")
+          description="Run a few hundred steps on a copy and classify the curve: diverging, flat, unstable, noisy, "
+                      "overfitting, budget-bound or healthy.")
 def check_loss_curve(
     setup: Any,
     *,
@@ -266,11 +329,8 @@ def check_loss_curve(
     forward pass before the step. The run stops early at the first non-finite loss. "Still improving at the end"
     is expected of a short probe and does not warn here (it does in :func:`diagnose_curves`).
     """
-    from tqdm.auto import tqdm
-
-    from ..loop.harness import StepRecorder
+    from ..core.stepping import StepRunner, evaluate
     from ..snapshot import preserved
-    from ._run import StepRunner, evaluate
     from .baseline import input_independent_baseline
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 10:
@@ -278,58 +338,30 @@ def check_loss_curve(
     setup.validate()
     has_val = setup.val_data is not None
     every = eval_every or max(1, steps // 15)
+    probe = _Probe()
     with preserved(setup.model):
         ctx = setup.build()
-        horizon = getattr(ctx.scheduler, "total_steps", None)  # OneCycleLR raises once stepped past total_steps
-        if isinstance(horizon, int) and not isinstance(horizon, bool) and horizon < steps:
-            fix = (f"run a shorter probe, tropt.dynamics.check_loss_curve(setup, steps={horizon}), "
-                   if horizon >= 10 else "")
-            return CheckResult(
-                CHECK_ID, Status.SKIP,
-                f"the scheduler's total_steps ({horizon}) is shorter than the {steps}-step probe: "
-                f"{type(ctx.scheduler).__name__} cannot be stepped past its total_steps, so the probe cannot run",
-                {"scheduler": type(ctx.scheduler).__name__, "scheduler_total_steps": horizon, "probe_steps": steps},
-                advice=[f"To probe this Setup, {fix or ''}{'or ' if fix else ''}give the Setup a longer schedule "
-                        f"(total_steps >= {steps}, e.g. the length of your real run)."])
+        skip = _horizon_skip(ctx, steps)
+        if skip is not None:
+            return skip
         runner = StepRunner(setup, ctx)
-        losses: list[Any] = []
-        loss_steps: list[int] = []
-        lrs: list[float] = []  # the LR of each loss's optimizer step: spikes right after an LR increase are scheduled
-        val_losses: list[float] = []
-        val_at: list[int] = []
         baseline = input_independent_baseline(setup, ctx, val_batches) if has_val else None
         if has_val:
-            val_at.append(0)
-            val_losses.append(evaluate(setup, ctx, val_batches))
-        bar = tqdm(total=steps, desc=CHECK_ID, disable=not progress, leave=False)
-        with bar, StepRecorder(ctx, "norm") as hook:  # the gradient norm at each optimizer.step()
-            for i, batch in enumerate(setup.batches(steps)):
-                before = len(hook.records)
-                loss = runner.step(ctx.split(batch, ctx.accumulation_steps))
-                stepped = hook.records[before:]
-                bar.update(1)
-                if callback is not None:
-                    callback({"check": CHECK_ID, "step": i + 1, "total": steps, "loss": None if loss is None else float(loss)})
-                if loss is not None:
-                    losses.append(loss)
-                    loss_steps.append(i)
-                    lrs.append(max(stepped[-1].lrs) if stepped and stepped[-1].lrs else math.nan)
-                    if not math.isfinite(float(loss)):
-                        break
-                if has_val and ((i + 1) % every == 0 or i + 1 == steps):
-                    val_at.append(i + 1)
-                    val_losses.append(evaluate(setup, ctx, val_batches))
-        values = np.array([float(v) for v in losses])
-        norms = [r.grad_norm for r in hook.records]
-    x = np.asarray(loss_steps, dtype=np.float64)
+            probe.val_at.append(0)
+            probe.val_losses.append(evaluate(setup, ctx, val_batches))
+        _run_probe(setup, ctx, runner, probe, steps, every, val_batches, progress, callback)
+        values = np.array([float(v) for v in probe.losses])
+    x = np.asarray(probe.loss_steps, dtype=np.float64)
+    lrs: Any = probe.lrs
     per_epoch = _epoch_length(setup, len(values))
     if per_epoch:
         values, x, lrs = _epoch_means(values, x, np.asarray(lrs, dtype=np.float64), per_epoch)
     diag = classify_curve(values, x,
-                          np.asarray(val_losses) if has_val else None,
-                          np.asarray(val_at, dtype=np.float64) if has_val else None,
-                          norms or None, thresholds, lrs=lrs, val_baseline=baseline["value"] if baseline else None)
-    extra = {"source": "setup run", "steps_run": int(len(loss_steps)), "loss_from": runner.source or "none"}
+                          np.asarray(probe.val_losses) if has_val else None,
+                          np.asarray(probe.val_at, dtype=np.float64) if has_val else None,
+                          probe.norms or None, thresholds, lrs=lrs,
+                          val_baseline=baseline["value"] if baseline else None)
+    extra = {"source": "setup run", "steps_run": int(len(probe.loss_steps)), "loss_from": runner.source or "none"}
     if per_epoch:
         extra["points"] = f"epoch means ({per_epoch} batches each)"
     if baseline:

@@ -12,6 +12,7 @@ seeds for a noise estimate, and says how far apart they are.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -113,8 +114,111 @@ def suggest(lrs: np.ndarray, smooth: np.ndarray, skip_start: int = 0) -> dict[st
     return out
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What every sweep of one run shares: the planned learning rates and when to stop."""
+
+    lrs: np.ndarray
+    num_steps: int
+    repeats: int
+    beta: float
+    stop_factor: float
+    callback: Any
+
+
+def _validate(start_lr: float, end_lr: float, num_steps: int, repeats: int, beta: float) -> None:
+    if not (0 < start_lr < end_lr) or not math.isfinite(end_lr):
+        raise TroptError(f"start_lr={start_lr!r}, end_lr={end_lr!r}; the sweep needs 0 < start_lr < end_lr < inf",
+                         "use e.g. start_lr=1e-7, end_lr=10")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 10:
+        raise TroptError(f"num_steps={num_steps!r}; the sweep needs an integer >= 10", "use e.g. num_steps=100")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise TroptError(f"repeats={repeats!r}; it must be an integer >= 1", "use repeats=1 for a single sweep")
+    if not (0 <= beta < 1):
+        raise TroptError(f"beta={beta!r}; the EMA factor must be in [0, 1)", "use e.g. beta=0.98")
+
+
+def _lr_set_by_step(stepped: float, swept: float) -> CheckResult:
+    return CheckResult(
+        CHECK_ID, Status.SKIP,
+        f"the step sets the learning rate itself (the optimizer stepped with {stepped:.3g} where the "
+        f"sweep set {swept:.3g}), so a sweep cannot control it",
+        {"lr_set_by_sweep": swept, "lr_at_optimizer_step": stepped},
+        advice=["Run the sweep in your own loop (set the learning rate schedule to an exponential ramp), "
+                "or make the step read its peak learning rate from the optimizer's param group."])
+
+
+def _ramp(plan: _Plan, sweep_setup: Any, ctx: Any, runner: Any, ratios: list[float], stepped_at: list[float],
+          seed: int, r: int, bar: Any) -> tuple[list[float], list[float]] | CheckResult:
+    """One sweep's (losses, learning rates) up to where it stops; a SKIP when the step sets its own LR."""
+    raw: list[float] = []
+    used: list[float] = []
+    best, avg, beta = math.inf, 0.0, plan.beta
+    for i, batch in enumerate(sweep_setup.batches(plan.num_steps, seed=seed)):
+        lr = float(plan.lrs[i])
+        for g, ratio in zip(ctx.optimizer.param_groups, ratios):
+            g["lr"] = lr * ratio
+        seen = len(stepped_at)
+        loss = runner.step(ctx.split(batch, ctx.accumulation_steps))
+        # Only a step taken in this call counts (a GradScaler skips steps on inf gradients).
+        if len(stepped_at) > seen and not math.isclose(stepped_at[-1], lr * ratios[0], rel_tol=1e-6):
+            return _lr_set_by_step(stepped_at[-1], lr * ratios[0])
+        bar.update(1)
+        if plan.callback is not None:
+            plan.callback({"check": CHECK_ID, "step": r * plan.num_steps + i + 1,
+                           "total": plan.num_steps * plan.repeats, "repeat": r, "lr": lr,
+                           "loss": None if loss is None else float(loss)})
+        if loss is None:
+            continue
+        value = float(loss)
+        raw.append(value)
+        used.append(lr)
+        if not math.isfinite(value):
+            break
+        avg = beta * avg + (1 - beta) * value
+        smooth_now = avg / (1 - beta ** len(raw))
+        best = min(best, smooth_now)
+        if len(raw) > 1 and smooth_now > plan.stop_factor * best:
+            break
+    return raw, used
+
+
+def _sweep(setup: Any, sweep_setup: Any, plan: _Plan, r: int,
+           bar: Any) -> tuple[dict[str, Any], list[float], str | None] | CheckResult:
+    """Sweep ``r`` on a fresh copy: (its record, the copy's group LRs, where its losses came from), or a SKIP."""
+    from ..core.stepping import StepRunner
+
+    seed = setup.seed + r
+    ctx = sweep_setup.build(seed=seed)
+    if setup.scheduler is not None:
+        ctx.scheduler = _HeldScheduler(ctx.optimizer)
+    group_lrs = [float(g["lr"]) for g in ctx.optimizer.param_groups]
+    ref = group_lrs[0] if group_lrs[0] > 0 else (max(group_lrs) or 1.0)
+    ratios = [g / ref for g in group_lrs]
+    runner = StepRunner(sweep_setup, ctx)
+    stepped_at: list[float] = []  # group 0's LR at each optimizer.step(): a step that sets its own LR shows here
+    handle = ctx.optimizer.register_step_pre_hook(lambda o, a, k: stepped_at.append(float(o.param_groups[0]["lr"])))
+    try:
+        ramp = _ramp(plan, sweep_setup, ctx, runner, ratios, stepped_at, seed, r, bar)
+    finally:
+        handle.remove()
+    if isinstance(ramp, CheckResult):
+        return ramp
+    raw, used = ramp
+    raw_arr = np.asarray(raw)
+    finite = np.isfinite(raw_arr)
+    n_ok = int(np.argmin(finite)) if not finite.all() else raw_arr.size
+    smooth = centred_median(raw_arr[:n_ok], max(5, plan.num_steps // 10) | 1)
+    lrs_used = np.asarray(used[:n_ok])
+    record = {"seed": seed, "lr": lrs_used, "raw": raw_arr[:n_ok], "smooth": smooth, "steps": len(raw),
+              "suggest": suggest(lrs_used, smooth, skip_start=max(1, plan.num_steps // 10)),
+              "stopped_at": float(used[-1]) if used else math.nan}
+    return record, group_lrs, runner.source
+
+
 @register(CHECK_ID, title="Learning-rate range test",
-          description="Sweep the LR exponentially on a copy; suggest a range (steepest, valley, min/10 over seeds) and compare the Setup's LR.")
+          description="Sweep the LR exponentially on a copy; suggest a range (steepest, valley, min/10 over seeds) "
+                      "and compare the Setup's LR.")
 def check_lr_range(
     setup: Any,
     *,
@@ -168,25 +272,17 @@ def check_lr_range(
     from tqdm.auto import tqdm
 
     from ..snapshot import preserved
-    from ._run import StepRunner
 
-    if not (0 < start_lr < end_lr) or not math.isfinite(end_lr):
-        raise TroptError(f"start_lr={start_lr!r}, end_lr={end_lr!r}; the sweep needs 0 < start_lr < end_lr < inf",
-                         "use e.g. start_lr=1e-7, end_lr=10")
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 10:
-        raise TroptError(f"num_steps={num_steps!r}; the sweep needs an integer >= 10", "use e.g. num_steps=100")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise TroptError(f"repeats={repeats!r}; it must be an integer >= 1", "use repeats=1 for a single sweep")
-    if not (0 <= beta < 1):
-        raise TroptError(f"beta={beta!r}; the EMA factor must be in [0, 1)", "use e.g. beta=0.98")
+    _validate(start_lr, end_lr, num_steps, repeats, beta)
     if setup.optimizer is None:
-        return CheckResult(CHECK_ID, Status.SKIP, "no optimizer in this Setup (optimizer=None): the sweep sets the optimizer's "
-                           "learning rate, which a hand-written update does not read",
+        return CheckResult(CHECK_ID, Status.SKIP, "no optimizer in this Setup (optimizer=None): the sweep sets the "
+                           "optimizer's learning rate, which a hand-written update does not read",
                            advice=["To sweep the learning rate of a hand-written update, give it an optimizer "
                                    "(torch.optim.SGD does p -= lr * grad) or run the sweep in your own loop."])
     setup.validate()
     sweep_setup = setup.replace(scheduler=None)
-    lrs_plan = start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1))
+    plan = _Plan(start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1)), num_steps, repeats,
+                 beta, stop_factor, callback)
     sweeps: list[dict[str, Any]] = []
     group_lrs: list[float] = []
     loss_from = None
@@ -194,69 +290,18 @@ def check_lr_range(
         bar = tqdm(total=num_steps * repeats, desc=CHECK_ID, disable=not progress, leave=False)
         try:
             for r in range(repeats):
-                seed = setup.seed + r
-                ctx = sweep_setup.build(seed=seed)
-                if setup.scheduler is not None:
-                    ctx.scheduler = _HeldScheduler(ctx.optimizer)
-                group_lrs = [float(g["lr"]) for g in ctx.optimizer.param_groups]
-                ref = group_lrs[0] if group_lrs[0] > 0 else (max(group_lrs) or 1.0)
-                ratios = [g / ref for g in group_lrs]
-                runner = StepRunner(sweep_setup, ctx)
-                stepped_at: list[float] = []  # group 0's LR at each optimizer.step(): a step that sets its own LR shows here
-                handle = ctx.optimizer.register_step_pre_hook(lambda o, a, k: stepped_at.append(float(o.param_groups[0]["lr"])))
-                raw: list[float] = []
-                used: list[float] = []
-                best, avg = math.inf, 0.0
-                for i, batch in enumerate(sweep_setup.batches(num_steps, seed=seed)):
-                    lr = float(lrs_plan[i])
-                    for g, ratio in zip(ctx.optimizer.param_groups, ratios):
-                        g["lr"] = lr * ratio
-                    seen = len(stepped_at)
-                    loss = runner.step(ctx.split(batch, ctx.accumulation_steps))
-                    # Only a step taken in this call counts (a GradScaler skips steps on inf gradients).
-                    if len(stepped_at) > seen and not math.isclose(stepped_at[-1], lr * ratios[0], rel_tol=1e-6):
-                        handle.remove()
-                        return CheckResult(
-                            CHECK_ID, Status.SKIP,
-                            f"the step sets the learning rate itself (the optimizer stepped with {stepped_at[-1]:.3g} where the "
-                            f"sweep set {lr * ratios[0]:.3g}), so a sweep cannot control it",
-                            {"lr_set_by_sweep": lr * ratios[0], "lr_at_optimizer_step": stepped_at[-1]},
-                            advice=["Run the sweep in your own loop (set the learning rate schedule to an exponential ramp), "
-                                    "or make the step read its peak learning rate from the optimizer's param group."])
-                    bar.update(1)
-                    if callback is not None:
-                        callback({"check": CHECK_ID, "step": r * num_steps + i + 1, "total": num_steps * repeats,
-                                  "repeat": r, "lr": lr, "loss": None if loss is None else float(loss)})
-                    if loss is None:
-                        continue
-                    value = float(loss)
-                    raw.append(value)
-                    used.append(lr)
-                    if not math.isfinite(value):
-                        break
-                    avg = beta * avg + (1 - beta) * value
-                    smooth_now = avg / (1 - beta ** len(raw))
-                    best = min(best, smooth_now)
-                    if len(raw) > 1 and smooth_now > stop_factor * best:
-                        break
-                handle.remove()
-                loss_from = runner.source
-                raw_arr = np.asarray(raw)
-                finite = np.isfinite(raw_arr)
-                n_ok = int(np.argmin(finite)) if not finite.all() else raw_arr.size
-                smooth = centred_median(raw_arr[:n_ok], max(5, num_steps // 10) | 1)
-                lrs_used = np.asarray(used[:n_ok])
-                sweeps.append({"seed": seed, "lr": lrs_used, "raw": raw_arr[:n_ok], "smooth": smooth,
-                               "steps": len(raw), "suggest": suggest(lrs_used, smooth, skip_start=max(1, num_steps // 10)),
-                               "stopped_at": float(used[-1]) if used else math.nan})
-                del ctx, runner
+                done = _sweep(setup, sweep_setup, plan, r, bar)
+                if isinstance(done, CheckResult):
+                    return done
+                record, group_lrs, loss_from = done
+                sweeps.append(record)
         finally:
             bar.close()
     return _result(setup, sweeps, group_lrs, num_steps, tolerance, inconclusive, min_drop, stop_factor, loss_from)
 
 
-def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: int, tolerance: float,
-            inconclusive: float, min_drop: float, stop_factor: float, loss_from: str | None) -> CheckResult:
+def _suggestion_tables(sweeps: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
+    """(per-seed suggestions, their geometric mean and spread per method, the mean per method that has one)."""
     rows = []
     for s in sweeps:
         for m in METHODS:
@@ -265,7 +310,8 @@ def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: i
     agg_rows = []
     per_method: dict[str, float] = {}
     for m in METHODS:
-        vals = table.loc[(table["method"] == m) & np.isfinite(table["lr"].astype(float)) & (table["lr"] > 0), "lr"].astype(float)
+        lr = table["lr"].astype(float)
+        vals = table.loc[(table["method"] == m) & np.isfinite(lr) & (table["lr"] > 0), "lr"].astype(float)
         if vals.empty:
             agg_rows.append({"method": m, "lr": math.nan, "seed_spread_x": math.nan, "sweeps": 0})
             continue
@@ -273,8 +319,12 @@ def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: i
         per_method[m] = float(10 ** np.mean(logs))
         agg_rows.append({"method": m, "lr": per_method[m], "seed_spread_x": float(10 ** (logs.max() - logs.min())),
                          "sweeps": int(vals.size)})
-    suggestions = pd.DataFrame(agg_rows, columns=["method", "lr", "seed_spread_x", "sweeps"])
-    setup_lr = float(group_lrs[0]) if group_lrs else math.nan
+    return table, pd.DataFrame(agg_rows, columns=["method", "lr", "seed_spread_x", "sweeps"]), per_method
+
+
+def _evidence(setup: Any, sweeps: list[dict], setup_lr: float, num_steps: int, stop_factor: float,
+              loss_from: str | None, per_method: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(metrics, series) of a run's sweeps."""
     metrics: dict[str, Any] = {
         "setup_lr": setup_lr,
         "sweeps": len(sweeps),
@@ -292,6 +342,19 @@ def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: i
         series[f"lr_seed{s['seed']}"] = s["lr"]
         series[f"loss_seed{s['seed']}"] = s["raw"]
         series[f"smoothed_seed{s['seed']}"] = s["smooth"]
+    return metrics, series
+
+
+def _methods_text(per_method: dict[str, float]) -> str:
+    return (f"steepest {per_method.get('steepest', math.nan):.2g}, valley {per_method.get('valley', math.nan):.2g}, "
+            f"min/10 {per_method.get('min_div_10', math.nan):.2g}")
+
+
+def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: int, tolerance: float,
+            inconclusive: float, min_drop: float, stop_factor: float, loss_from: str | None) -> CheckResult:
+    table, suggestions, per_method = _suggestion_tables(sweeps)
+    setup_lr = float(group_lrs[0]) if group_lrs else math.nan
+    metrics, series = _evidence(setup, sweeps, setup_lr, num_steps, stop_factor, loss_from, per_method)
     tables = {"suggestions": suggestions, "per_seed": table}
     if sweeps:
         s0 = sweeps[0]
@@ -303,9 +366,9 @@ def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: i
     if not per_method or best_drop < min_drop:
         # A sweep whose loss never fell by more than its noise holds no information on where learning starts.
         return CheckResult(CHECK_ID, Status.WARN,
-                           f"no learning rate in the sweep lowered the loss by more than {min_drop:.0%} (best relative drop "
-                           f"{best_drop:.1%} over {metrics['steps_per_sweep']} steps); no range can be read from it",
-                           metrics, tables,
+                           f"no learning rate in the sweep lowered the loss by more than {min_drop:.0%} (best "
+                           f"relative drop {best_drop:.1%} over {metrics['steps_per_sweep']} steps); no range can be "
+                           "read from it", metrics, tables,
                            ["Check that the model can learn at all (model.overfit_batch, model.gradient_flow).",
                             "Give the sweep more steps (num_steps=300) so that learning shows before the LR grows too "
                             "large, or widen it (start_lr / end_lr)."], series)
@@ -314,8 +377,8 @@ def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: i
     agreement = high / low
     # Sweeps that saw the same batches from the same weights (no shuffling, no dropout) are identical: their
     # "spread" of 1x would be no evidence of stability, so it is not reported as one.
-    identical = len(sweeps) > 1 and all(s["raw"].shape == sweeps[0]["raw"].shape and np.array_equal(s["raw"], sweeps[0]["raw"])
-                                        for s in sweeps[1:])
+    identical = len(sweeps) > 1 and all(s["raw"].shape == sweeps[0]["raw"].shape
+                                        and np.array_equal(s["raw"], sweeps[0]["raw"]) for s in sweeps[1:])
     spread = math.nan if identical else float(np.nanmax(suggestions["seed_spread_x"].to_numpy(dtype=float)))
     metrics.update(suggested_low=low, suggested_high=high, agreement_x=agreement, seed_spread_x=spread)
     if identical:
@@ -325,30 +388,28 @@ def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: i
     # the range a user should try: the suggestions' span (their geometric middle when they coincide)
     within = low / tolerance <= setup_lr <= high * tolerance if math.isfinite(setup_lr) and setup_lr > 0 else False
     metrics["setup_lr_in_range"] = "yes" if within else "no"
-    agree_text = (f"the methods agree within {agreement:.1f}×" if agreement <= 10
-                  else f"the methods span {agreement:.0f}× (treat the range as rough)")
-    summary = (f"suggested LR {low:.2g}–{high:.2g} (steepest {per_method.get('steepest', math.nan):.2g}, "
-               f"valley {per_method.get('valley', math.nan):.2g}, min/10 {per_method.get('min_div_10', math.nan):.2g}); "
-               f"{agree_text}; the Setup's LR is {setup_lr:.2g}")
-    advice: list[str] = []
     if agreement > inconclusive:
         # Suggestions orders of magnitude apart mean the sweep's loss is too noisy (or too flat) to locate a range.
-        summary = (f"inconclusive: the suggestions span {agreement:.0f}× ({low:.2g}–{high:.2g}; steepest "
-                   f"{per_method.get('steepest', math.nan):.2g}, valley {per_method.get('valley', math.nan):.2g}, "
-                   f"min/10 {per_method.get('min_div_10', math.nan):.2g}), too far apart to suggest a range; "
-                   f"the Setup's LR is {setup_lr:.2g}")
+        summary = (f"inconclusive: the suggestions span {agreement:.0f}× ({low:.2g}–{high:.2g}; "
+                   f"{_methods_text(per_method)}), too far apart to suggest a range; the Setup's LR is {setup_lr:.2g}")
         return CheckResult(CHECK_ID, Status.WARN, summary, metrics, tables,
                            ["The sweep's loss is too noisy to read: use larger batches for the test, more steps "
                             "(num_steps=300) or heavier smoothing (beta=0.99), then rerun.",
                             "Compare a few short runs at LRs a factor 3 apart instead (dynamics.loss_curve)."], series)
+    agree_text = (f"the methods agree within {agreement:.1f}×" if agreement <= 10
+                  else f"the methods span {agreement:.0f}× (treat the range as rough)")
+    summary = (f"suggested LR {low:.2g}–{high:.2g} ({_methods_text(per_method)}); {agree_text}; "
+               f"the Setup's LR is {setup_lr:.2g}")
+    advice: list[str] = []
     if within:
         status = Status.PASS
     else:
         status = Status.WARN
         direction = "lower" if setup_lr > high * tolerance else "higher"
         summary += f", more than {tolerance:g}× outside that range"
-        advice.append(f"Try a {direction} learning rate, between {low:.2g} and {high:.2g} "
-                      f"(geometric middle {math.sqrt(low * high):.2g}), and confirm with a short run (dynamics.loss_curve).")
+        advice.append(f"Try a {direction} learning rate, between {low:.2g} and {high:.2g} (geometric middle "
+                      f"{math.sqrt(low * high):.2g}), and confirm with a short run (dynamics.loss_curve).")
     if spread > 10:
-        advice.append("The suggestions moved more than 10× between seeds: run more repeats or steps before trusting them.")
+        advice.append("The suggestions moved more than 10× between seeds: run more repeats or steps before "
+                      "trusting them.")
     return CheckResult(CHECK_ID, status, summary, metrics, tables, advice, series)

@@ -5,8 +5,7 @@ Nothing heavy is imported here: scipy, dask and MLflow load only when a comparis
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_attrs
 
 _LAZY = {
     "Budget": "tropt.experiments.budget",
@@ -26,14 +25,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tropt.experiments' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attrs(__name__, _LAZY)

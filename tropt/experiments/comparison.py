@@ -160,9 +160,9 @@ class Comparison:
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (non-finite numbers become None)."""
-        from ..result import _json_safe
+        from ..result import json_safe
 
-        return {"format": FORMAT, "meta": _json_safe(self.meta), "records": _json_safe(self.records)}
+        return {"format": FORMAT, "meta": json_safe(self.meta), "records": json_safe(self.records)}
 
     def to_json(self, path: Any = None) -> str:
         return write_json(self.to_dict(), path, indent=1, allow_nan=True)

@@ -51,7 +51,7 @@ def _default_scores(setup: Any, ctx: Any, prefix: str, cache: dict | None = None
     ``cache`` (one dict per run) keeps the objective identified at the first evaluation: a run's loss and output
     layout do not change between evaluations, and identifying it again costs as much as a small forward pass.
     """
-    from ..model._common import Capture, identify_objective
+    from ..core.objective import Capture, identify_objective
 
     total, count, correct, counted = 0.0, 0, 0, 0
     cache = {} if cache is None else cache
@@ -72,7 +72,7 @@ def _default_scores(setup: Any, ctx: Any, prefix: str, cache: dict | None = None
                 classify = objective is not None and objective.is_classification
                 cache.update(objective=objective if classify else None, classify=classify)
             if classify and out is not None:
-                from ..model._common import get_leaf
+                from ..core.batch import get_leaf
 
                 got = objective.correct(out, get_leaf(batch, objective.target_path).to(out.device))
                 if got is not None:

@@ -97,11 +97,11 @@ class OptimizationPlan:
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
-        from ..result import _json_safe
+        from ..result import json_safe
 
         d = {k: getattr(self, k) for k in FIELDS}
         d.update(why_empty=self.why_empty, notes=self.notes, outcome_reason=self.outcome_reason)
-        return {"format": FORMAT, **_json_safe(d)}
+        return {"format": FORMAT, **json_safe(d)}
 
     def to_json(self, path: Any = None) -> str:
         return write_json(self.to_dict(), path, indent=1)
@@ -126,7 +126,7 @@ class OptimizationPlan:
 
     def to_markdown(self) -> str:
         """The plan as Markdown; every piece of user text is escaped."""
-        from ..result import _md_text as t
+        from ..result import md_text as t
 
         lines = [f"# tropt optimization plan — {t(self.outcome.upper())}", "", t(self.outcome_reason), ""]
         lines += ["## Baseline", ""] + [f"- **{t(k)}**: {t(_show(v))}" for k, v in self.baseline.items()]
@@ -183,10 +183,10 @@ class OptimizationPlan:
 
     def to_html(self, path: Any = None, title: str = "tropt optimization plan") -> str:
         """A standalone, offline HTML page (no external resources); also written to ``path`` when given."""
-        from ..result import _CSS
+        from ..result import REPORT_CSS
 
         page = (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-                f"<style>{_CSS}</style></head><body>{self._repr_html_()}</body></html>")
+                f"<style>{REPORT_CSS}</style></head><body>{self._repr_html_()}</body></html>")
         if path is not None:
             with open(path, "w", encoding="utf-8") as fh:
                 fh.write(page)

@@ -233,14 +233,14 @@ class _Stepper:
     the loss comes from); once the step is seen to return its loss, later steps call it with no wrapper at all."""
 
     def __init__(self, setup: Any, ctx: Any) -> None:
-        from ..dynamics._run import StepRunner
+        from ..core.stepping import StepRunner
 
         self.setup, self.ctx = setup, ctx
         self.runner = StepRunner(setup, ctx)
         self.direct = False
 
     def __call__(self, micro: list) -> Any:
-        from ..dynamics._run import as_loss
+        from ..core.stepping import as_loss
 
         if self.direct:
             return as_loss(self.setup.run_step(self.ctx, micro))
@@ -270,7 +270,7 @@ def _checkpoint(spec: RunSpec, run: _Run, setup: Any, ctx: Any, callback: Callab
 
 def _train(spec: RunSpec, run: _Run, callback: Callable[[dict], Any] | None) -> tuple[Any, Any]:
     """The training loop of one run; fills ``run`` and returns (setup, ctx) for the final evaluations."""
-    from ..dynamics._run import sync
+    from ..core.stepping import sync
 
     budget = spec.budget
     setup, ctx = _start(spec, run)

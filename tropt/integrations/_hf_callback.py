@@ -36,7 +36,7 @@ class TroptTrainerCallback(_TrainerCallback):
     out_dir
         Where ``report.html`` and ``findings.json`` go; default ``<args.output_dir>/tropt``.
     log_to
-        Where to log tropt's numbers, verdicts and figures (see :func:`tropt.integrations.sinks.as_sink`). By
+        Where to log tropt's numbers, verdicts and figures (see :func:`tropt.sinks.as_sink`). By
         default the Trainer's ``report_to``: TensorBoard (a writer in ``<output_dir>/runs/tropt``, or
         ``$TENSORBOARD_LOGGING_DIR``), the MLflow run and the W&B run the Trainer's own callbacks started.
     log_figures
@@ -193,12 +193,12 @@ class TroptTrainerCallback(_TrainerCallback):
         return targets
 
     def _sink(self) -> Any:
-        from .sinks import log_targets
+        from ..sinks import log_targets
 
         return log_targets(self._targets) if self._targets else None
 
     def _log_events(self, events: list, step: int) -> None:
-        from .sinks import log_events
+        from ..sinks import log_events
 
         sink = self._sink()
         if sink is not None:

@@ -127,7 +127,7 @@ class TroptCallback(_Callback):
                 self.report.log_to(sink, step, figures=self.log_figures)
 
     def _sink(self, trainer: Any) -> Any:
-        from .sinks import log_targets
+        from ..sinks import log_targets
 
         loggers = list(getattr(trainer, "loggers", []) or [])
         return log_targets(loggers) if loggers else None
@@ -135,7 +135,7 @@ class TroptCallback(_Callback):
     def _log_events(self, trainer: Any, events: list, step: int) -> None:
         if not trainer.is_global_zero:
             return
-        from .sinks import log_events
+        from ..sinks import log_events
 
         sink = self._sink(trainer)
         if sink is not None:

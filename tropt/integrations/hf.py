@@ -1,5 +1,5 @@
 """Hugging Face transformers: a Setup from a ``Trainer``, and a ``TrainerCallback`` that watches ``train()`` live."""
-from tropt.integrations._lazy import lazy_attrs
+from ..lazy import lazy_attrs
 
 __all__ = ["setup_from_trainer", "TroptTrainerCallback"]
-__getattr__ = lazy_attrs(__name__, {"setup_from_trainer": "._hf_setup", "TroptTrainerCallback": "._hf_callback"})
+__getattr__, __dir__ = lazy_attrs(__name__, {"setup_from_trainer": "._hf_setup", "TroptTrainerCallback": "._hf_callback"})

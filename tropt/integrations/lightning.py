@@ -1,5 +1,5 @@
 """PyTorch Lightning: a Setup from a LightningModule, and a callback that watches ``Trainer.fit`` live."""
-from tropt.integrations._lazy import lazy_attrs
+from ..lazy import lazy_attrs
 
 __all__ = ["setup_from_lightning", "TroptCallback"]
-__getattr__ = lazy_attrs(__name__, {"setup_from_lightning": "._lightning_setup", "TroptCallback": "._lightning_callback"})
+__getattr__, __dir__ = lazy_attrs(__name__, {"setup_from_lightning": "._lightning_setup", "TroptCallback": "._lightning_callback"})

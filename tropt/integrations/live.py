@@ -158,7 +158,7 @@ class LiveMonitor:
         # milliseconds of module loading) would land in the step time of whichever step runs the first check.
         import importlib
 
-        for name in ("..dynamics.curves", "..dynamics.loss_curve", "..model.gradflow", "..result"):
+        for name in ("..dynamics.curves", "..dynamics.loss_curve", "..model.gradient_flow", "..result"):
             importlib.import_module(name, __package__)
         self._started = time.perf_counter()
         if GRADIENT_FLOW in self.checks and self.monitor is None:
@@ -380,6 +380,6 @@ class LiveMonitor:
         """Write the current record to a sink: losses-so-far are the trainer's; tropt adds the gradient norms, the
         warnings as text, and (``figures``) the gradient-flow picture."""
         if self.monitor is not None:
-            from .sinks import log_monitor
+            from ..sinks import log_monitor
 
             log_monitor(self.monitor, sink, step, figures=figures, **self.thresholds)

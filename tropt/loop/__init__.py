@@ -1,27 +1,32 @@
 """Stage 4: is the user's own update step right? Invariance checks of the training loop.
 
 Each check runs the Setup's ``step`` (the user's, or :func:`tropt.standard_step`) on identically seeded copies
-under a change that must not change the update, captures what reaches ``optimizer.step()``, and compares.
+under a change that must not change the update, captures what reaches ``optimizer.step()``
+(:mod:`tropt.core.capture`), and compares (:mod:`tropt.core.compare`). One module per check, named after its id.
 """
 
-from .harness import StepRecord, StepRecorder, compare_tensors, run_steps
+from ..core.capture import StepRecord, StepRecorder, run_steps
+from ..core.compare import compare_tensors
+from .accumulation import check_accumulation
 from .ddp import check_ddp
-from .invariance import check_accumulation, check_loss_scaling, check_scheduler_cadence, check_zero_grad
+from .loss_scaling import check_loss_scaling
 from .resume import check_resume, default_load_state, default_save_state
+from .scheduler_cadence import check_scheduler_cadence
 from .train_mode import check_train_mode
+from .zero_grad import check_zero_grad
 
 __all__ = [
-    "check_zero_grad",
-    "check_accumulation",
-    "check_loss_scaling",
-    "check_scheduler_cadence",
-    "check_resume",
-    "check_ddp",
-    "check_train_mode",
-    "default_save_state",
-    "default_load_state",
-    "StepRecorder",
     "StepRecord",
-    "run_steps",
+    "StepRecorder",
+    "check_accumulation",
+    "check_ddp",
+    "check_loss_scaling",
+    "check_resume",
+    "check_scheduler_cadence",
+    "check_train_mode",
+    "check_zero_grad",
     "compare_tensors",
+    "default_load_state",
+    "default_save_state",
+    "run_steps",
 ]

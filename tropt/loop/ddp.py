@@ -26,25 +26,18 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.accelerate import tell_distributed
+from ..core.capture import observed_at, run_steps
+from ..core.compare import compare_tensors, global_rel_error
+from ..core.modes import batch_dependent_layers, freeze_batch_stats, quiet_randomness
 from ..errors import StepError, TroptError
-from ..integrations.accelerate import tell_distributed
 from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
-from .harness import (
-    defer_multi_step,
-    batch_dependent_layers,
-    compare_tensors,
-    freeze_batch_stats,
-    global_rel_error,
-    nonfinite_result,
-    observed_at,
-    quiet_randomness,
-    require_steps,
-    run_steps,
-    tolerance_for,
-)
+from ._ddp_verdict import DdpEvidence, ddp_verdict, rank0_grads
+from ._verdicts import defer_multi_step, require_steps, tolerance_for
+from .accumulation_causes import loss_grads
 
 _TIMEOUT_S = 60
 
@@ -166,7 +159,7 @@ def _kill(procs: list) -> None:
 
 
 def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False, find_unused: bool = False) -> list[tuple]:
-    import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # noqa: F401 - see _rank_main
+    import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # imported before the fork: see _rank_main
     import torch.nn.parallel  # noqa: F401
 
     ctx = mp.get_context("fork")
@@ -239,17 +232,12 @@ def _compare(pair: tuple[dict, dict], ranks: list[tuple], world: int, tol: float
     scale error is seen that clipping both runs to the same norm hides, as loop.accumulation decides. The one
     before clipping is decisive when it differs; else the one at the step."""
     labels = ("1_process", f"ddp_{world}")
-    post = compare_tensors(pair[0], _rank0_grads(ranks), labels=labels)
+    post = compare_tensors(pair[0], rank0_grads(ranks), labels=labels)
     if pair[1] and ranks[0][2][1]:
-        pre = compare_tensors(pair[1], _rank0_grads(ranks, 1), labels=labels)
+        pre = compare_tensors(pair[1], rank0_grads(ranks, 1), labels=labels)
         if float(pre["rel_error"].max()) > tol:
             return pre, post, True
     return post, post, False
-
-
-def _rank0_grads(ranks: list[tuple], which: int = 0) -> dict:
-    """Rank 0's gradients at its optimizer step (``which=0``) or the processes' averaged pre-clip gradients (1)."""
-    return {name: (None if g is None else torch.from_numpy(g)) for name, g in ranks[0][2][which].items()}
 
 
 def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: dict, tol: float, freeze: bool,
@@ -260,8 +248,6 @@ def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: 
     normalising by its own item count gives a mean of per-process means: not the mean over the whole batch. Returns
     "process" or "micro-batch" for the hypothesis that matches, else None.
     """
-    from .invariance import _loss_grads  # the same single-process hypothesis builder as loop.accumulation
-
     world, k = len(shares), len(shares[0])
     close = max(10 * tol, 1e-4)
 
@@ -272,10 +258,10 @@ def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: 
         coef = min(1.0, setup.grad_clip / (norm + 1e-6)) if setup.grad_clip is not None else 1.0
         return {n: (None if v is None else v * coef) for n, v in g.items()}
 
-    if global_rel_error(ddp_grads, clipped(_loss_grads(setup, whole, [1 / world] * world, freeze))) <= close:
+    if global_rel_error(ddp_grads, clipped(loss_grads(setup, whole, [1 / world] * world, freeze))) <= close:
         return "process"
     micro = [mb for share in shares for mb in share]
-    if k > 1 and global_rel_error(ddp_grads, clipped(_loss_grads(setup, micro, [1 / len(micro)] * len(micro), freeze))) <= close:
+    if k > 1 and global_rel_error(ddp_grads, clipped(loss_grads(setup, micro, [1 / len(micro)] * len(micro), freeze))) <= close:
         return "micro-batch"
     return None
 
@@ -296,6 +282,20 @@ def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, pr
 
 
 def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -> CheckResult:
+    unavailable = _unavailable(setup)
+    if unavailable is not None:
+        return unavailable
+    if world_size < 2:
+        raise TroptError(f"check_ddp needs world_size >= 2 (got {world_size})", "use world_size=2")
+    setup.validate()
+    tol = tolerance_for(setup, tol)
+    with preserved(setup.model):
+        evidence = _ddp_evidence(setup, world_size, tol)
+    return ddp_verdict(setup, evidence)
+
+
+def _unavailable(setup: Setup) -> CheckResult | None:
+    """A SKIP where forking gloo processes on CPU is not possible, else None."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
@@ -306,137 +306,43 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
         return CheckResult("loop.ddp", Status.SKIP,
                            f"the DDP check runs gloo processes on CPU; this Setup is on {setup.device}: "
                            "run it with setup.replace(device='cpu')")
-    if world_size < 2:
-        raise TroptError(f"check_ddp needs world_size >= 2 (got {world_size})", "use world_size=2")
-    setup.validate()
-    tol = tolerance_for(setup, tol)
+    return None
+
+
+def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence:
     k = setup.accumulation_steps
-    with preserved(setup.model):
-        batch = setup.sample_batch()
-        n = setup.size(batch)
-        per_rank = n // world_size
-        if per_rank < k:
-            raise TroptError(f"a batch of {n} samples gives {per_rank} per process, fewer than the {k} micro-batches",
-                             f"use batches of at least {world_size * k} samples")
-        used = per_rank * world_size
-        full = setup.split(batch, sizes=[used, n - used])[0] if used < n else batch
-        whole = setup.split(full, world_size)
-        shares = [setup.split(share, k) for share in whole]
-        pair, ranks, where = _both_runs(setup, full, shares, world_size, freeze=False)
-        single = pair[0]
-        table, post, pre_clip = _compare(pair, ranks, world_size, tol)
-        err = float(table["rel_error"].max())
-        # Parameters the single-process step gives no gradient: DDP without find_unused_parameters=True waits for
-        # them, so their bucket is never all-reduced (each process keeps its own gradients, or the next step raises).
-        trainable = {name for name, p in setup.model.named_parameters() if p.requires_grad}
-        unused = [name for name, g in single.items() if g is None and name in trainable]
-        utable = None
-        if err > tol and unused:
-            upair, uranks, _ = _both_runs(setup, full, shares, world_size, freeze=False, find_unused=True)
-            utable = _compare(upair, uranks, world_size, tol)[0]
-        bn_layers = batch_dependent_layers(setup.model)
-        ftable, per_mean = None, None
-        if err > tol and bn_layers:
-            # Each process normalises its share with that share's BatchNorm statistics, by design: rerun both with the
-            # statistics frozen to see whether the step itself is right.
-            fpair, franks, _ = _both_runs(setup, full, shares, world_size, freeze=True)
-            ftable = _compare(fpair, franks, world_size, tol)[0]
-        frozen_run = ftable is not None
-        if float((ftable if frozen_run else table)["rel_error"].max()) > tol:
-            per_mean = _per_process_mean(setup, whole, shares, _rank0_grads(franks if frozen_run else ranks, int(pre_clip)), tol,
-                                         frozen_run, clipped_grads=not pre_clip)
-    allreduces, syncs_per_step, fresh_syncs, closure_evaluations = ranks[0][3]
-    # A synchronised backward pass is needed when it starts from cleared gradients (each evaluation of an LBFGS
-    # closure, SAM's second pass after first_step(zero_grad=True)); one that adds to gradients not yet used is wasted.
-    evaluations = max(1, closure_evaluations)
-    wasted_syncs = max(0, syncs_per_step - max(1, fresh_syncs))
-    per = f"{k} micro-batches" + (f", {evaluations} closure evaluations" if evaluations > 1 else "")
-    metrics = {"world_size": world_size, "samples_per_process": per_rank, "micro_batches": k, "max_rel_error": err,
-               "optimizer_steps_per_call": max(int(np.max(c)) if c else 0 for *_, c in ranks), "observed_at": where,
-               "tolerance": tol, "allreduce_buckets": allreduces, "synchronised_backward_passes": syncs_per_step,
-               "closure_evaluations": closure_evaluations,
-               "backward_passes_from_cleared_gradients": fresh_syncs, "batch_dependent_layers": len(bn_layers)}
-    metrics["compared"] = ("gradients before clipping, averaged over processes (at optimizer.step they "
-                           f"differ by {float(post['rel_error'].max()):.1%})" if pre_clip else "gradients at optimizer.step")
-    tables = {"parameters": table, **({"parameters_at_step": post} if pre_clip and setup.grad_clip is not None else {}),
-              "ranks": pd.DataFrame([{"rank": r, "bucket_allreduces": s[0], "synchronised_backward_passes": s[1],
-                                      "optimizer_steps": int(np.sum(c))} for r, _, _, s, c in ranks])}
-    # A non-finite gradient in either run is the finding: no averaging or normalisation cause is guessed from it.
-    bad = nonfinite_result("loop.ddp", {"1_process": (1, single), f"ddp_{world_size}": (1, _rank0_grads(ranks))})
-    if bad is not None:
-        return CheckResult("loop.ddp", Status.FAIL, bad.summary, {**metrics, **bad.metrics}, {**tables, **bad.tables}, bad.advice)
-    if unused:
-        metrics["unused_parameters"] = len(unused)
-        tables["unused_parameters"] = pd.DataFrame({"parameter": unused})
-    if utable is not None:
-        metrics["find_unused_max_rel_error"] = float(utable["rel_error"].max())
-        tables["parameters_find_unused"] = utable
-        if metrics["find_unused_max_rel_error"] <= tol:
-            named = ", ".join(unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
-            metrics["cause"] = "unused parameters"
-            return CheckResult(
-                "loop.ddp", Status.FAIL,
-                f"{len(unused)} parameter(s) get no gradient from the loss ({named}): DDP without "
-                f"find_unused_parameters=True waits for their gradients, so their bucket is never all-reduced and the "
-                f"gradients under DDP with {world_size} processes differ by {err:.1%} (real DDP training also raises "
-                f"\"Expected to have finished reduction in the prior iteration\" at the next step); with "
-                f"find_unused_parameters=True they match (error {metrics['find_unused_max_rel_error']:.1e})",
-                metrics, tables,
-                [f"Remove the unused branch from the forward pass (or detach / not compute it) when the loss does not use "
-                 f"it: {named}.",
-                 "Or wrap with DistributedDataParallel(model, find_unused_parameters=True) (an extra graph traversal "
-                 "per step)."])
-    if ftable is not None:
-        metrics["frozen_max_rel_error"] = float(ftable["rel_error"].max())
-        tables = {"parameters_frozen_batch_stats": ftable, **tables, "batch_dependent_layers": pd.DataFrame({"layer": bn_layers})}
-    advice_std = "Compare your step with tropt.standard_step, which skips the all-reduce of all but the last micro-batch."
-    # Advice that runs both under DDP and on a plain module (which has no no_sync()).
-    no_sync = (f"Wrap the backward passes of the first {k - 1} micro-batches in `with (ctx.model.no_sync() if "
-               "isinstance(ctx.model, torch.nn.parallel.DistributedDataParallel) else contextlib.nullcontext()):` "
-               "(a plain module has no no_sync()).")
-    decisive, derr = (ftable, metrics["frozen_max_rel_error"]) if ftable is not None else (table, err)
-    if derr > tol:
-        ratio = float(decisive["norm_ddp_%d" % world_size].sum() / max(decisive["norm_1_process"].sum(), 1e-30))
-        why = (f" (DDP gradients are {ratio:.3g}× the single-process ones: the averaging is applied twice)" if abs(ratio * world_size - 1) < 0.05
-               else f" (DDP gradients are {ratio:.3g}× the single-process ones: they are summed, not averaged)" if abs(ratio - world_size) < 0.05
-               else "")
-        advice = ["DDP already averages gradients over processes: do not divide the loss by the world size or "
-                  "all-reduce gradients yourself.", "Give every process an equal share of each batch.", advice_std]
-        if not why and per_mean is not None:
-            metrics["cause"] = f"per-{per_mean} mean"
-            why = (f" (they equal the average of per-{per_mean} mean losses: each {per_mean} "
-                   "normalises its loss by its own item count, so items (tokens, non-padding positions) are weighted unequally)")
-            advice = ["Normalise by the item count of the whole step over all processes: sum each micro-batch's per-item losses "
-                      "(reduction='sum'), all-reduce this process's item count (torch.distributed.all_reduce on a tensor holding "
-                      "it) and scale the loss by world_size / global_count (DDP averages the gradients over processes, so the "
-                      "world size cancels).", advice_std]
-        frozen = " even with BatchNorm statistics frozen" if ftable is not None else ""
-        return CheckResult("loop.ddp", Status.FAIL,
-                           f"under DDP with {world_size} processes the gradients differ by {derr:.1%}"
-                           f"{' before clipping' if pre_clip and setup.grad_clip is not None else ''}{frozen}{why}", metrics, tables, advice)
-    if ftable is not None:
-        wasted = (f"; they are also all-reduced {syncs_per_step}× per optimizer step ({per})"
-                  if wasted_syncs > 0 else "")
-        return CheckResult("loop.ddp", Status.WARN,
-                           f"gradients match under DDP once BatchNorm's batch statistics are frozen (error {derr:.1e}); with "
-                           f"live statistics each process normalises its {per_rank} samples by themselves and the gradients "
-                           f"differ by {err:.1%}, as BatchNorm does by design{wasted}", metrics, tables,
-                           [f"Expect {len(bn_layers)} BatchNorm layer(s) to see {per_rank} samples per process under DDP, not the "
-                            "whole batch; if that is too few for stable statistics, convert them with "
-                            "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (CUDA) or use GroupNorm/LayerNorm."]
-                           + ([no_sync] if wasted_syncs > 0 else []))
-    if wasted_syncs > 0:
-        wasted = (f"gradients match under DDP, but they are all-reduced {syncs_per_step}× per optimizer step "
-                  f"({per}): {wasted_syncs} of those are wasted communication")
-        if not setup.distributed:
-            # Only communication, and only under DDP: a note for a Setup not declared as meant for DDP.
-            return CheckResult("loop.ddp", Status.PASS, f"{world_size} DDP processes reach the single-process gradients "
-                               f"(max relative error {err:.1e}); latent (Setup(distributed=False)): {wasted}",
-                               {**metrics, "latent": True}, tables, [no_sync, advice_std])
-        return CheckResult("loop.ddp", Status.WARN, wasted, metrics, tables, [no_sync, advice_std])
-    return CheckResult("loop.ddp", Status.PASS,
-                       f"{world_size} DDP processes reach the single-process gradients (max relative error {err:.1e}) "
-                       + ("with one all-reduce per optimizer step" if syncs_per_step <= 1 else
-                          f"with one all-reduce per backward pass that starts from cleared gradients ({syncs_per_step} per "
-                          f"optimizer step{f': {evaluations} closure evaluations' if evaluations > 1 else ''})"),
-                       metrics, tables)
+    batch = setup.sample_batch()
+    n = setup.size(batch)
+    per_rank = n // world_size
+    if per_rank < k:
+        raise TroptError(f"a batch of {n} samples gives {per_rank} per process, fewer than the {k} micro-batches",
+                         f"use batches of at least {world_size * k} samples")
+    used = per_rank * world_size
+    full = setup.split(batch, sizes=[used, n - used])[0] if used < n else batch
+    whole = setup.split(full, world_size)
+    shares = [setup.split(share, k) for share in whole]
+    pair, ranks, where = _both_runs(setup, full, shares, world_size, freeze=False)
+    single = pair[0]
+    table, post, pre_clip = _compare(pair, ranks, world_size, tol)
+    err = float(table["rel_error"].max())
+    # Parameters the single-process step gives no gradient: DDP without find_unused_parameters=True waits for
+    # them, so their bucket is never all-reduced (each process keeps its own gradients, or the next step raises).
+    trainable = {name for name, p in setup.model.named_parameters() if p.requires_grad}
+    unused = [name for name, g in single.items() if g is None and name in trainable]
+    utable = None
+    if err > tol and unused:
+        upair, uranks, _ = _both_runs(setup, full, shares, world_size, freeze=False, find_unused=True)
+        utable = _compare(upair, uranks, world_size, tol)[0]
+    bn_layers = batch_dependent_layers(setup.model)
+    ftable, per_mean = None, None
+    if err > tol and bn_layers:
+        # Each process normalises its share with that share's BatchNorm statistics, by design: rerun both with the
+        # statistics frozen to see whether the step itself is right.
+        fpair, franks, _ = _both_runs(setup, full, shares, world_size, freeze=True)
+        ftable = _compare(fpair, franks, world_size, tol)[0]
+    frozen_run = ftable is not None
+    if float((ftable if frozen_run else table)["rel_error"].max()) > tol:
+        per_mean = _per_process_mean(setup, whole, shares, rank0_grads(franks if frozen_run else ranks, int(pre_clip)),
+                                     tol, frozen_run, clipped_grads=not pre_clip)
+    return DdpEvidence(world_size, tol, k, per_rank, single, ranks, where, table, post, pre_clip, err, unused, utable,
+                     bn_layers, ftable, per_mean)

@@ -10,29 +10,22 @@ from __future__ import annotations
 
 import io
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
+from ..core.capture import observed_at, run_steps
+from ..core.compare import compare_tensors, flatten_state, max_rel_error
 from ..errors import StepError, TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import RngState, preserved
 from ..training import StepContext, user_state_is_plain
-from .harness import (
-    compare_tensors,
-    defer_multi_step,
-    flatten_state,
-    max_rel_error,
-    nonfinite_result,
-    observed_at,
-    require_steps,
-    run_steps,
-    tolerance_for,
-)
+from ._verdicts import defer_multi_step, nonfinite_result, require_steps, tolerance_for
 
 COMPONENTS = ("model weights", "optimizer moments", "optimizer hyperparameters", "schedule position", "loss scale", "RNG",
               "step attributes", "wrapped optimizer state")

@@ -18,18 +18,19 @@ Cost: ``steps`` (2) calls of the user's step and two evaluations of the metric.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 from torch import nn
 
-from ..data._batches import split_for
+from ..core.capture import on_update
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from .harness import on_update, require_steps
+from ._verdicts import require_steps
 
 CHECK = "loop.train_mode"
 
@@ -38,11 +39,10 @@ def mode_dependent(model: nn.Module) -> dict[str, nn.Module]:
     """Modules whose output depends on train/eval mode: dropout (p > 0), attention dropout, tracking batch norms."""
     out = {}
     for name, m in model.named_modules():
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-            out[name or "(model)"] = m
-        elif isinstance(m, nn.MultiheadAttention) and m.dropout:
-            out[name or "(model)"] = m
-        elif isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.running_mean is not None:
+        dropout = isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
+        attention = isinstance(m, nn.MultiheadAttention) and m.dropout
+        norm = isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.running_mean is not None
+        if dropout or attention or norm:
             out[name or "(model)"] = m
     return out
 
@@ -88,7 +88,7 @@ class ModeRecorder:
             self.updates.append(self.pending)
         self.pending = {}
 
-    def __enter__(self) -> "ModeRecorder":
+    def __enter__(self) -> ModeRecorder:
         self.handles = [m.register_forward_pre_hook(self._pre(n)) for n, m in self.modules.items()]
         if self.optimizer is not None:
             self.handles += on_update(self.optimizer, self._step)
@@ -128,46 +128,74 @@ def check_train_mode(setup: Any, *, steps: int = 2, progress: bool = True) -> Ch
     if steps < 1:
         raise TroptError(f"check_train_mode needs steps >= 1 (got {steps})", "use steps=2")
     setup.validate()
-    k = setup.accumulation_steps
     with preserved(setup.model):
-        ctx = setup.build()
-        watched = mode_dependent(ctx.model)
-        if not watched:
-            return CheckResult(CHECK, Status.SKIP, "the model has no dropout or batch-norm module: train/eval mode does not change its step",
-                               {"mode_dependent_modules": 0})
-        handed = {n: bool(m.training) for n, m in watched.items()}
-        optimizer = getattr(ctx, "optimizer", None)
-        calls = []
-        with ModeRecorder(watched, optimizer) as rec:
-            for batch in setup.batches(steps):
-                before = len(rec.updates)
-                setup.run_step(ctx, split_for(setup, batch, k))
-                if optimizer is None:
-                    rec.flush()
-                calls.append(len(rec.updates) - before)
-        if optimizer is not None:
-            require_steps(setup, calls, f"{steps} step(s)")
-        during = rec.modes()
-        frozen = {n: _frozen(ctx.model, n, m) for n, m in watched.items()}
-        metric_modes, scores, metric_note = _metric_modes(setup)
+        observed = _observe_modes(setup, steps)
+    return observed if isinstance(observed, CheckResult) else _train_mode_verdict(observed, steps)
+
+
+@dataclass
+class _Observed:
+    """The modes the mode-dependent modules ran in: handed over, during the step, during the metric."""
+
+    watched: dict[str, nn.Module]
+    handed: dict[str, bool]
+    stepped: bool  # the context has an optimizer: forwards are grouped by optimizer.step()
+    calls: list[int]
+    during: dict[str, bool | None]
+    at_step: dict[str, bool]
+    frozen: dict[str, bool]
+    metric_modes: dict[str, bool | None] | None
+    scores: tuple[float, float] | None
+    metric_note: str
+
+
+def _observe_modes(setup: Any, steps: int) -> CheckResult | _Observed:
+    """Run the user's step ``steps`` times on a fresh copy and the metric twice, recording every module's mode."""
+    k = setup.accumulation_steps
+    ctx = setup.build()
+    watched = mode_dependent(ctx.model)
+    if not watched:
+        return CheckResult(CHECK, Status.SKIP, "the model has no dropout or batch-norm module: train/eval mode does not change its step",
+                           {"mode_dependent_modules": 0})
+    handed = {n: bool(m.training) for n, m in watched.items()}
+    optimizer = getattr(ctx, "optimizer", None)
+    calls = []
+    with ModeRecorder(watched, optimizer) as rec:
+        for batch in setup.batches(steps):
+            before = len(rec.updates)
+            setup.run_step(ctx, setup.split(batch, k))
+            if optimizer is None:
+                rec.flush()
+            calls.append(len(rec.updates) - before)
+    if optimizer is not None:
+        require_steps(setup, calls, f"{steps} step(s)")
+    during = rec.modes()
+    frozen = {n: _frozen(ctx.model, n, m) for n, m in watched.items()}
+    metric_modes, scores, metric_note = _metric_modes(setup)
+    return _Observed(watched, handed, optimizer is not None, calls, during, rec.at_step, frozen, metric_modes, scores,
+                     metric_note)
+
+
+def _train_mode_verdict(o: _Observed, steps: int) -> CheckResult:
     rows = []
-    for n, m in watched.items():
-        verdict = ("not run" if during[n] is None else "ok" if during[n] else "frozen: listed" if frozen[n] else "eval while training")
-        row = {"module": n, "type": type(m).__name__, "handed_over": _mode(handed[n]), "in_step": _mode(during[n]),
-               "at_optimizer_step": _mode(rec.at_step.get(n)) if rec.at_step else "n/a", "frozen": frozen[n], "verdict": verdict}
-        if metric_modes is not None:
-            row["in_metric"] = _mode(metric_modes.get(n))
+    for n, m in o.watched.items():
+        verdict = ("not run" if o.during[n] is None else "ok" if o.during[n] else "frozen: listed" if o.frozen[n]
+                   else "eval while training")
+        row = {"module": n, "type": type(m).__name__, "handed_over": _mode(o.handed[n]), "in_step": _mode(o.during[n]),
+               "at_optimizer_step": _mode(o.at_step.get(n)) if o.at_step else "n/a", "frozen": o.frozen[n],
+               "verdict": verdict}
+        if o.metric_modes is not None:
+            row["in_metric"] = _mode(o.metric_modes.get(n))
         rows.append(row)
-    table = pd.DataFrame(rows)
     bad = [r["module"] for r in rows if r["verdict"] == "eval while training"]
     listed = [r["module"] for r in rows if r["verdict"] == "frozen: listed"]
-    metrics: dict[str, Any] = {"mode_dependent_modules": len(watched), "eval_in_training": len(bad), "frozen_in_eval": len(listed),
-                               "steps": steps, "updates_observed": sum(calls),
-                               "grouped_by": "optimizer.step()" if optimizer is not None else "call of the step (no optimizer)"}
+    metrics: dict[str, Any] = {"mode_dependent_modules": len(o.watched), "eval_in_training": len(bad),
+                               "frozen_in_eval": len(listed), "steps": steps, "updates_observed": sum(o.calls),
+                               "grouped_by": "optimizer.step()" if o.stepped else "call of the step (no optimizer)"}
     notes = [f"{len(listed)} frozen module(s) in eval mode on purpose: {_names(listed)}"] if listed else []
     advice: list[str] = []
     if bad:
-        left_on = [n for n in bad if not handed[n]]
+        left_on = [n for n in bad if not o.handed[n]]
         if left_on and len(left_on) == len(bad):
             why = "the model was handed over in eval mode and your step never switches it back (a model.eval() left on)"
         else:
@@ -178,32 +206,41 @@ def check_train_mode(setup: Any, *, steps: int = 2, progress: bool = True) -> Ch
                       "tropt.standard_step does not switch modes. To freeze a part on purpose, set requires_grad=False on it "
                       "too, and it is listed instead.")
     else:
-        ran = sum(v is not None for v in during.values()) - len(listed)
+        ran = sum(v is not None for v in o.during.values()) - len(listed)
         status, summary = Status.PASS, f"the {ran} trainable dropout/batch-norm module(s) run in train mode during your step"
-    if scores is not None:
-        metrics.update(metric_first=scores[0], metric_second=scores[1])
-    if metric_modes is not None:
-        in_train = [n for n, v in metric_modes.items() if v]
-        metrics["train_in_metric"] = len(in_train)
-        differ = scores is not None and abs(scores[0] - scores[1]) > 1e-12 * max(1.0, abs(scores[0]))
-        if in_train:
-            effect = (f"two evaluations of the same model differ ({scores[0]:.6g} vs {scores[1]:.6g})" if differ
-                      else "batch norm updates its running statistics and uses batch statistics")
-            sentence = (f"the metric runs {_names(in_train)} in train mode: {effect}; the metric switches the model to train mode")
-            if status is Status.PASS:
-                status, summary = Status.WARN, sentence
-            else:
-                summary += f"; {sentence}"
-            advice.append("Evaluate in eval mode: call model.eval() (and torch.no_grad()) in the metric, and never model.train() "
-                          "inside it.")
-        elif differ:
-            notes.append(f"two evaluations of the metric differ ({scores[0]:.6g} vs {scores[1]:.6g}) with every module in eval "
-                         "mode: randomness in the validation data (see data.eval_transforms) or in the model")
-    if metric_note:
-        notes.append(metric_note)
+    status, summary = _metric_finding(o, status, summary, metrics, notes, advice)
+    if o.metric_note:
+        notes.append(o.metric_note)
     if notes:
         summary += " (" + "; ".join(notes) + ")"
-    return CheckResult(CHECK, status, summary, metrics, {"modules": table}, advice)
+    return CheckResult(CHECK, status, summary, metrics, {"modules": pd.DataFrame(rows)}, advice)
+
+
+def _metric_finding(o: _Observed, status: Status, summary: str, metrics: dict, notes: list[str],
+                    advice: list[str]) -> tuple[Status, str]:
+    """Add what the metric's evaluations showed: modules in train mode there (a WARN), or scores that differ."""
+    scores, metric_modes = o.scores, o.metric_modes
+    if scores is not None:
+        metrics.update(metric_first=scores[0], metric_second=scores[1])
+    if metric_modes is None:
+        return status, summary
+    in_train = [n for n, v in metric_modes.items() if v]
+    metrics["train_in_metric"] = len(in_train)
+    differ = scores is not None and abs(scores[0] - scores[1]) > 1e-12 * max(1.0, abs(scores[0]))
+    if in_train:
+        effect = (f"two evaluations of the same model differ ({scores[0]:.6g} vs {scores[1]:.6g})" if differ
+                  else "batch norm updates its running statistics and uses batch statistics")
+        sentence = (f"the metric runs {_names(in_train)} in train mode: {effect}; the metric switches the model to train mode")
+        if status is Status.PASS:
+            status, summary = Status.WARN, sentence
+        else:
+            summary += f"; {sentence}"
+        advice.append("Evaluate in eval mode: call model.eval() (and torch.no_grad()) in the metric, and never model.train() "
+                      "inside it.")
+    elif differ:
+        notes.append(f"two evaluations of the metric differ ({scores[0]:.6g} vs {scores[1]:.6g}) with every module in eval "
+                     "mode: randomness in the validation data (see data.eval_transforms) or in the model")
+    return status, summary
 
 
 def _metric_modes(setup: Any) -> tuple[dict[str, bool | None] | None, tuple[float, float] | None, str]:

@@ -7,12 +7,12 @@ Checks (registered ids): ``model.init_loss`` (:func:`check_init_loss`), ``model.
 recorder the gradient-flow check is built on; use it in your own loop too.
 """
 
-from .activations import check_activation_stats
+from .activation_stats import check_activation_stats
 from .eval_metric import check_eval_metric
-from .gradflow import check_gradient_flow, judge_gradient_flow
+from .gradient_flow import check_gradient_flow, judge_gradient_flow
 from .init_loss import check_init_loss
 from .monitor import GradientMonitor
-from .overfit import check_overfit_batch
+from .overfit_batch import check_overfit_batch
 
 __all__ = ["GradientMonitor", "check_activation_stats", "check_eval_metric", "check_gradient_flow", "check_init_loss",
            "check_overfit_batch", "judge_gradient_flow"]

@@ -23,7 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._common import dropout_off, leaves, output_tensor
+from ..core.batch import leaves
+from ..core.modes import dropout_off
+from ..core.objective import output_tensor
 
 # Autograd nodes that only move or relabel values: skipped when looking for what feeds a loss.
 _SHAPE_NODES = frozenset({"View", "Reshape", "ReshapeAlias", "UnsafeView", "Squeeze", "Unsqueeze", "Transpose",

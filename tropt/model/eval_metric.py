@@ -30,12 +30,14 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..data._batches import row_hashes
+from ..core.batch import get_leaf
+from ..core.hashes import row_hashes
+from ..core.objective import Capture, Objective, identify_objective, output_tensor
 from ..errors import StepError, TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
-from ._common import Capture, Objective, fmt, get_leaf, identify_objective, output_tensor
+from ._common import fmt
 
 CHECK = "model.eval_metric"
 LOGIT = 10.0  # a confident logit: softmax/sigmoid of it is 0.99995
@@ -220,8 +222,151 @@ def _score(metric: Any, model: nn.Module, data: Any, seed: int) -> float:
         return metric(model, data)
 
 
+def _score_model(metric: Any, model: nn.Module, data: Any, seed: int) -> tuple[float, CheckResult | None]:
+    """The model's own score, or a FAIL when the metric raises on its output or never calls it."""
+    # Any of the copy's modules running counts as using it (a custom predict() may call self.forward directly).
+    calls = [0]
+    counters = [m.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for m in model.modules()]
+    try:
+        model_score = _score(metric, model, data, seed)
+    except StepError as exc:
+        if exc.__cause__ is None:  # it ran but returned no finite number: bad input, a clear error
+            raise
+        return math.nan, CheckResult(
+            CHECK, Status.FAIL, f"the metric raises on the model's output: {exc.message}",
+            {"metric": metric.name, "error_type": type(exc.__cause__).__name__},
+            advice=[f"Fix the metric {metric.name}: tropt calls it as fn(model, val_data) with the model in "
+                    "eval mode under torch.no_grad() (as tropt.compare does)."])
+    finally:
+        for h in counters:
+            h.remove()
+    if calls[0] == 0:
+        return model_score, CheckResult(
+            CHECK, Status.FAIL,
+            f"the metric {metric.name} never calls the model it is given: it is not a function of the "
+            "model's predictions (does it close over another model, or read stored predictions?)",
+            {"metric": metric.name, "model_score": model_score, "model_calls": 0},
+            advice=[f"Make {metric.name} evaluate the model it is given: fn(model, val_data) should call "
+                    "model(...) on the validation inputs."])
+    return model_score, None
+
+
+def _predictors(model: nn.Module, objective: Objective | None, y: torch.Tensor | None, lookup: dict, seed: int,
+                metrics: dict[str, Any]) -> tuple[list[tuple[str, Callable[[], TrivialPredictor]]], str | None]:
+    """The trivial predictors to score (and the perfect one when inputs map to labels), and the constant's name."""
+    predictors: list[tuple[str, Callable[[], TrivialPredictor]]] = []
+    constant_name = None
+    if objective is not None and y is not None and y.numel():
+        metrics["objective"] = objective.kind
+        if objective.is_classification:
+            flat = y.reshape(-1).long()
+            flat = flat[flat >= 0]
+            counts = torch.bincount(flat)
+            top = int(counts.argmax())
+            share = float(counts[top] / counts.sum())
+            constant_name = "majority_class"
+            metrics.update(majority_class=top, majority_share=share)
+            text = f"always class {top} ({share:.0%} of the labels)"
+            predictors.append((constant_name, lambda: ConstantPredictor(model, objective, top, text)))
+        else:
+            mean = float(y.double().mean())
+            constant_name = "constant_mean"
+            metrics["label_mean"] = mean
+            text = f"always the label mean {fmt(mean)}"
+            predictors.append((constant_name, lambda: ConstantPredictor(model, objective, mean, text)))
+    predictors.append(("shuffled", lambda: ShuffledPredictor(model, seed)))
+    predictors.append(("random", lambda: RandomPredictor(model, seed)))
+    if objective is not None and lookup:
+        predictors.append(("perfect", lambda: PerfectPredictor(model, objective, lookup)))
+    return predictors, constant_name
+
+
+def _score_predictors(metric: Any, predictors: list, data: Any, seed: int, rows: list[dict]) -> None:
+    for name, make in predictors:
+        wrapped = make()
+        try:
+            score = _score(metric, wrapped, data, seed)
+            if wrapped.calls == 0:
+                raise TroptError("the metric did not call this predictor as model(...) (a method such as "
+                                 "model.predict bypasses it), so its score is the model's own")
+            rows.append({"predictor": name, "description": wrapped.description, "score": score, "error": ""})
+        except TroptError as exc:
+            rows.append({"predictor": name, "description": wrapped.description, "score": math.nan,
+                         "error": exc.message})
+
+
+def _degenerate(metric: Any, table: pd.DataFrame, scored: pd.DataFrame, metrics: dict) -> CheckResult | None:
+    """SKIP when nothing but the model could be scored; FAIL when every predictor scores the same."""
+    if len(scored) < 2:  # only the model itself: the metric cannot be compared with anything
+        first = next((e for e in table["error"] if e), "")
+        return CheckResult(CHECK, Status.SKIP, f"no trivial predictor could be scored with {metric.name}: {first}",
+                           metrics, {"scores": table},
+                           ["Let the metric call model(...) on the validation inputs, so tropt can substitute "
+                            "trivial predictors."])
+    # Not a function of the predictions: every predictor, from random outputs to the true labels, scores the same.
+    values = scored["score"].to_numpy(dtype=float)
+    if len(values) >= 3 and float(values.max() - values.min()) <= 1e-9 * max(1.0, float(abs(values).max())):
+        return CheckResult(CHECK, Status.FAIL,
+                           f"the metric {metric.name} gives {fmt(float(values[0]))} for every predictor "
+                           f"({', '.join(scored['predictor'])}): it is not a function of the model's predictions",
+                           metrics, {"scores": table},
+                           [f"Make {metric.name} use the model it is given (fn(model, val_data)), not a model it "
+                            "closes over, and compare its predictions with the labels."])
+    return None
+
+
+def _judge(metric: Any, table: pd.DataFrame, metrics: dict[str, Any], objective: Objective | None, why: str,
+           constant_name: str | None, margin: float, model_score: float) -> CheckResult:
+    """How close the trivial predictors come to the perfect score."""
+    scores = dict(zip(table["predictor"], table["score"]))
+    for name, value in scores.items():
+        if name != "model":
+            metrics[f"{name}_score"] = value
+    scored = table[table["score"].notna()]
+    notes = [] if objective is not None else [f"majority/mean and perfect predictors not scored: {why}"]
+    if objective is not None and "perfect" not in scores:
+        notes.append("the perfect predictor could not match the model's inputs to their labels")
+    degenerate = _degenerate(metric, table, scored, metrics)
+    if degenerate is not None:
+        return degenerate
+    values = scored["score"].to_numpy(dtype=float)
+    perfect, basis = None, None
+    if not math.isnan(scores.get("perfect", math.nan)):
+        perfect, basis = float(scores["perfect"]), "the true labels"
+    elif len(values) and ((values >= 0) & (values <= 1)).all():
+        perfect, basis = (1.0 if metric.higher_is_better else 0.0), "the metric's [0, 1] range"
+    if perfect is not None:
+        metrics.update(perfect_score=perfect, perfect_basis=basis)
+        gap = [abs(perfect - s) / max(abs(perfect), abs(s), 1e-12) if not math.isnan(s) else math.nan
+               for s in table["score"]]
+        table["relative_gap_to_perfect"] = gap
+    trivial = (table[table["predictor"].isin([constant_name, "shuffled"]) & table["score"].notna()]
+               if perfect is not None else table.iloc[:0])
+    close = trivial[trivial["relative_gap_to_perfect"] <= margin] if len(trivial) else trivial
+    if len(close):
+        worst = close.sort_values("relative_gap_to_perfect").iloc[0]
+        summary = (f"{worst['description']} already scores {fmt(float(worst['score']))} with {metric.name} (perfect "
+                   f"{fmt(perfect)}, from {basis}): the metric barely separates a useful model from a trivial one")
+        if objective is not None and objective.is_classification:
+            advice = [f"Report balanced accuracy, AUROC (binary) or macro F1 instead of (or next to) {metric.name}; "
+                      f"a constant prediction of class {metrics.get('majority_class')} cannot game them."]
+        else:
+            advice = [f"Report the error relative to the constant mean (R², or MAE next to the constant mean's MAE) "
+                      f"instead of {metric.name} alone."]
+        status = Status.WARN
+    else:
+        parts = [f"{r.predictor} {fmt(float(r.score))}" for r in scored.itertuples() if r.predictor != "model"]
+        summary = (f"{metric.name} separates trivial predictors from a perfect one (model {fmt(model_score)}; "
+                   f"{', '.join(parts)})")
+        advice, status = [], Status.PASS
+    if notes:
+        summary += " (" + "; ".join(notes) + ")"
+    return CheckResult(CHECK, status, summary, metrics, {"scores": table}, advice)
+
+
 @register(CHECK, title="Validation metric represents the task",
-          description="the Metric's score for trivial predictors (majority class, constant mean, shuffled) vs the perfect score")
+          description="the Metric's score for trivial predictors (majority class, constant mean, shuffled) vs the "
+                      "perfect score")
 def check_eval_metric(setup: Any, *, margin: float = 0.1, progress: bool = True) -> CheckResult:
     """Score trivial predictors with the Setup's metric on the validation split.
 
@@ -237,125 +382,27 @@ def check_eval_metric(setup: Any, *, margin: float = 0.1, progress: bool = True)
     """
     metric = setup.metric
     if metric is None:
-        return CheckResult(CHECK, Status.SKIP, "no metric: pass Setup(metric=tropt.Metric(fn, higher_is_better=...)) to check it")
+        return CheckResult(CHECK, Status.SKIP,
+                           "no metric: pass Setup(metric=tropt.Metric(fn, higher_is_better=...)) to check it")
     if setup.val_data is None:
-        return CheckResult(CHECK, Status.SKIP, "no val_data: the metric is scored on the validation split; pass Setup(val_data=...)")
+        return CheckResult(CHECK, Status.SKIP,
+                           "no val_data: the metric is scored on the validation split; pass Setup(val_data=...)")
     seed = setup.seed
     rows: list[dict] = []
     with preserved(setup.model):
         ctx = setup.build()
         model = ctx.model
-        # Any of the copy's modules running counts as using it (a custom predict() may call self.forward directly).
-        calls = [0]
-        counters = [m.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for m in model.modules()]
-        try:
-            model_score = _score(metric, model, setup.val_data, seed)
-        except StepError as exc:
-            if exc.__cause__ is None:  # it ran but returned no finite number: bad input, a clear error
-                raise
-            return CheckResult(CHECK, Status.FAIL, f"the metric raises on the model's output: {exc.message}",
-                               {"metric": metric.name, "error_type": type(exc.__cause__).__name__},
-                               advice=[f"Fix the metric {metric.name}: tropt calls it as fn(model, val_data) with the model in "
-                                       "eval mode under torch.no_grad() (as tropt.compare does)."])
-        finally:
-            for h in counters:
-                h.remove()
-        if calls[0] == 0:
-            return CheckResult(CHECK, Status.FAIL,
-                               f"the metric {metric.name} never calls the model it is given: it is not a function of the "
-                               "model's predictions (does it close over another model, or read stored predictions?)",
-                               {"metric": metric.name, "model_score": model_score, "model_calls": 0},
-                               advice=[f"Make {metric.name} evaluate the model it is given: fn(model, val_data) should call "
-                                       "model(...) on the validation inputs."])
+        model_score, failed = _score_model(metric, model, setup.val_data, seed)
+        if failed is not None:
+            return failed
         rows.append({"predictor": "model", "description": "the model as given", "score": model_score, "error": ""})
         try:
             objective, y, lookup, why = _read_targets(setup, model)
         except TroptError as exc:  # loss_fn cannot read validation batches: score what needs no labels
             objective, y, lookup, why = None, None, {}, f"loss_fn failed on validation data ({exc.message})"
-        predictors: list[tuple[str, Callable[[], TrivialPredictor]]] = []
-        metrics: dict[str, Any] = {"metric": metric.name, "higher_is_better": metric.higher_is_better, "model_score": model_score,
-                                   "margin": margin}
-        constant_name = None
-        if objective is not None and y is not None and y.numel():
-            metrics["objective"] = objective.kind
-            if objective.is_classification:
-                flat = y.reshape(-1).long()
-                flat = flat[flat >= 0]
-                counts = torch.bincount(flat)
-                top = int(counts.argmax())
-                share = float(counts[top] / counts.sum())
-                constant_name = "majority_class"
-                metrics.update(majority_class=top, majority_share=share)
-                predictors.append((constant_name, lambda: ConstantPredictor(model, objective, top, f"always class {top} ({share:.0%} of the labels)")))
-            else:
-                mean = float(y.double().mean())
-                constant_name = "constant_mean"
-                metrics["label_mean"] = mean
-                predictors.append((constant_name, lambda: ConstantPredictor(model, objective, mean, f"always the label mean {fmt(mean)}")))
-        predictors.append(("shuffled", lambda: ShuffledPredictor(model, seed)))
-        predictors.append(("random", lambda: RandomPredictor(model, seed)))
-        if objective is not None and lookup:
-            predictors.append(("perfect", lambda: PerfectPredictor(model, objective, lookup)))
-        for name, make in predictors:
-            wrapped = make()
-            try:
-                score = _score(metric, wrapped, setup.val_data, seed)
-                if wrapped.calls == 0:
-                    raise TroptError("the metric did not call this predictor as model(...) (a method such as "
-                                     "model.predict bypasses it), so its score is the model's own")
-                rows.append({"predictor": name, "description": wrapped.description, "score": score, "error": ""})
-            except TroptError as exc:
-                rows.append({"predictor": name, "description": wrapped.description, "score": math.nan, "error": exc.message})
+        metrics: dict[str, Any] = {"metric": metric.name, "higher_is_better": metric.higher_is_better,
+                                   "model_score": model_score, "margin": margin}
+        predictors, constant_name = _predictors(model, objective, y, lookup, seed, metrics)
+        _score_predictors(metric, predictors, setup.val_data, seed, rows)
     table = pd.DataFrame(rows, columns=["predictor", "description", "score", "error"])
-    scores = dict(zip(table["predictor"], table["score"]))
-    for name, value in scores.items():
-        if name != "model":
-            metrics[f"{name}_score"] = value
-    scored = table[table["score"].notna()]
-    notes = [] if objective is not None else [f"majority/mean and perfect predictors not scored: {why}"]
-    if objective is not None and "perfect" not in scores:
-        notes.append("the perfect predictor could not match the model's inputs to their labels")
-    if len(scored) < 2:  # only the model itself: the metric cannot be compared with anything
-        first = next((e for e in table["error"] if e), "")
-        return CheckResult(CHECK, Status.SKIP, f"no trivial predictor could be scored with {metric.name}: {first}",
-                           metrics, {"scores": table},
-                           ["Let the metric call model(...) on the validation inputs, so tropt can substitute trivial predictors."])
-    # Not a function of the predictions: every predictor, from random outputs to the true labels, scores the same.
-    values = scored["score"].to_numpy(dtype=float)
-    if len(values) >= 3 and float(values.max() - values.min()) <= 1e-9 * max(1.0, float(abs(values).max())):
-        return CheckResult(CHECK, Status.FAIL,
-                           f"the metric {metric.name} gives {fmt(float(values[0]))} for every predictor ({', '.join(scored['predictor'])}): "
-                           "it is not a function of the model's predictions",
-                           metrics, {"scores": table},
-                           [f"Make {metric.name} use the model it is given (fn(model, val_data)), not a model it closes over, "
-                            "and compare its predictions with the labels."])
-    perfect, basis = None, None
-    if not math.isnan(scores.get("perfect", math.nan)):
-        perfect, basis = float(scores["perfect"]), "the true labels"
-    elif len(values) and ((values >= 0) & (values <= 1)).all():
-        perfect, basis = (1.0 if metric.higher_is_better else 0.0), "the metric's [0, 1] range"
-    if perfect is not None:
-        metrics.update(perfect_score=perfect, perfect_basis=basis)
-        gap = [abs(perfect - s) / max(abs(perfect), abs(s), 1e-12) if not math.isnan(s) else math.nan for s in table["score"]]
-        table["relative_gap_to_perfect"] = gap
-    trivial = table[table["predictor"].isin([constant_name, "shuffled"]) & table["score"].notna()] if perfect is not None else table.iloc[:0]
-    close = trivial[trivial["relative_gap_to_perfect"] <= margin] if len(trivial) else trivial
-    if len(close):
-        worst = close.sort_values("relative_gap_to_perfect").iloc[0]
-        summary = (f"{worst['description']} already scores {fmt(float(worst['score']))} with {metric.name} (perfect "
-                   f"{fmt(perfect)}, from {basis}): the metric barely separates a useful model from a trivial one")
-        if objective is not None and objective.is_classification:
-            advice = [f"Report balanced accuracy, AUROC (binary) or macro F1 instead of (or next to) {metric.name}; a constant "
-                      f"prediction of class {metrics.get('majority_class')} cannot game them."]
-        else:
-            advice = [f"Report the error relative to the constant mean (R², or MAE next to the constant mean's MAE) instead of "
-                      f"{metric.name} alone."]
-        status = Status.WARN
-    else:
-        parts = [f"{r.predictor} {fmt(float(r.score))}" for r in scored.itertuples() if r.predictor != "model"]
-        summary = (f"{metric.name} separates trivial predictors from a perfect one (model {fmt(model_score)}; "
-                   f"{', '.join(parts)})")
-        advice, status = [], Status.PASS
-    if notes:
-        summary += " (" + "; ".join(notes) + ")"
-    return CheckResult(CHECK, status, summary, metrics, {"scores": table}, advice)
+    return _judge(metric, table, metrics, objective, why, constant_name, margin, model_score)

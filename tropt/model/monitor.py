@@ -36,6 +36,8 @@ import torch
 from torch import nn
 
 from ..errors import TroptError
+from .gradient_verdict import judge_gradient_flow, parameter_summary
+from .update_norms import flat_copies, sgd_update_rules
 
 # Columns of the per-step record, in the order of the preallocated tensor's last axis.
 FIELDS = ("grad_norm", "param_norm", "update_norm", "nonzero", "nonfinite", "grad_abs_sum", "grad_abs_max")
@@ -305,56 +307,16 @@ class GradientMonitor:
         measure = self.track_updates and full and bool(opt_idx)
         copy_idx, rules = [], []
         if measure:
-            rules = self._update_rules(optimizer, opt_idx) if optimizer is not None else []
+            rules = sgd_update_rules(optimizer, opt_idx, self._pid, self._params) if optimizer is not None else []
             ruled = {i for _, members, _ in rules for i in members}
             copy_idx = [i for i in opt_idx if i not in ruled]
         if copy_idx:
-            if any(i not in self._prev or self._prev[i].shape != self._params[i].shape for i in copy_idx):
-                # One flat buffer, viewed per parameter: separate per-parameter buffers kept between steps made the
-                # CPU allocator hand each step's new gradients fresh pages (page faults in every backward, ~3x the
-                # monitor's own cost in bench_gradflow); one block leaves the gradients' reuse alone.
-                groups: dict[tuple, list[int]] = {}
-                for i in copy_idx:  # one block per dtype and device (mixed-precision models have several)
-                    groups.setdefault((self._params[i].dtype, self._params[i].device), []).append(i)
-                for (dtype, device), members in groups.items():
-                    flat = torch.empty(sum(self._params[i].numel() for i in members), dtype=dtype, device=device)
-                    off = 0
-                    for i in members:
-                        k = self._params[i].numel()
-                        self._prev[i] = flat[off:off + k].view(self._params[i].shape)
-                        off += k
+            flat_copies(self._params, copy_idx, self._prev)
             with torch.no_grad():
                 torch._foreach_copy_([self._prev[i] for i in copy_idx], [self._params[i] for i in copy_idx])
             self._count("parameters", copy_idx, 2)  # read the parameters, write the copy
         self._pending = (self._rows, copy_idx, rules, full)
         self._rows += 1
-
-    def _update_rules(self, optimizer: torch.optim.Optimizer, opt_idx: list[int]) -> list[tuple[str, list[int], dict]]:
-        """Groups whose update norm the optimizer's own step gives exactly, without a copy of the parameters.
-
-        ``torch.optim.SGD`` (the class itself: a subclass may change ``step``) applies ``p -= lr * d`` with ``d`` the
-        gradient (no momentum; weight decay would add ``wd * p``, so only without it) or the new momentum buffer
-        (weight decay and dampening are inside the buffer; Nesterov adds a term, so not then). The norm of that
-        update is ``lr * ||d||``: the step the optimizer applies, which the parameter difference equals up to the
-        rounding of the parameters. Returns (rule, parameter indices with a gradient, group) per such group.
-        """
-        if type(optimizer) is not torch.optim.SGD or getattr(optimizer, "grad_scale", None) is not None:
-            return []
-        mine = set(opt_idx)
-        out = []
-        for group in optimizer.param_groups:
-            if group.get("nesterov") or group.get("fused") or group.get("differentiable"):
-                continue
-            members = [self._pid[id(p)] for p in group["params"] if id(p) in self._pid and self._pid[id(p)] in mine]
-            params = [self._params[i] for i in members]
-            if not members or any(p.dtype not in (torch.float32, torch.float64) or (p.grad is not None and p.grad.is_sparse)
-                                  for p in params):
-                continue
-            if group.get("momentum", 0) != 0:
-                out.append(("buffer", members, group))
-            elif group.get("weight_decay", 0) == 0:
-                out.append(("gradient", members, group))
-        return out
 
     def _post_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._layout(optimizer)[0]:
@@ -387,7 +349,8 @@ class GradientMonitor:
 
     def _rule_update(self, row: torch.Tensor, rule: str, members: list[int], group: dict,
                      optimizer: torch.optim.Optimizer) -> None:
-        """Write ``lr * ||d||`` for one SGD group (see :meth:`_update_rules`); 0 for parameters the step skipped."""
+        """Write ``lr * ||d||`` for one SGD group (see :func:`.update_norms.sgd_update_rules`); 0 for parameters
+        the step skipped."""
         lr = float(group["lr"])
         stepped = [i for i in members if self._params[i].grad is not None]
         values = torch.zeros(len(members), device=self._device)
@@ -467,10 +430,10 @@ class GradientMonitor:
         flow figure.
 
         ``target``: a ``SummaryWriter``, ``"mlflow"`` (the active run) or an MLflow run, ``"wandb"`` or a W&B run, a
-        Lightning logger, or a list of these (see :func:`tropt.integrations.sinks.as_sink`). ``step`` defaults to the
+        Lightning logger, or a list of these (see :func:`tropt.sinks.as_sink`). ``step`` defaults to the
         optimizer steps seen. Returns the verdict (a :class:`tropt.CheckResult`).
         """
-        from ..integrations.sinks import as_sink, log_monitor
+        from ..sinks import as_sink, log_monitor
 
         sink = as_sink(target)
         try:
@@ -521,54 +484,8 @@ class GradientMonitor:
 
     def result(self, **thresholds: Any):
         """Judge the recorded steps with the ``model.gradient_flow`` rules; returns a :class:`tropt.CheckResult`."""
-        from .gradflow import judge_gradient_flow
-
         return judge_gradient_flow(self, **thresholds)
 
     def __repr__(self) -> str:
         state = "active" if self._active else "closed"
         return f"<GradientMonitor {state}: {len(self.names)} parameters, {self._rows} recorded steps of {self.steps_seen}>"
-
-
-def module_of(name: str) -> str:
-    """The owning module's name of a parameter name (``"net.0.weight"`` -> ``"net.0"``; top level -> ``"(root)"``)."""
-    return name.rsplit(".", 1)[0] if "." in name else "(root)"
-
-
-def parameter_summary(mon: GradientMonitor) -> pd.DataFrame:
-    """Per-parameter aggregates of a monitor's record."""
-    data = mon.array()
-    steps = data.shape[0]
-    numel = mon._numel.numpy() if mon.names else np.zeros(0)
-    rows = []
-    for i, name in enumerate(mon.names):
-        g = data[:, i, 0] if steps else np.zeros(0)
-        finite_g = g[np.isfinite(g)]
-        upd = data[:, i, 2] if steps else np.zeros(0)
-        par = data[:, i, 1] if steps else np.zeros(0)
-        nz = data[:, i, 3] if steps else np.zeros(0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = upd / par
-        rows.append({
-            "name": name,
-            "module": module_of(name),
-            "numel": int(numel[i]),
-            "steps_with_grad": int(mon.grad_seen[i]),
-            "in_optimizer": bool(mon.in_optimizer[i]),
-            "lr_nonzero": bool(mon.lr_nonzero[i]),
-            "grad_norm_mean": float(finite_g.mean()) if finite_g.size else math.nan,
-            "grad_norm_max": float(finite_g.max()) if finite_g.size else math.nan,
-            "grad_rms_mean": float(finite_g.mean() / math.sqrt(numel[i])) if finite_g.size else math.nan,
-            "param_norm": float(par[np.isfinite(par)][-1]) if np.isfinite(par).any() else math.nan,  # the latest measured
-            "update_norm_max": float(np.nanmax(upd)) if steps and np.isfinite(upd).any() else math.nan,
-            "update_ratio_mean": float(np.nanmean(ratio)) if steps and np.isfinite(ratio).any() else math.nan,
-            "zero_fraction": float(np.nanmean(1.0 - nz / numel[i])) if steps and np.isfinite(nz).any() else math.nan,
-            "nonfinite_steps": int(np.nansum(data[:, i, 4] > 0)) if steps else 0,
-            "nonfinite_max": int(np.nanmax(data[:, i, 4])) if steps and np.isfinite(data[:, i, 4]).any() else 0,
-            "grad_abs_sum_mean": float(np.nanmean(data[:, i, 5])) if steps and np.isfinite(data[:, i, 5]).any() else math.nan,
-            "grad_abs_max": float(np.nanmax(data[:, i, 6])) if steps and np.isfinite(data[:, i, 6]).any() else math.nan,
-        })
-    return pd.DataFrame(rows, columns=["name", "module", "numel", "steps_with_grad", "in_optimizer", "lr_nonzero", "grad_norm_mean",
-                                       "grad_norm_max", "grad_rms_mean", "param_norm", "update_norm_max",
-                                       "update_ratio_mean", "zero_fraction", "nonfinite_steps", "nonfinite_max",
-                                       "grad_abs_sum_mean", "grad_abs_max"])

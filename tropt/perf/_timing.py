@@ -37,19 +37,20 @@ def median_interval(values: Sequence[float], z: float = Z95) -> tuple[float, flo
     if n == 0:
         return math.nan, math.nan, math.nan
     med = float(np.median(v))
-    k = int(math.floor((n - z * math.sqrt(n)) / 2.0))  # 1-based rank of the lower bound
+    k = math.floor((n - z * math.sqrt(n)) / 2.0)  # 1-based rank of the lower bound
     if n < 6 or k < 1:
         return med, float(v[0]), float(v[-1])
     return med, float(v[k - 1]), float(v[n - k])
 
 
-def speedup(base: Sequence[float], candidate: Sequence[float]) -> tuple[float, float, float]:
+def speedup(base: Sequence[float] | np.ndarray, candidate: Sequence[float] | np.ndarray) -> tuple[float, float, float]:
     """``(speed-up, low, high)`` of ``candidate`` over ``base`` (>1: the candidate is faster).
 
     ``base[i]`` and ``candidate[i]`` are times of the same round of interleaved repeats, so their ratio cancels the
     noise the round shared; arrays of different lengths are paired up to the shorter one."""
     n = min(len(base), len(candidate))
-    ratios = [b / c for b, c in zip(base[:n], candidate[:n]) if c > 0 and math.isfinite(b) and math.isfinite(c)]
+    ratios = [b / c for b, c in zip(base[:n], candidate[:n], strict=True)
+              if c > 0 and math.isfinite(b) and math.isfinite(c)]
     return median_interval(ratios)
 
 
@@ -115,7 +116,8 @@ def thread_probe(step: Callable[[], None], rounds: int = 4, sync: Callable[[], N
     threads = torch.get_num_threads()
     if threads <= 1:
         return None
-    many, one = [], []
+    many: list[float] = []
+    one: list[float] = []
     try:
         for r in range(rounds):
             for n, out in ((threads, many), (1, one))[:: 1 if r % 2 == 0 else -1]:

@@ -8,12 +8,13 @@ with the hardware reason. An optional batch-size search doubles the batch until 
 reached, and keeps the throughput curve.
 """
 
+
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,9 +24,13 @@ from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ._timing import machine_load, oversubscription, oversubscription_advice, thread_probe
+from .precision_runs import PrecisionRun, batch_search
 
 CHECK_ID = "perf.precision"
 PRECISIONS = ("fp32", "bf16", "fp16", "tf32")
+COLUMNS = ["precision", "status", "reason", "step_ms", "step_ms_min", "step_ms_max", "samples_per_s", "speedup",
+           "speedup_low", "speedup_high", "peak_memory_mb", "activation_mb", "loss_deviation", "max_step_deviation",
+           "non_finite", "scaler_skips", "stable"]
 
 
 def support(precision: str, device: torch.device) -> tuple[bool, str]:
@@ -36,7 +41,8 @@ def support(precision: str, device: torch.device) -> tuple[bool, str]:
     if precision == "bf16":
         if kind == "cuda":
             ok = torch.cuda.is_bf16_supported()
-            return ok, "" if ok else f"{torch.cuda.get_device_name(device)} has no bfloat16 support (needs compute capability >= 8.0)"
+            return ok, "" if ok else (f"{torch.cuda.get_device_name(device)} has no bfloat16 support (needs compute "
+                                      "capability >= 8.0)")
         if kind in ("cpu", "mps"):
             return True, ""
         return False, f"bf16 autocast is not available on {kind}"
@@ -55,147 +61,6 @@ def support(precision: str, device: torch.device) -> tuple[bool, str]:
     raise TroptError(f"unknown precision {precision!r}", f"use some of {', '.join(PRECISIONS)}")
 
 
-@contextlib.contextmanager
-def _tf32(enabled: bool) -> Iterator[None]:
-    """Switch TF32 matmuls/convolutions on for the block and put the global flags back afterwards."""
-    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
-
-class _SavedBytes:
-    """Counts the bytes autograd saves for backward (activation memory) while active."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        self._seen: set[int] = set()
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        try:
-            key = t.untyped_storage().data_ptr()
-            if key not in self._seen:
-                self._seen.add(key)
-                self.total += t.untyped_storage().nbytes()
-        except Exception:  # noqa: BLE001 - tensors without storage (e.g. some subclasses)
-            self.total += t.numel() * t.element_size()
-        return t
-
-    @staticmethod
-    def unpack(t: torch.Tensor) -> torch.Tensor:
-        return t
-
-    def hooks(self) -> Any:
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-
-
-def _cat(batches: list) -> Any:
-    """Concatenate batches of the same structure along dimension 0 (for a bigger batch)."""
-    first = batches[0]
-    if isinstance(first, torch.Tensor):
-        return torch.cat(batches) if first.ndim else first
-    if isinstance(first, dict):
-        return type(first)({k: _cat([b[k] for b in batches]) for k in first})
-    if isinstance(first, (list, tuple)):
-        items = [_cat([b[i] for b in batches]) for i in range(len(first))]
-        return type(first)(*items) if hasattr(first, "_fields") else type(first)(items)
-    return first
-
-
-class _PrecisionRun:
-    """A fresh copy of the Setup training in one precision, one step at a time (so precisions can interleave).
-
-    Each run keeps its own torch RNG stream: interleaved with other runs it draws the same dropout masks it would
-    draw alone, so its losses do not depend on the order the steps ran in."""
-
-    def __init__(self, setup: Any, precision: str, seed: int, source: list, clock: Any = time.perf_counter) -> None:
-        from ..dynamics._run import StepRunner
-
-        self.precision, self.source, self.clock = precision, source, clock
-        amp = "fp32" if precision == "tf32" else precision
-        self.setup = setup.replace(precision=amp, use_scaler=amp == "fp16")
-        self.device = setup.device
-        self.cuda = self.device.type == "cuda"
-        base = torch.cuda.memory_allocated(self.device) if self.cuda else 0
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-        with self._tf32():
-            self.ctx = self.setup.build(seed=seed)
-        if self.ctx.scaler is None and setup.use_scaler:
-            # The Setup's step is written for AMP (ctx.scaler.scale(loss).backward(), scaler.step(...)): in a precision
-            # without loss scaling it gets a disabled scaler, whose scale/unscale_/step/update are pass-throughs.
-            self.ctx.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
-        self.runner = StepRunner(self.setup, self.ctx)
-        self._base_mem = base
-        self._rng = self._get_rng()
-        self.losses: list[float] = []
-        self.times: list[float] = []
-        self.skips = 0
-        self.saved = _SavedBytes()
-        self.peak_mb = math.nan
-
-    def _tf32(self):
-        return _tf32(self.precision == "tf32") if self.cuda else contextlib.nullcontext()
-
-    def _get_rng(self) -> tuple:
-        return (torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self.cuda else None)
-
-    def _set_rng(self, state: tuple) -> None:
-        torch.set_rng_state(state[0])
-        if state[1] is not None:
-            torch.cuda.set_rng_state(state[1], self.device)
-
-    def step(self, i: int, timed: bool) -> None:
-        """Run step ``i`` (batch ``i`` of the shared source): its loss always, its time when ``timed``."""
-        from ..dynamics._run import sync
-
-        outer = self._get_rng()
-        self._set_rng(self._rng)
-        try:
-            micro = self.ctx.split(self.source[i], self.ctx.accumulation_steps)
-            scale = self.ctx.scaler.get_scale() if self.ctx.scaler is not None else None
-            with self._tf32():
-                sync(self.device)
-                t0 = self.clock()
-                if i == 0:
-                    with self.saved.hooks():
-                        loss = self.runner.step(micro)
-                else:
-                    loss = self.runner.step(micro)
-                sync(self.device)
-                elapsed = self.clock() - t0
-        finally:
-            self._rng = self._get_rng()
-            self._set_rng(outer)
-        if timed:
-            self.times.append(elapsed)
-        if self.ctx.scaler is not None and self.ctx.scaler.get_scale() < scale:
-            self.skips += 1  # the scaler found inf/NaN gradients, skipped the step and lowered the scale
-        self.losses.append(math.nan if loss is None else float(loss))
-
-    def note_peak(self) -> None:
-        """Peak device memory of this run so far, over what was allocated before it was built (CUDA only)."""
-        if self.cuda:
-            self.peak_mb = (torch.cuda.max_memory_allocated(self.device) - self._base_mem) / 2**20
-
-    def result(self) -> dict[str, Any]:
-        return {"losses": np.asarray(self.losses), "times": np.asarray(self.times), "skips": self.skips,
-                "peak_mb": self.peak_mb, "activation_mb": self.saved.total / 2**20,
-                "batch_size": self.setup.size(self.source[0]), "loss_from": self.runner.source}
-
-
-def _run(setup: Any, precision: str, steps: int, warmup: int, seed: int, batches: list | None = None) -> dict[str, Any]:
-    """Train a fresh copy for ``warmup + steps`` steps in ``precision``; losses of every step, times of the timed ones."""
-    source = batches if batches is not None else list(setup.batches(warmup + steps, seed=seed))
-    run = _PrecisionRun(setup, precision, seed, source)
-    for i in range(len(source)):
-        run.step(i, timed=i >= warmup)
-    run.note_peak()
-    return run.result()
-
 
 def _measure(setup: Any, order: list[str], steps: int, warmup: int, seed: int,
              clock: Any = time.perf_counter) -> tuple[dict[str, dict], dict[str, str], Any]:
@@ -206,7 +71,7 @@ def _measure(setup: Any, order: list[str], steps: int, warmup: int, seed: int,
     precision alike and step ``i`` of each precision forms a pair. Returns (results, reasons for those not
     measured, the fp32 run for a thread probe)."""
     reasons: dict[str, str] = {}
-    live: dict[str, _PrecisionRun] = {}
+    live: dict[str, PrecisionRun] = {}
     source = list(setup.batches(warmup + steps, seed=seed))
     first = max(1, warmup)  # at least one step alone: the peak memory of each run
     for p in order:
@@ -215,12 +80,12 @@ def _measure(setup: Any, order: list[str], steps: int, warmup: int, seed: int,
             reasons[p] = why
             continue
         try:
-            run = _PrecisionRun(setup, p, seed, source, clock)
+            run = PrecisionRun(setup, p, seed, source, clock)
             for i in range(min(first, len(source))):
                 run.step(i, timed=i >= warmup)
             run.note_peak()
             live[p] = run
-        except Exception as exc:  # noqa: BLE001 - one precision failing is a finding, not a crash
+        except Exception as exc:  # one precision failing is a finding, not a crash (fp32 failing re-raises)
             if p == "fp32":
                 raise
             reasons[p] = f"failed: {type(exc).__name__}: {exc}"
@@ -230,7 +95,7 @@ def _measure(setup: Any, order: list[str], steps: int, warmup: int, seed: int,
         for p in names[k:] + names[:k]:
             try:
                 live[p].step(i, timed=True)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if p == "fp32":
                     raise
                 reasons[p] = f"failed: {type(exc).__name__}: {exc}"
@@ -271,36 +136,6 @@ def choose(times: dict[str, np.ndarray], stable: dict[str, bool], current: str,
     elif faster:
         out.update(verdict="marginal", candidate=max(faster, key=lambda p: ups[p][0]))
     return out
-
-
-def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
-
-
-def _batch_search(setup: Any, precision: str, seed: int, max_doublings: int, memory_budget_mb: float | None,
-                  steps: int = 3) -> pd.DataFrame:
-    """Double the batch (by concatenating the Setup's batches) until OOM, a memory budget or ``max_doublings``."""
-    rows = []
-    base = list(setup.batches(2 ** max_doublings * (steps + 1), seed=seed))
-    for k in range(max_doublings + 1):
-        m = 2 ** k
-        batches = [_cat(base[j * m:(j + 1) * m]) for j in range(steps + 1)]
-        try:
-            r = _run(setup, precision, steps, 1, seed, batches)
-        except Exception as exc:  # noqa: BLE001 - OOM ends the search; anything else is reported as the stop reason
-            rows.append({"batch_size": setup.size(batches[0]), "step_ms": math.nan, "samples_per_s": math.nan,
-                         "memory_mb": math.nan, "stopped": "out of memory" if _is_oom(exc) else f"{type(exc).__name__}: {exc}"})
-            if setup.device.type == "cuda":
-                torch.cuda.empty_cache()
-            break
-        step = float(np.median(r["times"]))
-        mem = r["peak_mb"] if math.isfinite(r["peak_mb"]) else r["activation_mb"]
-        rows.append({"batch_size": r["batch_size"], "step_ms": step * 1e3, "samples_per_s": r["batch_size"] / step,
-                     "memory_mb": mem, "stopped": ""})
-        if memory_budget_mb is not None and mem > memory_budget_mb:
-            rows[-1]["stopped"] = f"memory {mem:.0f} MiB over the budget of {memory_budget_mb:.0f} MiB"
-            break
-    return pd.DataFrame(rows, columns=["batch_size", "step_ms", "samples_per_s", "memory_mb", "stopped"])
 
 
 @register(CHECK_ID, title="Precision: speed, memory and stability",
@@ -353,12 +188,9 @@ def check_precision(
 
     from ..snapshot import preserved
 
-    unknown = [p for p in precisions if p not in PRECISIONS]
-    if unknown:
-        raise TroptError(f"unknown precision(s) {unknown}", f"choose from {', '.join(PRECISIONS)}")
-    for name, value, low in (("steps", steps, 3), ("warmup", warmup, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise TroptError(f"{name}={value!r}; it must be an integer >= {low}", f"use e.g. {name}={max(low, 5)}")
+    opts = _Options(precisions, steps, warmup, max_deviation, max_skip_share, speedup_threshold, batch_size_search,
+                    max_doublings, memory_budget_mb)
+    _check_options(opts)
     setup.validate()
     device = setup.device
     order = ["fp32"] + [p for p in PRECISIONS if p in precisions and p != "fp32"]
@@ -370,57 +202,99 @@ def check_precision(
         if device.type == "cpu" and fp32_run is not None:  # after the losses are recorded: extra steps change nothing
             probe = thread_probe(lambda: fp32_run.step(len(fp32_run.source) - 1, timed=False))
         bar.close()
-        ref = runs["fp32"]
-        tail = max(1, (warmup + steps) // 5)
-        ref_tail = float(np.nanmean(ref["losses"][-tail:]))
-        stable: dict[str, bool] = {}
-        rows = []
-        for p in order:
-            if p not in runs:
-                rows.append({"precision": p, "status": "skipped" if not reasons[p].startswith("failed") else "failed",
-                             "reason": reasons[p]})
-                continue
-            r = runs[p]
-            losses = r["losses"]
-            finite = np.isfinite(losses)
-            non_finite = int((~finite[~np.isnan(ref["losses"])]).sum()) if losses.size else 0
-            dev_tail = abs(float(np.nanmean(losses[-tail:])) - ref_tail) / max(abs(ref_tail), 1e-12)
-            both = finite & np.isfinite(ref["losses"])
-            dev_max = float(np.max(np.abs(losses[both] - ref["losses"][both]) / np.maximum(np.abs(ref["losses"][both]), 1e-12))) if both.any() else math.nan
-            step = float(np.median(r["times"]))
-            stable[p] = bool(non_finite == 0 and dev_tail <= max_deviation and r["skips"] <= max_skip_share * len(losses))
-            rows.append({
-                "precision": p, "status": "measured", "reason": "",
-                "step_ms": step * 1e3, "step_ms_min": float(np.min(r["times"])) * 1e3,
-                "step_ms_max": float(np.max(r["times"])) * 1e3, "samples_per_s": r["batch_size"] / step,
-                "peak_memory_mb": r["peak_mb"], "activation_mb": r["activation_mb"],
-                "loss_deviation": dev_tail, "max_step_deviation": dev_max,
-                "non_finite": non_finite, "scaler_skips": int(r["skips"]), "stable": stable[p],
-            })
-        current = setup.precision
-        decision = choose({p: r["times"] for p, r in runs.items()}, stable, current, speedup_threshold)
-        for row in rows:
-            if row["status"] == "measured":
-                s_, lo, hi = decision["speedups"][row["precision"]]
-                row.update(speedup=s_, speedup_low=lo, speedup_high=hi)
-        table = pd.DataFrame(rows, columns=["precision", "status", "reason", "step_ms", "step_ms_min", "step_ms_max",
-                                            "samples_per_s", "speedup", "speedup_low", "speedup_high",
-                                            "peak_memory_mb", "activation_mb", "loss_deviation", "max_step_deviation",
-                                            "non_finite", "scaler_skips", "stable"])
-        measured = table[table["status"] == "measured"]
-        stable_rows = measured[measured["stable"].astype(bool)]
-        recommended, fastest = decision["recommended"], decision["fastest"]
-        ref_p = decision["reference"]
-        cur = measured[measured["precision"] == current]
+        rows, stable = _rows(order, runs, reasons, opts)
+        decision = choose({p: r["times"] for p, r in runs.items()}, stable, setup.precision, speedup_threshold)
+        table = _table(rows, decision)
         tables = {"precisions": table}
         if batch_size_search:
-            tables["batch_size"] = _batch_search(setup, recommended, setup.seed, max_doublings, memory_budget_mb)
+            tables["batch_size"] = batch_search(setup, decision["recommended"], setup.seed, max_doublings,
+                                                memory_budget_mb)
+    over = oversubscription(runs["fp32"]["times"], machine, probe, device.type)
+    metrics = _metrics(table, decision, setup, opts, machine, probe, over)
+    series = {f"loss_{p}": r["losses"] for p, r in runs.items()}
+    series.update({f"step_ms_{p}": r["times"] * 1e3 for p, r in runs.items()})
+    summary = _summary(table, decision, setup.precision, order, reasons, opts, over)
+    status, advice = _verdict(table, decision, setup, reasons, opts, over, machine)
+    return CheckResult(CHECK_ID, status, summary, metrics, tables, advice, series)
 
-    over = oversubscription(ref["times"], machine, probe, device.type)
-    metrics: dict[str, Any] = {"recommended": recommended, "setup_precision": current, "device": str(device),
-                               "steps": steps, "max_deviation": max_deviation, "fastest_stable": fastest,
-                               "speedup_threshold": speedup_threshold, "speedup_reference": ref_p,
-                               "timing_verdict": decision["verdict"], "oversubscribed": bool(over), **machine}
+
+@dataclass(frozen=True)
+class _Options:
+    """The check's keywords that shape the comparison and the verdict, bundled for the helpers below."""
+
+    precisions: tuple[str, ...]
+    steps: int
+    warmup: int
+    max_deviation: float
+    max_skip_share: float
+    speedup_threshold: float
+    batch_size_search: bool
+    max_doublings: int
+    memory_budget_mb: float | None
+
+
+def _check_options(opts: _Options) -> None:
+    """Raise on an unknown precision or a step count out of range, saying what to use."""
+    unknown = [p for p in opts.precisions if p not in PRECISIONS]
+    if unknown:
+        raise TroptError(f"unknown precision(s) {unknown}", f"choose from {', '.join(PRECISIONS)}")
+    for name, value, low in (("steps", opts.steps, 3), ("warmup", opts.warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise TroptError(f"{name}={value!r}; it must be an integer >= {low}", f"use e.g. {name}={max(low, 5)}")
+
+
+def _rows(order: list[str], runs: dict[str, dict], reasons: dict[str, str],
+          opts: _Options) -> tuple[list[dict], dict[str, bool]]:
+    """One row per precision (measured, skipped or failed) and whether each measured one is stable."""
+    ref = runs["fp32"]
+    tail = max(1, (opts.warmup + opts.steps) // 5)
+    ref_tail = float(np.nanmean(ref["losses"][-tail:]))
+    stable: dict[str, bool] = {}
+    rows: list[dict[str, Any]] = []
+    for p in order:
+        if p not in runs:
+            rows.append({"precision": p, "status": "skipped" if not reasons[p].startswith("failed") else "failed",
+                         "reason": reasons[p]})
+            continue
+        r = runs[p]
+        losses = r["losses"]
+        finite = np.isfinite(losses)
+        non_finite = int((~finite[~np.isnan(ref["losses"])]).sum()) if losses.size else 0
+        dev_tail = abs(float(np.nanmean(losses[-tail:])) - ref_tail) / max(abs(ref_tail), 1e-12)
+        both = finite & np.isfinite(ref["losses"])
+        dev_max = float(np.max(np.abs(losses[both] - ref["losses"][both])
+                               / np.maximum(np.abs(ref["losses"][both]), 1e-12))) if both.any() else math.nan
+        step = float(np.median(r["times"]))
+        stable[p] = bool(non_finite == 0 and dev_tail <= opts.max_deviation
+                         and r["skips"] <= opts.max_skip_share * len(losses))
+        rows.append({
+            "precision": p, "status": "measured", "reason": "",
+            "step_ms": step * 1e3, "step_ms_min": float(np.min(r["times"])) * 1e3,
+            "step_ms_max": float(np.max(r["times"])) * 1e3, "samples_per_s": r["batch_size"] / step,
+            "peak_memory_mb": r["peak_mb"], "activation_mb": r["activation_mb"],
+            "loss_deviation": dev_tail, "max_step_deviation": dev_max,
+            "non_finite": non_finite, "scaler_skips": int(r["skips"]), "stable": stable[p],
+        })
+    return rows, stable
+
+
+def _table(rows: list[dict], decision: dict[str, Any]) -> pd.DataFrame:
+    """The precisions table, each measured row with its speed-up interval."""
+    for row in rows:
+        if row["status"] == "measured":
+            s_, lo, hi = decision["speedups"][row["precision"]]
+            row.update(speedup=s_, speedup_low=lo, speedup_high=hi)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _metrics(table: pd.DataFrame, decision: dict[str, Any], setup: Any, opts: _Options, machine: dict[str, Any],
+             probe: tuple | None, over: list[str]) -> dict[str, Any]:
+    """The recommendation, the timing verdict and each precision's step time, deviation and speed-up."""
+    metrics: dict[str, Any] = {"recommended": decision["recommended"], "setup_precision": setup.precision,
+                               "device": str(setup.device), "steps": opts.steps, "max_deviation": opts.max_deviation,
+                               "fastest_stable": decision["fastest"], "speedup_threshold": opts.speedup_threshold,
+                               "speedup_reference": decision["reference"], "timing_verdict": decision["verdict"],
+                               "oversubscribed": bool(over), **machine}
     if probe is not None:
         metrics["one_thread_speedup"] = probe[0]
     for _, row in table.iterrows():
@@ -433,65 +307,87 @@ def check_precision(
             metrics[f"{p}_speedup_high"] = float(row["speedup_high"])
         else:
             metrics[f"{p}_skipped"] = str(row["reason"])
-    series = {f"loss_{p}": r["losses"] for p, r in runs.items()}
-    series.update({f"step_ms_{p}": r["times"] * 1e3 for p, r in runs.items()})
-    skipped = ", ".join(f"{p} ({'not supported here' if not reasons[p].startswith('failed') else 'failed'})" for p in order if p in reasons)
+    return metrics
 
-    def ms(p: str) -> str:
-        row = measured[measured["precision"] == p].iloc[0]
-        return (f"{p} {float(row['step_ms']):.3g} ms ({float(row['step_ms_min']):.3g}-{float(row['step_ms_max']):.3g})"
-                + ("" if bool(row["stable"]) else " (unstable)"))
 
-    def up(p: str) -> str:
-        s_, lo, hi = decision["speedups"][p]
-        return f"{s_:.2f}× faster than {ref_p} (95% interval {lo:.2f}-{hi:.2f}×)"
+def _ms(measured: pd.DataFrame, p: str) -> str:
+    row = measured[measured["precision"] == p].iloc[0]
+    return (f"{p} {float(row['step_ms']):.3g} ms ({float(row['step_ms_min']):.3g}-{float(row['step_ms_max']):.3g})"
+            + ("" if bool(row["stable"]) else " (unstable)"))
 
-    compared = ", ".join(ms(p) for p in measured["precision"])
-    verdict = decision["verdict"]
+
+def _up(decision: dict[str, Any], p: str) -> str:
+    s_, lo, hi = decision["speedups"][p]
+    return f"{s_:.2f}× faster than {decision['reference']} (95% interval {lo:.2f}-{hi:.2f}×)"
+
+
+def _summary(table: pd.DataFrame, decision: dict[str, Any], current: str, order: list[str], reasons: dict[str, str],
+             opts: _Options, over: list[str]) -> str:
+    """The precisions compared, the timing note (too noisy, or under the threshold) and what was skipped."""
+    measured = table[table["status"] == "measured"]
+    recommended, verdict = decision["recommended"], decision["verdict"]
+    skipped = ", ".join(f"{p} ({'not supported here' if not reasons[p].startswith('failed') else 'failed'})"
+                        for p in order if p in reasons)
+    compared = ", ".join(_ms(measured, p) for p in measured["precision"])
     note = ""
     if verdict == "noisy":
         c = decision["candidate"]
-        note = (f"timings too noisy to decide: {c} looks {up(c)}, an interval that includes 1, so {recommended} "
-                "is kept")
+        note = (f"timings too noisy to decide: {c} looks {_up(decision, c)}, an interval that includes 1, so "
+                f"{recommended} is kept")
     elif verdict == "marginal":
         c = decision["candidate"]
         s_ = decision["speedups"][c][0]
-        note = (f"{c} is only {s_:.2f}× faster than the Setup's {current}, under the {speedup_threshold:g}× speedup "
-                f"threshold, so {current} is kept")
+        note = (f"{c} is only {s_:.2f}× faster than the Setup's {current}, under the {opts.speedup_threshold:g}× "
+                f"speedup threshold, so {current} is kept")
     summary = (f"recommend {recommended}: {compared}" + (f"; {note}" if note else "")
                + (f"; skipped {skipped}" if skipped else ""))
     if over:
         summary += "; timings may be inflated by oversubscription (" + "; ".join(over) + ")"
+    return summary
+
+
+def _verdict(table: pd.DataFrame, decision: dict[str, Any], setup: Any, reasons: dict[str, str], opts: _Options,
+             over: list[str], machine: dict[str, Any]) -> tuple[Status, list[str]]:
+    """The status and the advice: about the Setup's own precision, the recommendation, and the timings."""
+    measured = table[table["status"] == "measured"]
+    current, recommended, verdict = setup.precision, decision["recommended"], decision["verdict"]
+    cur = measured[measured["precision"] == current]
     advice: list[str] = []
     status = Status.PASS
     if cur.empty:
         status = Status.WARN
-        if current not in reasons:  # left out by the caller's ``precisions``
-            advice.append(f"The Setup's precision {current} was not among the precisions compared; {recommended} is the "
-                          f"fastest stable one of those measured (add {current!r} to precisions= to compare it).")
-        elif reasons[current].startswith("failed"):
-            advice.append(f"The Setup's precision {current} could not run here ({reasons[current]}); use {recommended}.")
-        else:
-            advice.append(f"The Setup's precision {current} is not measured on this {device.type.upper()} "
-                          f"({reasons[current]}); the fastest stable precision measured here is {recommended}.")
+        advice.append(_not_measured_advice(current, recommended, reasons, setup.device))
     else:
         c = cur.iloc[0]
         if verdict == "unstable":
             status = Status.WARN
-            advice.append(f"{current} is outside the stability guardrail here (loss {float(c['loss_deviation']):.1%} from fp32, "
-                          f"{int(c['non_finite'])} non-finite, {int(c['scaler_skips'])} scaler skip{'' if int(c['scaler_skips']) == 1 else 's'}): "
-                          f"train in {recommended}.")
+            advice.append(f"{current} is outside the stability guardrail here (loss {float(c['loss_deviation']):.1%} "
+                          f"from fp32, {int(c['non_finite'])} non-finite, {int(c['scaler_skips'])} scaler "
+                          f"skip{'' if int(c['scaler_skips']) == 1 else 's'}): train in {recommended}.")
         elif verdict in ("clear", "likely"):
             status = Status.WARN if decision["warn"] else Status.PASS
-            advice.append(f"Train in {recommended}: it is {up(recommended)} here and stays within {max_deviation:.0%} of "
-                          "fp32's loss" + ("." if decision["warn"] else
-                                           f" (a PASS: the interval's low end is under the {speedup_threshold:g}× threshold)."))
+            advice.append(f"Train in {recommended}: it is {_up(decision, recommended)} here and stays within "
+                          f"{opts.max_deviation:.0%} of fp32's loss"
+                          + ("." if decision["warn"] else
+                             f" (a PASS: the interval's low end is under the {opts.speedup_threshold:g}× threshold)."))
         elif verdict == "noisy":
-            advice.append(f"Rerun with more steps= or on a quieter machine before switching to {decision['candidate']}: "
-                          "the speed-up's interval includes 1.")
+            advice.append(f"Rerun with more steps= or on a quieter machine before switching to "
+                          f"{decision['candidate']}: the speed-up's interval includes 1.")
     if over:
         advice.append(oversubscription_advice(machine))
-    if stable_rows.empty:
+    if measured[measured["stable"].astype(bool)].empty:
         status = Status.WARN
-        advice.append("No precision stayed inside the stability guardrail, not even fp32 against itself; look at dynamics.loss_curve.")
-    return CheckResult(CHECK_ID, status, summary, metrics, tables, advice, series)
+        advice.append("No precision stayed inside the stability guardrail, not even fp32 against itself; look at "
+                      "dynamics.loss_curve.")
+    return status, advice
+
+
+def _not_measured_advice(current: str, recommended: str, reasons: dict[str, str], device: torch.device) -> str:
+    """Why the Setup's own precision has no row of measurements, and what was measured instead."""
+    if current not in reasons:  # left out by the caller's ``precisions``
+        return (f"The Setup's precision {current} was not among the precisions compared; {recommended} is the "
+                f"fastest stable one of those measured (add {current!r} to precisions= to compare it).")
+    if reasons[current].startswith("failed"):
+        return f"The Setup's precision {current} could not run here ({reasons[current]}); use {recommended}."
+    return (f"The Setup's precision {current} is not measured on this {device.type.upper()} "
+            f"({reasons[current]}); the fastest stable precision measured here is {recommended}.")

@@ -9,7 +9,8 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -62,7 +63,8 @@ def _loader_advice(setup: Any, device: torch.device) -> list[str]:
         return ["Precompute and cache the batches, or move the preprocessing into a DataLoader with workers."]
     advice = []
     if data.num_workers == 0:
-        advice.append(f"Load in parallel: DataLoader(num_workers={min(8, max(1, cores - 1))}) (this machine has {cores} CPU cores).")
+        advice.append(f"Load in parallel: DataLoader(num_workers={min(8, max(1, cores - 1))}) (this machine has "
+                      f"{cores} CPU cores).")
     else:
         if not data.persistent_workers:
             advice.append("Keep workers alive between epochs: DataLoader(persistent_workers=True).")
@@ -71,7 +73,8 @@ def _loader_advice(setup: Any, device: torch.device) -> list[str]:
         if data.num_workers < cores - 1:
             advice.append(f"Use more workers (num_workers={data.num_workers} of {cores} cores).")
     if device.type == "cuda" and not data.pin_memory:
-        advice.append("Use pinned host memory for faster copies: DataLoader(pin_memory=True) and .to(device, non_blocking=True).")
+        advice.append("Use pinned host memory for faster copies: DataLoader(pin_memory=True) and "
+                      ".to(device, non_blocking=True).")
     advice.append("Move expensive per-sample work (decoding, augmentation) out of __getitem__ or cache its results.")
     return advice
 
@@ -210,12 +213,9 @@ def check_throughput(
     """
     from tqdm.auto import tqdm
 
-    from ..dynamics._run import sync
     from ..snapshot import preserved
 
-    for name, value, low in (("warmup", warmup, 0), ("steps", steps, 3), ("profile_steps", profile_steps, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise TroptError(f"{name}={value!r}; it must be an integer >= {low}", f"use e.g. {name}={max(low, 5)}")
+    _check_counts(warmup, steps, profile_steps)
     setup.validate()
     device = setup.device
     cuda = device.type == "cuda"
@@ -228,31 +228,10 @@ def check_throughput(
         rss_before = rss_mb()
         total = warmup + steps
         it = iter(setup.batches(total + (profile_steps if profile else 0)))
-        waits, computes, sizes = [], [], []
         bar = tqdm(total=total, desc=CHECK_ID, disable=not progress, leave=False)
         try:
-            for i in range(total):
-                sync(device)
-                t0 = time.perf_counter()
-                batch = next(it)
-                micro = ctx.split(batch, ctx.accumulation_steps)
-                sync(device)
-                t1 = time.perf_counter()
-                setup.run_step(ctx, micro)
-                sync(device)
-                t2 = time.perf_counter()
-                bar.update(1)
-                if i >= warmup:
-                    waits.append(t1 - t0)
-                    computes.append(t2 - t1)
-                    sizes.append(ctx.batch_size(batch))
-            memory = state_mb(ctx)
-            memory["rss_mb"] = rss_mb()
-            memory["rss_increase_mb"] = memory["rss_mb"] - rss_before
-            memory["peak_rss_mb"] = peak_rss_mb()
-            if cuda:
-                memory["peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-                memory["peak_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
+            waits, computes, sizes, micro = _timed_steps(setup, ctx, it, warmup, total, bar)
+            memory = _memory(ctx, device, rss_before)
             if device.type == "cpu":  # after the timed steps: the probe's extra steps change nothing measured
                 probe = thread_probe(lambda: setup.run_step(ctx, micro))
             ops = profile_ops(setup, ctx, [next(it) for _ in range(profile_steps)]) if profile else None
@@ -260,10 +239,86 @@ def check_throughput(
             bar.close()
     wait, comp = np.asarray(waits), np.asarray(computes)
     step = wait + comp
+    metrics = _metrics(wait, comp, sizes, warmup, steps, setup, memory)
+    tables = _tables(wait, comp, warmup, ops, metrics)
+    series = {"data_wait_ms": wait * 1e3, "compute_ms": comp * 1e3}
+    verdict = data_verdict(wait, step, data_threshold)
+    metrics.update(data_wait_share_low=verdict["low"], data_wait_share_high=verdict["high"])
+    metrics["limited_by"] = "data loading" if verdict["bound"] else ("device compute" if cuda else "compute")
+    over = oversubscription(step, machine, probe, device.type)
+    metrics.update(machine, oversubscribed=bool(over))
+    if probe is not None:
+        metrics["one_thread_speedup"] = probe[0]
+    return _result(setup, metrics, tables, series, verdict, over, machine, data_threshold)
+
+
+def _check_counts(warmup: int, steps: int, profile_steps: int) -> None:
+    """Raise on a step count that is not an integer or is too small, saying what to use."""
+    for name, value, low in (("warmup", warmup, 0), ("steps", steps, 3), ("profile_steps", profile_steps, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise TroptError(f"{name}={value!r}; it must be an integer >= {low}", f"use e.g. {name}={max(low, 5)}")
+
+
+def _tables(wait: np.ndarray, comp: np.ndarray, warmup: int, ops: pd.DataFrame | None,
+            metrics: dict[str, Any]) -> dict[str, pd.DataFrame]:
+    """Per-step times and, when profiled, the top operators (their step count goes into ``metrics``)."""
+    step = wait + comp
+    per_step = pd.DataFrame({"step": np.arange(warmup, warmup + len(step)), "data_wait_ms": wait * 1e3,
+                             "compute_ms": comp * 1e3, "step_ms": step * 1e3})
+    tables = {"steps": per_step}
+    if ops is not None and not ops.empty:
+        tables["top_operators"] = ops
+        metrics["profiled_steps"] = int(ops.attrs.get("profiled_steps", 0))
+    return tables
+
+
+def _timed_steps(setup: Any, ctx: Any, it: Iterator, warmup: int, total: int,
+                 bar: Any) -> tuple[list[float], list[float], list[int], Any]:
+    """Run ``total`` steps, timing the wait for each batch apart from the step (device synchronised around both);
+    the waits, step times and batch sizes of the steps after ``warmup``, and the last step's micro-batches."""
+    from ..core.stepping import sync
+
+    device = setup.device
+    waits, computes, sizes = [], [], []
+    micro = None
+    for i in range(total):
+        sync(device)
+        t0 = time.perf_counter()
+        batch = next(it)
+        micro = ctx.split(batch, ctx.accumulation_steps)
+        sync(device)
+        t1 = time.perf_counter()
+        setup.run_step(ctx, micro)
+        sync(device)
+        t2 = time.perf_counter()
+        bar.update(1)
+        if i >= warmup:
+            waits.append(t1 - t0)
+            computes.append(t2 - t1)
+            sizes.append(ctx.batch_size(batch))
+    return waits, computes, sizes, micro
+
+
+def _memory(ctx: Any, device: torch.device, rss_before: float) -> dict[str, float]:
+    """Parameters, gradients and optimizer state of the copy, the process's RSS and, on CUDA, the allocator's peak."""
+    memory = state_mb(ctx)
+    memory["rss_mb"] = rss_mb()
+    memory["rss_increase_mb"] = memory["rss_mb"] - rss_before
+    memory["peak_rss_mb"] = peak_rss_mb()
+    if device.type == "cuda":
+        memory["peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        memory["peak_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
+    return memory
+
+
+def _metrics(wait: np.ndarray, comp: np.ndarray, sizes: list[int], warmup: int, steps: int, setup: Any,
+             memory: dict[str, float]) -> dict[str, Any]:
+    """Median step, wait and compute times, the spread of the step time, samples/s and the memory."""
+    step = wait + comp
     frac = float(wait.sum() / step.sum()) if step.sum() > 0 else 0.0
     med = float(np.median(step))
     samples = float(np.median(sizes))
-    metrics: dict[str, Any] = {
+    return {
         "step_ms": med * 1e3,
         "data_wait_ms": float(np.median(wait)) * 1e3,
         "compute_ms": float(np.median(comp)) * 1e3,
@@ -277,29 +332,21 @@ def check_throughput(
         "step_ms_p10": float(np.percentile(step, 10)) * 1e3,
         "step_ms_p90": float(np.percentile(step, 90)) * 1e3,
         "step_ms_max": float(np.max(step)) * 1e3,
-        "device": str(device),
+        "device": str(setup.device),
         "precision": setup.precision,
         **memory,
     }
-    per_step = pd.DataFrame({"step": np.arange(warmup, warmup + steps), "data_wait_ms": wait * 1e3,
-                             "compute_ms": comp * 1e3, "step_ms": step * 1e3})
-    tables = {"steps": per_step}
-    if ops is not None and not ops.empty:
-        tables["top_operators"] = ops
-        metrics["profiled_steps"] = int(ops.attrs.get("profiled_steps", 0))
-    series = {"data_wait_ms": wait * 1e3, "compute_ms": comp * 1e3}
-    verdict = data_verdict(wait, step, data_threshold)
-    metrics.update(data_wait_share_low=verdict["low"], data_wait_share_high=verdict["high"])
-    limit = "data loading" if verdict["bound"] else ("device compute" if cuda else "compute")
-    metrics["limited_by"] = limit
-    over = oversubscription(step, machine, probe, device.type)
-    metrics.update(machine, oversubscribed=bool(over))
-    if probe is not None:
-        metrics["one_thread_speedup"] = probe[0]
-    mem = (f"peak GPU memory {memory['peak_allocated_mb']:.0f} MiB" if cuda
-           else f"RSS {memory['rss_mb']:.0f} MiB")
-    summary = (f"{med * 1e3:.3g} ms/step ({metrics['step_ms_min']:.3g}-{metrics['step_ms_max']:.3g} over {steps} "
-               f"steps), {metrics['samples_per_s']:.4g} samples/s; waiting for data takes {frac:.0%} of the step; {mem}")
+
+
+def _result(setup: Any, metrics: dict[str, Any], tables: dict[str, pd.DataFrame], series: dict[str, np.ndarray],
+            verdict: dict[str, Any], over: list[str], machine: dict[str, Any], data_threshold: float) -> CheckResult:
+    """The summary and the advice: WARN when waiting for data limits the step beyond noise."""
+    device = setup.device
+    mem = (f"peak GPU memory {metrics['peak_allocated_mb']:.0f} MiB" if device.type == "cuda"
+           else f"RSS {metrics['rss_mb']:.0f} MiB")
+    summary = (f"{metrics['step_ms']:.3g} ms/step ({metrics['step_ms_min']:.3g}-{metrics['step_ms_max']:.3g} over "
+               f"{metrics['timed_steps']} steps), {metrics['samples_per_s']:.4g} samples/s; waiting for data takes "
+               f"{metrics['data_wait_share']:.0%} of the step; {mem}")
     if verdict["noisy"]:
         summary += (f"; timings too noisy to decide whether data loading limits the step (its share per step: median "
                     f"{verdict['median']:.0%}, interval {verdict['low']:.0%}-{verdict['high']:.0%} around the "
@@ -312,8 +359,10 @@ def check_throughput(
         # Sub-millisecond waits are per-sample overhead, not slow loading: more workers would not help, so the
         # worker / prefetch advice is left out rather than contradicted.
         advice = [_cheap_batches_advice(setup)] if metrics["data_wait_ms"] < 1.0 else _loader_advice(setup, device)
-        return CheckResult(CHECK_ID, Status.WARN, f"data-loading bound: {summary}", metrics, tables, advice + extra, series)
-    return CheckResult(CHECK_ID, Status.PASS, f"{limit}-bound: {summary}", metrics, tables, extra, series)
+        return CheckResult(CHECK_ID, Status.WARN, f"data-loading bound: {summary}", metrics, tables, advice + extra,
+                           series)
+    return CheckResult(CHECK_ID, Status.PASS, f"{metrics['limited_by']}-bound: {summary}", metrics, tables, extra,
+                       series)
 
 
 def data_verdict(wait: np.ndarray, step: np.ndarray, threshold: float) -> dict[str, Any]:
@@ -321,7 +370,7 @@ def data_verdict(wait: np.ndarray, step: np.ndarray, threshold: float) -> dict[s
 
     ``bound`` when the whole interval lies above ``threshold``; ``noisy`` when the median does but the interval
     reaches below it (then no verdict either way)."""
-    shares = [w / t for w, t in zip(wait, step) if t > 0]
+    shares = [w / t for w, t in zip(wait, step, strict=False) if t > 0]
     med, lo, hi = median_interval(shares)
     if not shares:
         med = lo = hi = 0.0

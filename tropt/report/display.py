@@ -38,7 +38,7 @@ def result_html_with_plot(result: Any, *, plots: bool = True) -> str:
     """
     import base64
 
-    from ..result import _result_html
+    from ..result import result_html
 
     extra = ""
     if plots:
@@ -52,7 +52,7 @@ def result_html_with_plot(result: Any, *, plots: bool = True) -> str:
             if png is not None:
                 extra = (f'<img class="tropt-plot" alt="plot of {html.escape(result.check)}" style="max-width:100%" '
                          f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
-    return _result_html(result, extra=extra)
+    return result_html(result, extra=extra)
 
 
 def render_png(result: Any) -> bytes | None:

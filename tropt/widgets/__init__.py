@@ -11,8 +11,7 @@ disables its Run button while running, and shows errors in the panel as a red me
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_attrs
 
 _LAZY = {
     "Action": "tropt.widgets._base",
@@ -29,14 +28,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tropt.widgets' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attrs(__name__, _LAZY)

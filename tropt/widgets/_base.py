@@ -80,9 +80,9 @@ def result_plot(result: Any, figsize: tuple[float, float] = (7, 2.8)) -> Any | N
 def result_html(result: Any, open_details: bool = False) -> str:
     """A result's badge, summary and advice, with its metrics and evidence tables in a collapsed details block
     (panels stay short; one click opens the evidence)."""
-    from ..result import _result_html
+    from ..result import result_html
 
-    return _result_html(result, open_details=open_details)
+    return result_html(result, open_details=open_details)
 
 
 def result_widget(result: Any, plot: bool = True, figsize: tuple[float, float] = (7, 2.8)) -> Any:

@@ -1,0 +1,315 @@
+"""Capture at ``optimizer.step()``: run the step under test and record what reaches the optimizer.
+
+Capture uses ``Optimizer.register_step_pre_hook`` (never monkey-patching ``step``, which confuses LR schedulers):
+at each optimizer step we record every parameter's gradient (by name), each group's learning rate, the
+GradScaler's scale and the global gradient norm. ``GradScaler.step`` unscales before it calls ``optimizer.step``,
+so captured gradients are always the true (unscaled) ones.
+
+A step that updates the parameters by hand (no optimizer, or an optimizer it never steps) is observed as the
+parameter change around each call instead: the record then holds the update (after - before) under ``grads`` and
+says ``observed_at="parameter change"``. Updates are linear in the gradient for plain SGD, so the invariance
+comparisons hold for them as they do for gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..setup import Setup
+from ..training import StepContext
+
+OPTIMIZER_STEP = "optimizer.step"
+PARAMETER_CHANGE = "parameter change"
+
+
+def stepping_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """``optimizer`` and the optimizers it wraps (attributes holding a torch Optimizer: SAM's ``base_optimizer``,
+    Lookahead's ``optimizer``, ZeroRedundancyOptimizer's ``optim``), outermost first."""
+    out, todo, seen = [], [optimizer], set()
+    while todo:
+        o = todo.pop(0)
+        if not isinstance(o, torch.optim.Optimizer) or id(o) in seen:
+            continue
+        seen.add(id(o))
+        out.append(o)
+        todo += [v for v in vars(o).values() if isinstance(v, torch.optim.Optimizer)]
+    return out
+
+
+def on_update(optimizer: Any, hook: Any) -> list[Any]:
+    """Call ``hook(optimizer, args, kwargs)`` (a step pre-hook; its return value is passed on) once per update:
+    at ``optimizer.step()``, or at the step of an optimizer it wraps when that one is stepped by other means (SAM's
+    ``second_step`` calls ``base_optimizer.step()``; the wrapper's own ``step`` is never called). A wrapped step
+    inside the wrapper's ``step`` (Lookahead) is the same update and is not reported again. Returns the handles."""
+    depth = [0]
+
+    def pre(opt: Any, args: Any, kwargs: Any) -> Any:
+        depth[0] += 1
+        return hook(opt, args, kwargs) if depth[0] == 1 else None
+
+    def post(opt: Any, args: Any, kwargs: Any) -> None:
+        depth[0] = max(0, depth[0] - 1)
+
+    handles = []
+    for o in stepping_optimizers(optimizer):
+        try:
+            handles += [o.register_step_pre_hook(pre), o.register_step_post_hook(post)]
+        except (AttributeError, TypeError):  # a wrapper without hook dicts of its own (it skipped
+            continue  # Optimizer.__init__): the optimizer it wraps still reports the update
+    return handles
+
+
+@dataclass
+class StepRecord:
+    """What reached one ``optimizer.step()`` call, or one hand-written update (``observed_at="parameter change"``).
+
+    ``grads`` are read at ``optimizer.step()``, after whatever the user's step did to them (unscale, clip).
+    For a parameter-change record ``grads`` holds each parameter's update (value after the call minus before),
+    ``grad_norm`` its global norm and ``lrs`` is empty (a hand-written update has no param groups).
+    ``pre_clip`` is each parameter's gradient summed over the backward passes since the previous update, taken as
+    autograd hands it over (before it is accumulated into ``.grad``) and divided by the scale of the GradScaler that
+    scaled the loss: what the losses asked for, whatever clipping or ``zero_grad`` did afterwards.
+    ``last_backward`` is the last backward pass's share of it.
+    When ``optimizer.step(closure)`` computes the loss itself, the record is taken right after the closure's first
+    evaluation (the gradient its first direction uses), and ``closure_evaluations`` counts its evaluations.
+    """
+
+    grads: dict[str, torch.Tensor | None]
+    lrs: list[float]
+    scale: float | None
+    grad_norm: float  # global norm of the gradients the optimizer stepped with (NaN when not captured)
+    pre_clip: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    last_backward: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    observed_at: str = OPTIMIZER_STEP
+    closure_evaluations: int = 0  # times step()'s closure computed the loss (LBFGS: several); 0 without a closure
+
+
+CAPTURES = ("grads", "norm", "lr")
+
+
+@dataclass
+class StepRecorder:
+    """Context manager recording a :class:`StepRecord` at every ``optimizer.step()`` of ``ctx``.
+
+    ``capture`` says how much: ``"grads"`` (a copy of every gradient, and the global norm), ``"norm"`` (the global
+    gradient norm only) or ``"lr"`` (learning rates and loss scale only, no pass over the gradients). Learning
+    rates and the GradScaler's scale are always recorded. See :func:`run_steps` for counting steps per call.
+    """
+
+    ctx: StepContext
+    capture: str = "grads"
+    records: list[StepRecord] = field(default_factory=list)
+    scalers: ScalerWatch | None = None
+
+    def __post_init__(self) -> None:
+        if self.capture not in CAPTURES:
+            raise ValueError(f"capture must be one of {CAPTURES}, not {self.capture!r}")
+        self._names = {id(p): n for n, p in self.ctx.model.named_parameters()}
+        self._handles: list[Any] = []
+        self._grad_handles: list[Any] = []
+        self._pending: dict[str, torch.Tensor] = {}
+        self._last: dict[str, torch.Tensor] = {}
+
+    def _backward_hook(self, name: str) -> Any:
+        """A tensor hook on one parameter: add this backward pass's gradient (unscaled) to the pending sum."""
+        def hook(grad: torch.Tensor | None) -> None:
+            if grad is None:  # DDP's reducer may hand over no gradient for a parameter
+                return
+            g = grad.detach().float()
+            scale = self._scale()  # the scaler that scaled this loss: ctx.scaler or one the step owns
+            if scale is not None:
+                g = g / scale
+            self._last[name] = g.clone()
+            self._pending[name] = self._pending[name] + g if name in self._pending else g.clone()
+        return hook
+
+    def _scale(self) -> float | None:
+        """The scale of the GradScaler that scaled the loss last (the step's own, or ``ctx.scaler``)."""
+        watched = self.scalers.current if self.scalers is not None else None
+        scaler = watched if watched is not None else self.ctx.scaler
+        return float(scaler.get_scale()) if scaler is not None else None
+
+    def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> tuple | None:
+        """At ``optimizer.step()``: record now, or, when the step is given a closure (LBFGS and other optimizers
+        that evaluate the loss themselves), hand it a wrapped closure that records after its first evaluation: the
+        gradient the optimizer steps with is the closure's, computed inside ``step``."""
+        # torch passes step()'s own arguments, the optimizer first: (optimizer, closure) or closure=...
+        at = 1 if args and args[0] is optimizer else 0
+        closure = kwargs.get("closure", args[at] if len(args) > at else None)
+        if not callable(closure):
+            self._record(optimizer)
+            return None
+        self._pending, self._last = {}, {}  # the previous step's later closure evaluations (line search)
+        seen: list[StepRecord] = []
+
+        def recording_closure() -> Any:
+            loss = closure()
+            if not seen:
+                seen.append(self._record(optimizer))
+            seen[0].closure_evaluations += 1
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": recording_closure}
+        return (*args[:at], recording_closure, *args[at + 1:]), kwargs
+
+    def _record(self, optimizer: torch.optim.Optimizer) -> StepRecord:
+        scale = self._scale()
+        lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        grads: dict[str, torch.Tensor | None] = {}
+        norm = float("nan")
+        if self.capture != "lr":
+            present = []
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    g = None if p.grad is None else p.grad.detach()
+                    if g is not None:
+                        present.append(g.float())
+                    if self.capture == "grads":
+                        name = self._names.get(id(p), f"unnamed_{len(grads)}")
+                        grads[name] = None if g is None else g.float().clone()
+            norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
+        pre, last = self._take_backward_sums(list(grads))
+        record = StepRecord(grads, lrs, scale, norm, pre, last)
+        self.records.append(record)
+        return record
+
+    def __enter__(self) -> StepRecorder:
+        if self.ctx.optimizer is not None:
+            self._handles = on_update(self.ctx.optimizer, self._hook)
+        if self.capture == "grads":
+            self._grad_handles = [p.register_hook(self._backward_hook(n))
+                                  for n, p in self.ctx.model.named_parameters() if p.requires_grad]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for h in self._grad_handles:
+            h.remove()
+        self._grad_handles = []
+
+    def _take_backward_sums(self, names: list[str]) -> tuple[dict, dict]:
+        """The pending pre-clip sums and last backward shares for ``names``; then start the next update afresh."""
+        pre = {n: self._pending.get(n) for n in names} if self.capture == "grads" else {}
+        last = {n: self._last.get(n) for n in names} if self.capture == "grads" else {}
+        self._pending, self._last = {}, {}
+        return pre, last
+
+    # ---------------------------------------------------------------- hand-written updates
+    def before_call(self) -> dict[str, torch.Tensor]:
+        """The parameters' values before one call of the step (to observe a hand-written update)."""
+        return {n: p.detach().clone() for n, p in self.ctx.model.named_parameters()}
+
+    def after_call(self, before: dict[str, torch.Tensor], stepped: int) -> None:
+        """Record the parameter change of a call that made no optimizer step: always without an optimizer (a zero
+        change is then an update that did nothing), else only when the parameters moved."""
+        if stepped:
+            return
+        deltas = {n: (p.detach().float() - before[n].float()) if p.shape == before[n].shape else None
+                  for n, p in self.ctx.model.named_parameters() if n in before}
+        present = [d for d in deltas.values() if d is not None]
+        norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
+        if self.ctx.optimizer is not None and norm == 0.0:
+            return
+        grads = deltas if self.capture == "grads" else {}
+        pre, last = self._take_backward_sums(list(deltas))
+        self.records.append(StepRecord(grads, [], self._scale(), norm if self.capture != "lr" else float("nan"),
+                                       pre, last, PARAMETER_CHANGE))
+
+
+class ScalerWatch:
+    """Context manager noting which ``torch.amp.GradScaler`` objects scale a loss while it is active.
+
+    A step may scale with ``ctx.scaler`` or with a scaler it built itself (a native-scaler wrapper owning its own
+    ``GradScaler``); the loss-scaling check must read and set whichever one actually scaled the loss. ``scale`` is
+    wrapped on the class for the duration only (the optimizer is never patched), and put back on exit.
+    With ``init_scale``, every scaler seen starts (or restarts) at that scale.
+    """
+
+    def __init__(self, init_scale: float | None = None) -> None:
+        self.init_scale = init_scale
+        self.used: list[Any] = []
+        self._saved: Any = None
+
+    @property
+    def current(self) -> Any:
+        """The scaler that scaled a loss last, or None."""
+        return self.used[-1] if self.used else None
+
+    def _saw(self, scaler: Any) -> None:
+        if any(u is scaler for u in self.used):
+            if self.used[-1] is not scaler:
+                self.used = [u for u in self.used if u is not scaler] + [scaler]
+            return
+        self.used.append(scaler)
+        if self.init_scale is not None and scaler.is_enabled():
+            if getattr(scaler, "_scale", None) is None:
+                scaler._init_scale = float(self.init_scale)
+            else:
+                scaler._scale.fill_(float(self.init_scale))
+
+    def __enter__(self) -> ScalerWatch:
+        cls = torch.amp.GradScaler
+        self._saved = cls.__dict__["scale"]
+        original, watch = self._saved, self
+
+        def scale(scaler: Any, outputs: Any) -> Any:
+            watch._saw(scaler)
+            return original(scaler, outputs)
+
+        cls.scale = scale
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.amp.GradScaler.scale = self._saved
+
+
+def run_steps(setup: Setup, ctx: StepContext, steps: list[list], *, capture: str = "grads",
+              init_scale: float | None = None) -> tuple[list[StepRecord], list[int]]:
+    """Run the step under test once per entry of ``steps`` (each a list of micro-batches).
+
+    Returns the update records and, per call, how many updates it made: the number of ``optimizer.step()`` calls,
+    or 1 for a call that made none but changed the parameters (a hand-written update; always 1 without an
+    optimizer). Any ``GradScaler`` that scales a loss is watched (see :class:`ScalerWatch`; ``init_scale`` sets its
+    starting scale).
+    """
+    calls = []
+    with ScalerWatch(init_scale) as scalers, StepRecorder(ctx, capture, scalers=scalers) as rec:
+        for micro_batches in steps:
+            before = len(rec.records)
+            values = rec.before_call()
+            setup.run_step(ctx, micro_batches)
+            rec.after_call(values, len(rec.records) - before)
+            calls.append(len(rec.records) - before)
+    return rec.records, calls
+
+
+class TrainingState:
+    """A restorable snapshot of a context's whole training state: model, optimizer, scheduler, scaler, the RNGs and
+    the attributes the step keeps on ``ctx`` (its iteration counter, a recurrent hidden state, a scaler wrapper)."""
+
+    def __init__(self, ctx: StepContext) -> None:
+        from ..snapshot import Snapshot
+
+        self.ctx = ctx
+        # Inner optimizers first: a wrapper's state_dict may not hold theirs (SAM keeps the base optimizer's momentum
+        # out of its own), and restoring the wrapper last keeps its view of the shared param groups.
+        optimizers = stepping_optimizers(ctx.optimizer)[::-1] if ctx.optimizer is not None else []
+        self.snapshot = Snapshot.take([ctx.model, *optimizers, ctx.scheduler, ctx.scaler])
+        self.user = ctx.user_state()
+
+    def restore(self) -> None:
+        self.snapshot.restore()
+        self.ctx.load_user_state(self.user)
+
+
+def observed_at(records: list[StepRecord]) -> str:
+    """Where the compared updates were observed: "optimizer.step", "parameter change" or both (", "-joined)."""
+    seen = list(dict.fromkeys(r.observed_at for r in records))
+    return ", ".join(seen) if seen else OPTIMIZER_STEP

@@ -1,0 +1,190 @@
+"""The verdict of ``loop.ddp`` from its runs: non-finite gradients, unused parameters, a gradient mismatch (with its
+cause), BatchNorm's by-design difference and wasted all-reduces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..result import CheckResult, Status
+from ..setup import Setup
+from ._verdicts import nonfinite_result
+
+
+def rank0_grads(ranks: list[tuple], which: int = 0) -> dict:
+    """Rank 0's gradients at its optimizer step (``which=0``) or the processes' averaged pre-clip gradients (1)."""
+    return {name: (None if g is None else torch.from_numpy(g)) for name, g in ranks[0][2][which].items()}
+
+
+@dataclass
+class DdpEvidence:
+    """The single-process run, the DDP ranks, and the reruns that tell why they differ."""
+
+    world_size: int
+    tol: float
+    k: int
+    per_rank: int  # samples per process
+    single: dict  # the single-process gradients at optimizer.step()
+    ranks: list[tuple]
+    where: str  # where the single-process update was observed
+    table: pd.DataFrame  # the decisive comparison
+    post: pd.DataFrame  # the comparison at optimizer.step()
+    pre_clip: bool  # the decisive comparison is before clipping
+    err: float
+    unused: list[str]  # trainable parameters the single-process step gives no gradient
+    utable: pd.DataFrame | None  # the comparison with find_unused_parameters=True
+    bn_layers: list[str]
+    ftable: pd.DataFrame | None  # the comparison with batch statistics frozen
+    per_mean: str | None  # "process" or "micro-batch" when per-part means explain the difference
+
+
+@dataclass
+class _Report:
+    """The result's metrics and tables, and the all-reduce counts the verdict reads."""
+
+    metrics: dict
+    tables: dict
+    syncs_per_step: int
+    wasted_syncs: int
+    evaluations: int
+    per: str  # what one optimizer step consists of ("4 micro-batches", ...)
+
+
+def _ddp_report(setup: Setup, e: DdpEvidence) -> _Report:
+    world_size, k, ranks, pre_clip = e.world_size, e.k, e.ranks, e.pre_clip
+    allreduces, syncs_per_step, fresh_syncs, closure_evaluations = ranks[0][3]
+    # A synchronised backward pass is needed when it starts from cleared gradients (each evaluation of an LBFGS
+    # closure, SAM's second pass after first_step(zero_grad=True)); one that adds to gradients not yet used is wasted.
+    evaluations = max(1, closure_evaluations)
+    wasted_syncs = max(0, syncs_per_step - max(1, fresh_syncs))
+    per = f"{k} micro-batches" + (f", {evaluations} closure evaluations" if evaluations > 1 else "")
+    metrics = {"world_size": world_size, "samples_per_process": e.per_rank, "micro_batches": k, "max_rel_error": e.err,
+               "optimizer_steps_per_call": max(int(np.max(c)) if c else 0 for *_, c in ranks), "observed_at": e.where,
+               "tolerance": e.tol, "allreduce_buckets": allreduces, "synchronised_backward_passes": syncs_per_step,
+               "closure_evaluations": closure_evaluations,
+               "backward_passes_from_cleared_gradients": fresh_syncs, "batch_dependent_layers": len(e.bn_layers)}
+    metrics["compared"] = ("gradients before clipping, averaged over processes (at optimizer.step they "
+                           f"differ by {float(e.post['rel_error'].max()):.1%})" if pre_clip
+                           else "gradients at optimizer.step")
+    at_step = {"parameters_at_step": e.post} if pre_clip and setup.grad_clip is not None else {}
+    tables = {"parameters": e.table, **at_step,
+              "ranks": pd.DataFrame([{"rank": r, "bucket_allreduces": s[0], "synchronised_backward_passes": s[1],
+                                      "optimizer_steps": int(np.sum(c))} for r, _, _, s, c in ranks])}
+    return _Report(metrics, tables, syncs_per_step, wasted_syncs, evaluations, per)
+
+
+_ADVICE_STD = "Compare your step with tropt.standard_step, which skips the all-reduce of all but the last micro-batch."
+
+
+def ddp_verdict(setup: Setup, e: DdpEvidence) -> CheckResult:
+    r = _ddp_report(setup, e)
+    metrics, tables, world_size, tol = r.metrics, r.tables, e.world_size, e.tol
+    # A non-finite gradient in either run is the finding: no averaging or normalisation cause is guessed from it.
+    bad = nonfinite_result("loop.ddp", {"1_process": (1, e.single), f"ddp_{world_size}": (1, rank0_grads(e.ranks))})
+    if bad is not None:
+        return CheckResult("loop.ddp", Status.FAIL, bad.summary, {**metrics, **bad.metrics}, {**tables, **bad.tables},
+                           bad.advice)
+    if e.unused:
+        metrics["unused_parameters"] = len(e.unused)
+        tables["unused_parameters"] = pd.DataFrame({"parameter": e.unused})
+    if e.utable is not None:
+        metrics["find_unused_max_rel_error"] = float(e.utable["rel_error"].max())
+        tables["parameters_find_unused"] = e.utable
+        if metrics["find_unused_max_rel_error"] <= tol:
+            return _unused_result(e, r)
+    if e.ftable is not None:
+        metrics["frozen_max_rel_error"] = float(e.ftable["rel_error"].max())
+        r.tables = tables = {"parameters_frozen_batch_stats": e.ftable, **tables,
+                             "batch_dependent_layers": pd.DataFrame({"layer": e.bn_layers})}
+    decisive, derr = (e.ftable, metrics["frozen_max_rel_error"]) if e.ftable is not None else (e.table, e.err)
+    if derr > tol:
+        return _mismatch_result(setup, e, r, decisive, derr)
+    return _sync_result(setup, e, r, derr)
+
+
+def _unused_result(e: DdpEvidence, r: _Report) -> CheckResult:
+    """FAIL: parameters without a gradient leave their bucket un-reduced; with find_unused_parameters=True they
+    match."""
+    unused, metrics = e.unused, r.metrics
+    named = ", ".join(unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+    metrics["cause"] = "unused parameters"
+    return CheckResult(
+        "loop.ddp", Status.FAIL,
+        f"{len(unused)} parameter(s) get no gradient from the loss ({named}): DDP without "
+        f"find_unused_parameters=True waits for their gradients, so their bucket is never all-reduced and the "
+        f"gradients under DDP with {e.world_size} processes differ by {e.err:.1%} (real DDP training also raises "
+        f"\"Expected to have finished reduction in the prior iteration\" at the next step); with "
+        f"find_unused_parameters=True they match (error {metrics['find_unused_max_rel_error']:.1e})",
+        metrics, r.tables,
+        [f"Remove the unused branch from the forward pass (or detach / not compute it) when the loss does not use "
+         f"it: {named}.",
+         "Or wrap with DistributedDataParallel(model, find_unused_parameters=True) (an extra graph traversal "
+         "per step)."])
+
+
+def _mismatch_result(setup: Setup, e: DdpEvidence, r: _Report, decisive: pd.DataFrame, derr: float) -> CheckResult:
+    """FAIL: the gradients differ under DDP (with batch statistics frozen, when the model has such layers)."""
+    world_size, per_mean, metrics = e.world_size, e.per_mean, r.metrics
+    ratio = float(decisive["norm_ddp_%d" % world_size].sum() / max(decisive["norm_1_process"].sum(), 1e-30))
+    why = (f" (DDP gradients are {ratio:.3g}× the single-process ones: the averaging is applied twice)"
+           if abs(ratio * world_size - 1) < 0.05
+           else f" (DDP gradients are {ratio:.3g}× the single-process ones: they are summed, not averaged)"
+           if abs(ratio - world_size) < 0.05
+           else "")
+    advice = ["DDP already averages gradients over processes: do not divide the loss by the world size or "
+              "all-reduce gradients yourself.", "Give every process an equal share of each batch.", _ADVICE_STD]
+    if not why and per_mean is not None:
+        metrics["cause"] = f"per-{per_mean} mean"
+        why = (f" (they equal the average of per-{per_mean} mean losses: each {per_mean} normalises its loss by its "
+               "own item count, so items (tokens, non-padding positions) are weighted unequally)")
+        advice = ["Normalise by the item count of the whole step over all processes: sum each micro-batch's per-item "
+                  "losses (reduction='sum'), all-reduce this process's item count (torch.distributed.all_reduce on a "
+                  "tensor holding it) and scale the loss by world_size / global_count (DDP averages the gradients "
+                  "over processes, so the world size cancels).", _ADVICE_STD]
+    frozen = " even with BatchNorm statistics frozen" if e.ftable is not None else ""
+    return CheckResult("loop.ddp", Status.FAIL,
+                       f"under DDP with {world_size} processes the gradients differ by {derr:.1%}"
+                       f"{' before clipping' if e.pre_clip and setup.grad_clip is not None else ''}{frozen}{why}",
+                       metrics, r.tables, advice)
+
+
+def _sync_result(setup: Setup, e: DdpEvidence, r: _Report, derr: float) -> CheckResult:
+    """The gradients match: judge BatchNorm's by-design difference and the all-reduces per optimizer step."""
+    world_size, err, metrics, tables = e.world_size, e.err, r.metrics, r.tables
+    syncs_per_step, wasted_syncs, evaluations, per = r.syncs_per_step, r.wasted_syncs, r.evaluations, r.per
+    # Advice that runs both under DDP and on a plain module (which has no no_sync()).
+    no_sync = (f"Wrap the backward passes of the first {e.k - 1} micro-batches in `with (ctx.model.no_sync() if "
+               "isinstance(ctx.model, torch.nn.parallel.DistributedDataParallel) else contextlib.nullcontext()):` "
+               "(a plain module has no no_sync()).")
+    if e.ftable is not None:
+        wasted = (f"; they are also all-reduced {syncs_per_step}× per optimizer step ({per})"
+                  if wasted_syncs > 0 else "")
+        return CheckResult("loop.ddp", Status.WARN,
+                           "gradients match under DDP once BatchNorm's batch statistics are frozen "
+                           f"(error {derr:.1e}); "
+                           f"with live statistics each process normalises its {e.per_rank} samples by themselves and "
+                           f"the gradients differ by {err:.1%}, as BatchNorm does by design{wasted}", metrics, tables,
+                           [f"Expect {len(e.bn_layers)} BatchNorm layer(s) to see {e.per_rank} samples per process "
+                            "under DDP, not the whole batch; if that is too few for stable statistics, convert them "
+                            "with torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (CUDA) or use "
+                            "GroupNorm/LayerNorm."]
+                           + ([no_sync] if wasted_syncs > 0 else []))
+    if wasted_syncs > 0:
+        wasted = (f"gradients match under DDP, but they are all-reduced {syncs_per_step}× per optimizer step "
+                  f"({per}): {wasted_syncs} of those are wasted communication")
+        if not setup.distributed:
+            # Only communication, and only under DDP: a note for a Setup not declared as meant for DDP.
+            return CheckResult("loop.ddp", Status.PASS,
+                               f"{world_size} DDP processes reach the single-process gradients "
+                               f"(max relative error {err:.1e}); latent (Setup(distributed=False)): {wasted}",
+                               {**metrics, "latent": True}, tables, [no_sync, _ADVICE_STD])
+        return CheckResult("loop.ddp", Status.WARN, wasted, metrics, tables, [no_sync, _ADVICE_STD])
+    return CheckResult("loop.ddp", Status.PASS,
+                       f"{world_size} DDP processes reach the single-process gradients (max relative error {err:.1e}) "
+                       + ("with one all-reduce per optimizer step" if syncs_per_step <= 1 else
+                          f"with one all-reduce per backward pass that starts from cleared gradients ({syncs_per_step} "
+                          f"per optimizer step{f': {evaluations} closure evaluations' if evaluations > 1 else ''})"),
+                       metrics, tables)

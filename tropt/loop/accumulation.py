@@ -1,0 +1,422 @@
+"""``loop.accumulation``: does one batch as K micro-batches give the gradient of the batch as one?
+
+Runs the user's step on fresh seeded copies with the batch as 1 micro-batch, as K equal and as K unequal ones, and
+compares the gradients at ``optimizer.step()`` and before clipping. Why they differ is named by
+:mod:`.accumulation_causes`. This check owns the finding "``optimizer.step()`` ran more than once per call"; the other
+loop checks defer to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from ..core.batch import split_sizes
+from ..core.capture import run_steps
+from ..core.compare import compare_tensors, global_rel_error, max_rel_error
+from ..core.modes import batch_dependent_layers, freeze_batch_stats, quiet_randomness
+from ..errors import StepError, TroptError
+from ..registry import register
+from ..result import CheckResult, Status
+from ..setup import Setup
+from ..snapshot import preserved
+from ._invariance_common import STANDARD_STEP_ADVICE, cosine, norm_of
+from ._verdicts import TOLERANCE, latent_when_unused, nonfinite_result, require_steps, tolerance_for
+from .accumulation_causes import (
+    CONSTANT_DIVISOR,
+    PER_MICRO_MEAN,
+    ZERO_INSIDE,
+    Run,
+    loss_grads,
+    loss_side_cause,
+    near,
+    update_side_cause,
+)
+
+# Relative gap above which an fp32 hypothesis is not exact (fp32 summation order alone gives about 1e-7).
+_HIDDEN_EXACT = 1e-4
+
+
+@register(
+    "loop.accumulation",
+    title="Gradient accumulation equivalence",
+    description="one batch as 1 micro-batch vs as K micro-batches (even and uneven) gives the same gradient",
+)
+def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None = None, progress: bool = True) -> CheckResult:
+    """FAIL when feeding one batch as K micro-batches changes the gradient that reaches ``optimizer.step()``.
+
+    K is ``setup.accumulation_steps`` when > 1, else 4. Two things are compared: the gradients before any clipping
+    (summed over the step's backward passes), which clipping cannot hide and from which the cause is named against
+    the Setup's own ``loss_fn`` over the whole batch; and the gradients at ``optimizer.step()``, for what happens
+    between backward and step (``zero_grad`` or clipping per micro-batch). Unequal micro-batch sizes are tried first:
+    a match there is a PASS; on a mismatch the equal split decides between WARN (exact only for equal sizes, e.g.
+    ``loss / K``: a latent note when this Setup's data always splits equally) and FAIL. A step that divides by a
+    constant is right only at that K: a latent WARN when it is the configured K. With batch-dependent layers
+    (BatchNorm) the comparison is rerun with their batch statistics frozen: WARN when that isolated rerun matches,
+    FAIL when it does not. Non-finite gradients are their own FAIL, never a match. A step that cannot run with K micro-batches is a
+    latent WARN while the Setup does not accumulate.
+    """
+    try:
+        return _check_accumulation(setup, k=k, tol=tol)
+    except StepError as exc:
+        if setup.accumulation_steps > 1 or not getattr(exc, "in_k_run", False):
+            raise
+        # A step that cannot take smaller micro-batches (e.g. a recurrent state sized for the full batch) is not
+        # wrong while the Setup does not accumulate: a latent note, not an ERROR.
+        return CheckResult("loop.accumulation", Status.WARN,
+                           f"latent (this Setup does not accumulate gradients): the step cannot run with "
+                           f"{k or 4} micro-batches: {exc.message}",
+                           {"latent": True, "k": k or 4, "error_type": type(exc.__cause__ or exc).__name__},
+                           advice=["Nothing to fix while accumulation_steps=1. Before turning accumulation on, make the step "
+                                   "accept micro-batches of any size (size per-batch state such as a recurrent hidden state "
+                                   "from the micro-batch, e.g. init_hidden(len(mb)))." ] + ([exc.fix] if exc.fix else []))
+
+
+def _check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None = None) -> CheckResult:
+    plan = _Plan.make(setup, k, tol)
+    with preserved(setup.model):
+        found = _measure(plan)
+    return found if isinstance(found, CheckResult) else _verdict(plan, found)
+
+
+@dataclass
+class _Pair:
+    """A 1-micro-batch run and a K-micro-batch run, compared at ``optimizer.step()`` and before clipping."""
+
+    a: Run
+    b: Run
+    table: pd.DataFrame
+    err: float
+    pre_err: float
+
+
+@dataclass
+class _Evidence:
+    """What the runs measured, for the verdict once every run is done."""
+
+    metrics: dict
+    tables: dict
+    even_micro: list
+    err: float  # the equal split, at optimizer.step()
+    pre_err: float  # the equal split, before clipping
+    frozen: bool = False  # the equal split matched only with batch statistics frozen
+    uerr: float = 0.0  # the unequal split: the worse of at optimizer.step() and before clipping
+    ucause: tuple | None = None  # the unequal split's named cause, when it differs
+
+
+@dataclass
+class _Plan:
+    """One batch of the Setup and its splits: the whole, an equal split into K and an unequal one."""
+
+    setup: Setup
+    k: int
+    tol: float
+    close: float  # how near a hypothesis must come to be named the cause
+    batch: object
+    n: int
+    n_even: int
+    even_batch: object
+    uneven_sizes: list[int]
+    uneven_micro: list
+    bn_layers: list[str]
+
+    @classmethod
+    def make(cls, setup: Setup, k: int | None, tol: float | None) -> _Plan:
+        setup.validate()
+        tol = tolerance_for(setup, tol)
+        close = max(10 * tol, 1e-4)
+        k = int(k) if k is not None else (setup.accumulation_steps if setup.accumulation_steps > 1 else 4)
+        if k < 2:
+            raise TroptError(f"check_accumulation needs k >= 2 micro-batches (got {k})", "use k=4")
+        with preserved(setup.model):  # reading a shuffling DataLoader draws from the global RNG
+            batch = setup.sample_batch()
+        n = setup.size(batch)
+        if n < 2 * k:
+            raise TroptError(f"the first batch holds {n} samples, too few to split into {k} and then uneven micro-batches",
+                             f"use batches of at least {2 * k} samples for this check (or pass a smaller k)")
+        n_even = n - n % k
+        even_batch = setup.split(batch, sizes=[n_even, n - n_even])[0] if n_even < n else batch
+        # One large micro-batch and K-1 small ones: clearly unequal for every K (a loop that divides by K is off by a lot).
+        small = max(1, n // (2 * k))
+        uneven_sizes = [n - (k - 1) * small] + [small] * (k - 1)
+        return cls(setup, k, tol, close, batch, n, n_even, even_batch, uneven_sizes,
+                   setup.split(batch, sizes=uneven_sizes), batch_dependent_layers(setup.model))
+
+    @property
+    def fast(self) -> bool:
+        """No batch-dependent layer and a batch that splits equally: one uneven run can decide a PASS."""
+        return not self.bn_layers and self.n_even == self.n
+
+    def one(self, full: object, freeze: bool) -> Run:
+        return _observe(self.setup, [full], 1, freeze=freeze, what="the 1-micro-batch run")
+
+    def many(self, micro: list, freeze: bool) -> Run:
+        try:
+            return _observe(self.setup, micro, self.k, freeze=freeze, what=f"the {self.k}-micro-batch run")
+        except StepError as exc:
+            exc.in_k_run = True  # the only run that differs from normal training: check_accumulation may call it latent
+            raise
+
+    def compare(self, a: Run, b: Run) -> _Pair:
+        table = compare_tensors(a.post, b.post, labels=("1x", f"{self.k}x"))
+        return _Pair(a, b, table, float(table["rel_error"].max()), max_rel_error(a.pre, b.pre))
+
+    def broken(self, a: Run, b: Run, metrics: dict, tables: dict) -> CheckResult | None:
+        """Non-finite gradients, or none at all: nothing to compare, and never a PASS."""
+        bad = nonfinite_result("loop.accumulation", {"1x": (1, a.post), f"{self.k}x": (1, b.post)})
+        if bad is not None:
+            return dataclasses.replace(bad, metrics={**metrics, **bad.metrics}, tables={**tables, **bad.tables})
+        if norm_of(a.post) > 0 or norm_of(b.post) > 0:  # zero equals zero: a step that clears before stepping "matches"
+            return None
+        return CheckResult("loop.accumulation", Status.WARN,
+                           "cannot check accumulation: no gradient reaches optimizer.step() in either run (every gradient is "
+                           "zero or None when the optimizer steps)",
+                           {**metrics, "see_also": "loop.zero_grad"}, tables,
+                           ["Call optimizer.zero_grad() after optimizer.step() (or before the first backward of the next step), "
+                            "never between backward() and step(); then rerun this check.", STANDARD_STEP_ADVICE])
+
+
+def _measure(plan: _Plan) -> CheckResult | _Evidence:
+    """The runs in order, each on a fresh seeded copy; a result as soon as one decides."""
+    uneven = _uneven_first(plan) if plan.fast else None
+    if isinstance(uneven, CheckResult):
+        return uneven
+    even = _even_split(plan, uneven)
+    if isinstance(even, CheckResult):
+        return even
+    pair, ev = even
+    hidden = _uneven_split(plan, pair, ev, uneven)
+    return hidden if hidden is not None else ev
+
+
+def _uneven_first(plan: _Plan) -> CheckResult | _Pair:
+    """Fast path: a loop exact for unequal micro-batches is exact for equal ones, so one uneven run decides a PASS
+    (2 runs); the even split only runs to tell a WARN (uneven-only) from a FAIL."""
+    k, n, tol = plan.k, plan.n, plan.tol
+    a, ub = plan.one(plan.batch, False), plan.many(plan.uneven_micro, False)
+    u = plan.compare(a, ub)
+    metrics = {"k": k, "batch_size": n, "uneven_sizes": "+".join(map(str, plan.uneven_sizes)), "max_rel_error": u.err,
+               "uneven_max_rel_error": u.err, "pre_clip_max_rel_error": u.pre_err,
+               "global_rel_error": global_rel_error(a.post, ub.post), "tolerance": tol,
+               "optimizer_steps_in_k_run": ub.calls, "batch_dependent_layers": 0,
+               "observed_at": f"{a.where} (and before clipping)"}
+    if (bad := plan.broken(a, ub, metrics, {"parameters": u.table})) is not None:
+        return bad
+    if u.err <= tol and u.pre_err <= tol and ub.calls == 1:
+        return CheckResult("loop.accumulation", Status.PASS,
+                           f"{k} micro-batches of unequal sizes ({metrics['uneven_sizes']}) give the full-batch gradient "
+                           f"(max relative error {max(u.err, u.pre_err):.1e} ≤ {tol:.0e}, before and after clipping); "
+                           "equal sizes follow",
+                           metrics, {"parameters": u.table})
+    if a.calls > 1:
+        return _steps_per_call_result(a.calls, metrics, {"parameters": u.table})
+    return u
+
+
+def _even_split(plan: _Plan, uneven: _Pair | None) -> CheckResult | tuple[_Pair, _Evidence]:
+    """The equal split into K; on a mismatch with batch-dependent layers, again with their statistics frozen."""
+    setup, k, n, tol, bn_layers = plan.setup, plan.k, plan.n, plan.tol, plan.bn_layers
+    even_micro = setup.split(plan.even_batch, k)
+    a = uneven.a if uneven is not None else plan.one(plan.even_batch, False)
+    b = plan.many(even_micro, False)
+    p = plan.compare(a, b)
+    metrics = {"k": k, "batch_size": n, "micro_batch_sizes": "+".join(map(str, split_sizes(plan.n_even, k))),
+               "max_rel_error": p.err, "pre_clip_max_rel_error": p.pre_err,
+               "global_rel_error": global_rel_error(a.post, b.post),
+               "tolerance": tol, "optimizer_steps_in_k_run": b.calls,
+               "grad_norm_ratio": norm_of(b.post) / norm_of(a.post) if norm_of(a.post) else float("nan"),
+               "pre_clip_norm_ratio": norm_of(b.pre) / norm_of(a.pre) if norm_of(a.pre) else float("nan"),
+               "grad_cosine": cosine(a.post, b.post), "batch_dependent_layers": len(bn_layers),
+               "observed_at": f"{a.where} (and before clipping)"}
+    ev = _Evidence(metrics, {"parameters": p.table}, even_micro, p.err, p.pre_err)
+    if a.calls > 1:
+        return _steps_per_call_result(a.calls, metrics, ev.tables)
+    if (bad := plan.broken(a, b, metrics, ev.tables)) is not None:
+        return bad
+    mismatch = p.err > tol or p.pre_err > tol or b.calls > 1
+    if mismatch and bn_layers and b.calls == 1:
+        f = plan.compare(plan.one(plan.even_batch, True), plan.many(even_micro, True))
+        metrics.update(frozen_max_rel_error=f.err, frozen_pre_clip_max_rel_error=f.pre_err)
+        ev.tables = {"parameters_frozen_batch_stats": f.table, "parameters": p.table,
+                     "batch_dependent_layers": pd.DataFrame({"layer": bn_layers})}
+        if f.err > tol or f.pre_err > tol:
+            return _mismatch(plan, f, even_micro, True, metrics, ev.tables,
+                             f"{k} micro-batches change the gradient by {max(f.err, f.pre_err):.1%} even with "
+                             "BatchNorm statistics frozen")
+        ev.frozen = True
+    elif mismatch:
+        return _mismatch(plan, p, even_micro, False, metrics, ev.tables,
+                         f"{k} micro-batches change the gradient by {max(p.err, p.pre_err):.1%} (max over parameters"
+                         + (", before clipping" if p.pre_err > p.err else "") + ")")
+    return p, ev
+
+
+def _mismatch(plan: _Plan, p: _Pair, micro: list, freeze: bool, metrics: dict, tables: dict,
+              prefix: str) -> CheckResult:
+    """The FAIL (or latent WARN) for a mismatch of the equal split, with the cause decided from the evidence."""
+    setup, k, tol, close, a, b = plan.setup, plan.k, plan.tol, plan.close, p.a, p.b
+    if b.calls > 1:
+        cause, advice, tag = (f"optimizer.step() ran {b.calls} times for one step of {k} micro-batches",
+                              [f"Call optimizer.step() once per {k} micro-batches, after the last backward.",
+                               "Clear gradients only after that step, not per micro-batch."], "step_per_micro_batch")
+        metrics["optimizer_steps_per_call"] = b.calls
+    elif p.pre_err > tol:
+        cause, advice, tag = loss_side_cause(setup, micro, plan.even_batch, a, b, k, close, freeze, metrics)
+        if tag not in (ZERO_INSIDE, "only_last_loss") and norm_of(b.last) > 0:
+            extra, extra_advice, extra_tag = update_side_cause(setup, b, k, close)
+            if extra_tag == ZERO_INSIDE:  # the bigger defect first: K-1 micro-batches are lost
+                cause, advice, tag = f"{extra}; also {cause}", extra_advice + advice, extra_tag
+    else:
+        cause, advice, tag = update_side_cause(setup, b, k, close)
+    metrics["cause"] = tag or "unnamed"
+    result = CheckResult("loop.accumulation", Status.FAIL, f"{prefix}: {cause}", metrics, tables,
+                         advice + [STANDARD_STEP_ADVICE])
+    if tag == CONSTANT_DIVISOR:
+        d = metrics["constant_divisor"]
+        if setup.accumulation_steps > 1 and near(d, setup.accumulation_steps):
+            return dataclasses.replace(
+                result, status=Status.WARN, metrics={**metrics, "latent": True},
+                summary=f"latent (correct at the configured K={setup.accumulation_steps}): {cause}")
+        return result  # wrong at the configured K itself: a real defect whether or not the Setup accumulates
+    return latent_when_unused(setup, result)
+
+
+def _uneven_split(plan: _Plan, even: _Pair, ev: _Evidence, uneven: _Pair | None) -> CheckResult | None:
+    """The even split is exact (possibly with frozen batch statistics): now unequal micro-batch sizes."""
+    if uneven is None:  # not measured on the fast path
+        ua = even.a if plan.n_even == plan.n and not ev.frozen else plan.one(plan.batch, ev.frozen)
+        uneven = plan.compare(ua, plan.many(plan.uneven_micro, ev.frozen))
+    ev.uerr = max(uneven.err, uneven.pre_err)
+    ev.metrics.update(uneven_sizes="+".join(map(str, plan.uneven_sizes)), uneven_max_rel_error=ev.uerr)
+    ev.tables["parameters_uneven"] = uneven.table
+    if ev.uerr > plan.tol and not ev.frozen:
+        ev.ucause = loss_side_cause(plan.setup, plan.uneven_micro, plan.batch, uneven.a, uneven.b, plan.k, plan.close,
+                                    False, {})
+    return _hidden_under_tolerance(plan, ev)
+
+
+def _hidden_under_tolerance(plan: _Plan, ev: _Evidence) -> CheckResult | None:
+    """A FAIL when per-micro-batch means, named from the unequal split, also bias the equal split in fp32.
+
+    In half precision the equal split's error can hide under the tolerance. Per-micro-batch means are exact for
+    equal-sized micro-batches only when the loss is a mean over samples, not over tokens or positions: ask the loss
+    function itself, in full precision, on the equal split.
+    """
+    setup, k, tol, ucause = plan.setup, plan.k, plan.tol, ev.ucause
+    if ucause is None or ucause[2] != PER_MICRO_MEAN or tol <= TOLERANCE["fp32"]:
+        return None
+    try:
+        still = bool(plan.bn_layers)  # BatchNorm's per-micro-batch statistics are not what this asks about
+        hidden = global_rel_error(loss_grads(setup, [plan.even_batch], [1.0], still, autocast=False),
+                                  loss_grads(setup, ev.even_micro, [1 / k] * k, still, autocast=False))
+    except Exception:  # noqa: BLE001 - a loss that only runs under autocast: keep the WARN below
+        hidden = float("nan")
+    ev.metrics["equal_split_error_of_cause_fp32"] = hidden
+    if not hidden > _HIDDEN_EXACT:
+        return None
+    metrics = ev.metrics
+    return latent_when_unused(setup, CheckResult(
+        "loop.accumulation", Status.FAIL,
+        f"{k} micro-batches change the gradient ({ev.uerr:.1%} with unequal sizes {metrics['uneven_sizes']}): "
+        f"{ucause[0]}; equal-sized micro-batches are off too ({hidden:.1%} in fp32), hidden here under the "
+        f"{setup.precision} tolerance ({ev.err:.1%} ≤ {tol:.0e})",
+        {**metrics, "cause": PER_MICRO_MEAN}, ev.tables, ucause[1] + [STANDARD_STEP_ADVICE]))
+
+
+def _verdict(plan: _Plan, ev: _Evidence) -> CheckResult:
+    """The equal split matched (maybe only with frozen batch statistics): judge the unequal one."""
+    k, tol, metrics, tables, uerr = plan.k, plan.tol, ev.metrics, ev.tables, ev.uerr
+    if ev.frozen:
+        summary = (f"accumulation is exact once BatchNorm's batch statistics are frozen (error "
+                   f"{metrics['frozen_max_rel_error']:.1e}); with live batch statistics {k} micro-batches differ by "
+                   f"{ev.err:.1%}, as BatchNorm does by design")
+        advice = [f"Expect accumulation over {k} micro-batches to differ from one big batch: {len(plan.bn_layers)} "
+                  "BatchNorm layer(s) normalise each micro-batch by its own statistics.",
+                  "If that matters, use GroupNorm/LayerNorm, or larger micro-batches."]
+        if uerr > tol:
+            advice.append(f"Also: unequal micro-batch sizes ({metrics['uneven_sizes']}) change the gradient by "
+                          f"{uerr:.1%}; weight each micro-batch loss by its share of the samples.")
+        return CheckResult("loop.accumulation", Status.WARN, summary, metrics, tables, advice)
+    if uerr <= tol:
+        return CheckResult("loop.accumulation", Status.PASS,
+                           f"{k} micro-batches give the full-batch gradient (max relative error "
+                           f"{max(ev.err, ev.pre_err, uerr):.1e} ≤ {tol:.0e}, even and uneven)", metrics, tables)
+    return _unequal_only(plan, ev)
+
+
+def _unequal_only(plan: _Plan, ev: _Evidence) -> CheckResult:
+    """Exact for equal micro-batches only: a WARN, or a latent PASS when this Setup's data always splits equally."""
+    setup, metrics, tables, ucause = plan.setup, ev.metrics, ev.tables, ev.ucause
+    named = ucause is not None and ucause[2] not in (None, PER_MICRO_MEAN, "scaled")
+    what = (f"exact for equal micro-batches, but unequal sizes ({metrics['uneven_sizes']}) change the gradient by "
+            f"{ev.uerr:.1%}")
+    advice = (ucause[1] if named else
+              ["Weight each micro-batch loss by its share of the step's samples (n_i / n) instead of dividing by K, "
+               "or make every micro-batch the same size (drop_last=True)."]) + [STANDARD_STEP_ADVICE]
+    if named:
+        what += f": {ucause[0]}"
+    sizes = _batch_sizes_of(setup)
+    acc = setup.accumulation_steps
+    if sizes is not None and (acc == 1 or all(s % acc == 0 for s in sizes)):
+        # This Setup's data cannot give unequal micro-batches: a note for a future change, not a wrong update now.
+        why = ("it does not accumulate (accumulation_steps=1)" if acc == 1 else
+               f"every batch ({', '.join(map(str, sorted(set(sizes))))} samples) splits into {acc} equal micro-batches")
+        metrics.update(latent=True, train_batch_sizes=", ".join(map(str, sorted(set(sizes)))))
+        return CheckResult("loop.accumulation", Status.PASS,
+                           f"exact for the micro-batches this Setup produces ({why}); latent: {what}", metrics, tables,
+                           ["Nothing to fix for this data. Before feeding batches whose size is not a multiple of K (a "
+                            "short last batch, variable-length samples):"] + advice)
+    if sizes is not None:
+        metrics["train_batch_sizes"] = ", ".join(map(str, sorted(set(sizes))))
+    return CheckResult("loop.accumulation", Status.WARN, what, metrics, tables, advice)
+
+
+def _observe(setup: Setup, micro_batches: list, k: int, *, freeze: bool, what: str) -> Run:
+    """Run the step under test once on a fresh seeded copy (configured for K=k) and observe its first update."""
+    ctx = setup.build(accumulation_steps=k)
+    quiet_randomness(ctx.model)
+    if freeze:
+        freeze_batch_stats(ctx.model)
+    records, calls = run_steps(setup, ctx, [micro_batches])
+    require_steps(setup, calls, what)
+    r = records[0]
+    return Run(r.grads, r.pre_clip or r.grads, r.last_backward, calls[0], r.observed_at)
+
+
+def _steps_per_call_result(calls: int, metrics: dict, tables: dict) -> CheckResult:
+    """FAIL for a step that runs ``optimizer.step()`` more than once per call even with one micro-batch: every
+    update is applied ``calls`` times. Shown without accumulation, so never latent; the other loop checks defer here."""
+    return CheckResult("loop.accumulation", Status.FAIL,
+                       f"optimizer.step() ran {calls} times per call of the step function with a single micro-batch "
+                       f"(expected once): every update is applied {calls} times",
+                       {**metrics, "optimizer_steps_per_call": calls, "cause": "steps_per_call"}, tables,
+                       ["Call optimizer.step() (or scaler.step(optimizer)) exactly once per call of step(ctx, micro_batches); "
+                        "look for a second call in a helper, a callback or a wrapper.", STANDARD_STEP_ADVICE])
+
+
+def _batch_sizes_of(setup: Setup) -> list[int] | None:
+    """The batch sizes one pass over the training data gives, when they can be known without guessing; else None.
+
+    A DataLoader with a plain batch size (and a sized dataset) is computed, a list of batches is measured, and a
+    Dataset is batched by the Setup's ``batch_size``. Custom batch samplers may give any size: None.
+    """
+    data = setup.train_data
+    try:
+        if isinstance(data, torch.utils.data.DataLoader):
+            bs = data.batch_size
+            if bs is None or not hasattr(data.dataset, "__len__") or isinstance(data.dataset, torch.utils.data.IterableDataset):
+                return None
+            m = len(data.dataset)
+            sizes = [bs] * (m // bs) + ([] if data.drop_last or m % bs == 0 else [m % bs])
+            return sizes or None
+        if isinstance(data, torch.utils.data.Dataset):
+            m, bs = len(data), setup.batch_size
+            return [bs] * (m // bs) + ([m % bs] if m % bs else [])
+        if isinstance(data, (list, tuple)) and len(data) <= 10_000:
+            return [setup.size(b) for b in data]
+    except Exception:  # noqa: BLE001 - unknown layouts: assume unequal sizes can happen (keep the WARN)
+        return None
+    return None

@@ -1,0 +1,167 @@
+"""``model.gradient_flow``: does the gradient reach every parameter, at a sane size, and does each one get updated?
+
+A copy is trained for a few steps with the user's optimizer and step under a :class:`tropt.GradientMonitor`; the
+record is judged by :func:`judge_gradient_flow` (in :mod:`.gradient_verdict`, which a user can also apply to their
+own loop via ``monitor.result()``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+
+from ..core.modes import dropout_off
+from ..registry import register
+from ..result import CheckResult
+from ..snapshot import preserved
+from .gradient_verdict import judge_gradient_flow
+from .monitor import GradientMonitor
+
+__all__ = ["check_gradient_flow", "init_reference", "judge_gradient_flow"]
+
+CHECK = "model.gradient_flow"
+
+
+def init_reference(setup: Any, ctx: Any, batch: Any) -> tuple[float, float] | None:
+    """(global gradient norm at the model's own initialisation, at PyTorch's default initialisation of the same
+    architecture) on one batch: every module with ``reset_parameters`` re-initialised on a copy. None when no module
+    can be re-initialised or a norm is not finite. The model's gradients are cleared afterwards; RNGs are restored."""
+    ref = copy.deepcopy(ctx.model)
+    norms = []
+    with preserved():
+        torch.manual_seed(setup.seed)
+        resettable = [m for m in ref.modules() if callable(getattr(m, "reset_parameters", None))]
+        if not resettable:
+            return None
+        try:
+            for m in resettable:
+                m.reset_parameters()
+        except Exception:  # noqa: BLE001 - a custom reset_parameters with its own arguments: no reference
+            return None
+        for model in (ctx.model, ref):
+            model.zero_grad(set_to_none=True)
+            with dropout_off(model), ctx.autocast():
+                loss = setup.loss(model, batch)
+            loss.float().backward()
+            grads = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
+            norms.append(float(torch.stack(grads).norm()) if grads else math.nan)
+            model.zero_grad(set_to_none=True)
+    return (norms[0], norms[1]) if all(math.isfinite(n) and n > 0 for n in norms) else None
+
+
+class _HandUpdates:
+    """Records a step that updates parameters by hand (no optimizer step) into a GradientMonitor.
+
+    The gradients are the last ones each parameter accumulated in the call (kept by reference through
+    ``register_post_accumulate_grad_hook``, so a step that sets ``.grad`` to None after its update is still seen);
+    a parameter that moved counts as updated (in an optimizer with a non-zero learning rate, for the verdict).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.last: dict[int, Any] = {}
+        self.values: list | None = None
+        self.handles: list = []
+        self.recorded = 0  # hand-written updates recorded
+
+    def __enter__(self) -> "_HandUpdates":
+        for i, p in enumerate(self.params):
+            self.handles.append(p.register_post_accumulate_grad_hook(lambda t, i=i: self.last.__setitem__(i, t.grad)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def before(self, watch: bool) -> None:
+        self.last.clear()
+        self.values = [p.detach().clone() for p in self.params] if watch else None
+
+    def record(self, mon: GradientMonitor) -> None:
+        if self.values is None:
+            return
+        moved = [i for i, (p, v) in enumerate(zip(self.params, self.values))
+                 if p.shape != v.shape or not torch.equal(p.detach(), v)]
+        if not moved:
+            return
+        missing = [i for i, p in enumerate(self.params) if p.grad is None and self.last.get(i) is not None]
+        for i in missing:
+            self.params[i].grad = self.last[i]
+        try:
+            mon.record()
+            self.recorded += 1
+        finally:
+            for i in missing:
+                self.params[i].grad = None
+        index = {id(p): j for j, p in enumerate(mon._params)}
+        rows = [index[id(self.params[i])] for i in moved if id(self.params[i]) in index]
+        mon.in_optimizer[rows] = True
+        mon.lr_nonzero[rows] = True
+
+
+@register(CHECK, title="Gradient flow",
+          description="Train a copy for a few steps under GradientMonitor: missing, unused, vanishing or exploding "
+                      "gradients.")
+def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e-3, vanish_rms: float = 1e-5,
+                        explode_update_ratio: float = 1.0, explode_growth: float = 1e3,
+                        explode_init_ratio: float = 1e3, explode_norm: float | None = None, seed: int | None = None,
+                        progress: bool = True, callback: Any = None) -> CheckResult:
+    """Train a copy for ``steps`` optimizer steps with the user's step and judge its gradients.
+
+    Parameters
+    ----------
+    setup
+        The :class:`tropt.Setup`.
+    steps
+        Optimizer steps to record (each uses ``accumulation_steps`` micro-batches of one batch).
+    vanish_ratio, vanish_rms
+        Vanishing when the first layer's gradient RMS is below ``vanish_ratio`` x the last layer's and below
+        ``vanish_rms`` in absolute terms (AUTOTRAINER's rule, both configurable).
+    explode_update_ratio, explode_growth
+        Exploding when one optimizer step moves the parameters by more than ``explode_update_ratio`` x their norm,
+        or the global gradient norm (as the optimizer sees it, after any clipping) reaches ``explode_growth`` x the
+        median of the steps before it. Judged against the model's own scale: a large gradient norm alone (MSE on
+        targets around 100, or any gradient under Adam, whose update ignores the gradient's scale) is not an
+        explosion.
+    explode_init_ratio
+        Exploding when the gradient at initialisation is this many times that of the same architecture at PyTorch's
+        default initialisation (every module's ``reset_parameters``) on the first batch: the initial weight scale.
+    explode_norm
+        Optional absolute cap on the global gradient norm (None: off).
+    seed
+        Seed of the copy (the Setup's seed when None).
+    progress
+        Show a progress bar.
+    callback
+        Optional ``callback({"check", "step", "total", "monitor"})`` after each step (live displays); raising
+        :class:`tropt.errors.Cancelled` in it stops the run.
+    """
+    from tqdm.auto import tqdm
+
+    setup.validate()
+    with preserved(setup.model):
+        ctx = setup.build(seed=setup.seed if seed is None else seed)
+        k = setup.accumulation_steps
+        reference = init_reference(setup, ctx, setup.sample_batch())
+        with GradientMonitor(ctx.model, optimizer=ctx.optimizer, full_every=1, detail=True, capacity=steps) as mon, \
+                _HandUpdates(ctx.model) as hand:
+            stepped = False  # an optimizer step was seen: from then on no parameter copies are needed
+            bar = tqdm(setup.batches(steps), total=steps, desc="gradient flow", disable=not progress, leave=False)
+            for i, batch in enumerate(bar):
+                seen = mon.steps_seen
+                hand.before(watch=ctx.optimizer is None or not stepped)
+                setup.run_step(ctx, setup.split(batch, k) if k > 1 else [batch])
+                stepped |= mon.steps_seen > seen
+                if mon.steps_seen == seen:  # no optimizer step: a hand-written update, recorded from the parameters
+                    hand.record(mon)
+                if callback is not None:
+                    callback({"check": CHECK, "step": i + 1, "total": steps, "monitor": mon})
+    result = judge_gradient_flow(mon, vanish_ratio=vanish_ratio, vanish_rms=vanish_rms,
+                                 explode_update_ratio=explode_update_ratio, explode_growth=explode_growth,
+                                 explode_norm=explode_norm, grad_clip=setup.grad_clip, init_reference=reference,
+                                 explode_init_ratio=explode_init_ratio)
+    result.metrics["observed_at"] = "parameter change" if hand.recorded else "optimizer.step"
+    return result

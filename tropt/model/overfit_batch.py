@@ -1,0 +1,388 @@
+"""``model.overfit_batch``: can the model memorise one small batch? (Karpathy: "overfit one batch")
+
+A copy is trained with the user's optimizer factory and step on one fixed batch of at most ``samples`` samples. A
+second copy, from the same initial weights, is trained on the same batch with its inputs zeroed: the
+input-independent baseline. A model that learns reaches a loss far below both its start and that baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from ..core.objective import probe
+from ..registry import register
+from ..result import CheckResult, Status
+from ..snapshot import preserved
+from ._common import (
+    argument_positions,
+    fmt,
+    input_paths,
+    input_scale,
+    require_samples,
+    take_samples,
+    target_scale,
+    zero_inputs,
+)
+from .composition import loss_findings
+from .fixed_batch import train_on_batch
+
+CHECK = "model.overfit_batch"
+
+
+def _acc(a: float) -> str:
+    """An accuracy that never rounds up to 100% (99.9% of tokens is not all of them)."""
+    return "100%" if a >= 1.0 else f"{math.floor(a * 1000) / 10:.1f}%"
+
+
+def _plateaued(losses: np.ndarray, window: float = 0.25, share: float = 0.1, tol: float = 0.005) -> bool:
+    """Whether the last ``window`` of the curve added less than ``share`` of the total improvement (and, for a curve
+    that barely moved at all, less than ``tol`` of its start). A slow but steady decline is not a plateau: its last
+    quarter holds a quarter of the progress."""
+    n = len(losses)
+    if n < 8:
+        return False
+    w = max(2, int(n * window))
+    tail = losses[-w:]
+    span = max(losses[0] - losses.min(), 0.0)
+    return (tail[0] - tail.min()) <= max(share * span, tol * abs(losses[0]))
+
+
+def _bounded_output_cause(out: torch.Tensor | None, objective: Any, squashes: bool = True) -> str | None:
+    """A specific reason when the outputs are probabilities fed to a loss that expects logits.
+
+    Rows that sum to 1 are softmax outputs whatever the model; outputs merely inside [0, 1] are blamed on a squashing
+    layer only when the model has one (``squashes``): small logits of a model that has not learned look the same."""
+    if out is None or objective is None:
+        return None
+    o = out.float()
+    in_unit = bool(((o >= 0) & (o <= 1)).all())
+    if objective.kind == "cross_entropy" and in_unit and o.ndim >= 2:
+        sums = o.sum(-1) if objective.layout == 0 else o.sum(1)
+        if torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
+            return ("the model's outputs are probabilities (each row sums to 1) but the loss is cross entropy, "
+                    "which applies log_softmax itself: softmax is applied twice, bounding the logits to [0, 1]")
+        if not squashes:
+            return None
+        return ("the model's outputs all lie in [0, 1] but the loss is cross entropy, which expects unbounded "
+                "logits: a sigmoid/softmax before the loss bounds them")
+    if objective.kind == "bce_logits" and in_unit and squashes:
+        return ("the model's outputs all lie in [0, 1] but the loss is binary cross entropy *with logits*, which "
+                "applies the sigmoid itself: the sigmoid is applied twice")
+    return None
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The check's thresholds (its keyword arguments), bundled for the judging helpers."""
+
+    steps: int
+    target_fraction: float
+    min_accuracy: float
+    baseline_ratio: float
+    diverge_ratio: float
+
+
+@dataclass
+class _Case:
+    """The evidence of one run of the check: the batch, the two trainings, and the result's parts so far."""
+
+    opts: _Options
+    n: int
+    objective: Any
+    real: dict[str, Any]
+    base: dict[str, Any]
+    composition: list
+    scale_table: pd.DataFrame
+    scale_notes: list[str]
+    offset: tuple[pd.DataFrame, str] | None
+    metrics: dict[str, Any]
+    tables: dict[str, pd.DataFrame]
+    series: dict[str, Any]
+    frozen: list[str]
+    squashes: bool
+    losses: np.ndarray = field(init=False)
+    start: float = field(init=False)
+    final: float = field(init=False)
+    base_final: float = field(init=False)
+    acc: float | None = field(init=False)
+    ran: int = field(init=False)  # steps run
+
+    def __post_init__(self) -> None:
+        self.losses = self.real["losses"]
+        self.start, self.final = float(self.losses[0]), float(self.losses[-1])
+        self.base_final = float(self.base["losses"][-1])
+        self.acc = self.real["accs"][-1]
+        self.ran = len(self.losses) - 1
+
+    def fail(self, summary: str, advice: list[str], extra: dict | None = None) -> CheckResult:
+        return CheckResult(CHECK, Status.FAIL, summary, self.metrics, {**self.tables, **(extra or {})}, advice,
+                           self.series)
+
+
+def _train_both(setup: Any, samples: int, opts: _Options, seed: int, progress: bool,
+                callback: Any) -> tuple[Any, int, Any, frozenset | None, set, list, dict, dict]:
+    """Train a copy on one small batch, then the zeroed-input baseline: (batch, samples, objective, zeroed
+    argument positions, input paths, loss-composition findings, model run, baseline run)."""
+    batch = take_samples(setup.sample_batch(), max(2, samples), setup.layout)
+    n = require_samples(batch, 2, "with one sample even a model that ignores its input can memorise the target, "
+                                  "so the input-independent baseline cannot be told apart", CHECK, setup.layout)
+    require_samples(batch, setup.accumulation_steps, f"the step splits it into accumulation_steps="
+                                                     f"{setup.accumulation_steps} micro-batches", CHECK, setup.layout)
+    model_probe = setup.build(seed=seed)
+    _, _, objective, _ = probe(setup, model_probe.model, batch, model_probe)
+    # The baseline zeroes what the model reads, never the target: the model's arguments whose zeroing changes
+    # its output (targets the loss derives from the inputs stay intact); batch tensors as a fallback when the
+    # loss never calls the model itself.
+    positions = argument_positions(setup, model_probe.model, batch, model_probe)
+    inputs = input_paths(setup, model_probe.model, batch, model_probe)
+    composition = loss_findings(setup, model_probe.model, batch, model_probe)  # named causes of a stall
+    del model_probe
+    steps = opts.steps
+    real = train_on_batch(setup, batch, objective, steps, opts.target_fraction, seed, True, "overfit batch",
+                          progress, callback=callback, min_accuracy=opts.min_accuracy)
+    base_steps = max(len(real["losses"]) - 1, 1)
+    base_batch, zero_args = (batch, positions) if positions is not None else (zero_inputs(batch, inputs), frozenset())
+    base = train_on_batch(setup, base_batch, objective, steps, opts.target_fraction, seed, False,
+                          "zeroed-input baseline", progress, fixed_steps=base_steps if real["reached"] else steps,
+                          callback=callback, phase="baseline", zero_args=zero_args)
+    return batch, n, objective, positions, inputs, composition, real, base
+
+
+def _case(setup: Any, opts: _Options, batch: Any, n: int, objective: Any, positions: frozenset | None, inputs: set,
+          composition: list, real: dict, base: dict) -> _Case:
+    """The metrics, series and tables every verdict shares."""
+    losses, base_losses = real["losses"], base["losses"]
+    start, final = float(losses[0]), float(losses[-1])
+    best = float(np.nanmin(losses)) if np.isfinite(losses).any() else math.nan
+    acc = real["accs"][-1]
+    metrics: dict[str, Any] = {
+        "samples": n, "steps_run": len(losses) - 1, "max_steps": opts.steps, "start_loss": start,
+        "final_loss": final, "best_loss": best, "loss_fraction": final / start if start else math.nan,
+        "baseline_final_loss": float(base_losses[-1]), "target_fraction": opts.target_fraction,
+        "baseline_ratio": opts.baseline_ratio, "objective": objective.kind if objective is not None else "unknown",
+        "optimizer_steps": real["optimizer_steps"],
+        "observed_at": "optimizer.step" if real["optimizer_steps"] else "parameter change",
+        "inputs_zeroed_in_baseline": len(positions) if positions is not None else len(inputs),
+    }
+    if acc is not None:
+        metrics["final_accuracy"] = acc
+        metrics["baseline_final_accuracy"] = base["accs"][-1] if base["accs"][-1] is not None else math.nan
+    curve = pd.DataFrame({"step": np.arange(len(losses)), "loss": losses,
+                          "accuracy": [math.nan if a is None else a for a in real["accs"]]})
+    tables = {"curve": curve.iloc[np.unique(np.linspace(0, len(curve) - 1, min(len(curve), 21)).astype(int))]}
+    scale_table, scale_notes = input_scale(batch, inputs)
+    return _Case(opts, n, objective, real, base, composition, scale_table, scale_notes, target_scale(batch, objective),
+                 metrics, tables, {"loss": losses, "baseline_loss": base_losses},
+                 frozen=[name for name, p in setup.model.named_parameters() if not p.requires_grad],
+                 squashes=any(isinstance(m, (nn.Sigmoid, nn.Softmax)) for m in setup.model.modules()))
+
+
+def _broken(c: _Case) -> CheckResult | None:
+    """A non-finite loss, no gradient at all, or no parameter that changed."""
+    real = c.real
+    if real["nonfinite_at"] is not None:
+        return c.fail(f"the loss became non-finite at step {real['nonfinite_at']} while overfitting one batch of {c.n}",
+                      ["Lower the learning rate or clip gradients (grad_clip=1.0).",
+                       "Check the loss for log(0) or a division by zero (use F.cross_entropy on logits, add eps)."])
+    if not real["got_grad"]:
+        no_grad = [x for x in real["trainable"] if x not in real["got_grad"]]
+        why = ("optimizer.step() was never called by the step and no parameter changed" if real["optimizer_steps"] == 0
+               else "every .grad was None or zero when optimizer.step() ran")
+        return c.fail(f"no parameter received a gradient while overfitting one batch ({why})",
+                      ["Call loss.backward() before optimizer.step(), and do not detach the output or wrap the "
+                       "forward in torch.no_grad()."],
+                      {"no_gradient": pd.DataFrame({"parameter": no_grad})})
+    if not real["changed"]:
+        why = ("optimizer.step() was never called by the step and no parameter changed" if real["optimizer_steps"] == 0
+               else "the optimizer ran but left every parameter as it was (learning rate 0, or an optimizer over no "
+                    "parameters of this model)")
+        return c.fail(f"no parameter changed in {real['optimizer_steps']} optimizer steps: {why}",
+                      ["Make the step call optimizer.step(), with a non-zero learning rate, on an optimizer built "
+                       "from the model's parameters."])
+    return None
+
+
+def _reached(c: _Case) -> bool:
+    return c.real["reached"] or (c.final <= c.opts.target_fraction * c.start
+                                 and (c.acc is None or c.acc >= c.opts.min_accuracy))
+
+
+def _diverged(c: _Case) -> CheckResult | None:
+    """Rising far above where it started is divergence whatever the shape of the tail: never "still falling"."""
+    losses, start, final, n = c.losses, c.start, c.final, c.n
+    best = c.metrics["best_loss"]
+    peak = int(np.nanargmax(losses)) if np.isfinite(losses).any() else 0
+    # Above where it started and above the input-independent start (a pretrained model's tiny start is no yardstick).
+    base_start = float(c.base["losses"][0])
+    level = max(start, base_start) if math.isfinite(base_start) else start
+    ratio = c.opts.diverge_ratio
+    if not (start > 0 and math.isfinite(best) and not _reached(c) and losses[peak] > ratio * level):
+        return None
+    c.metrics.update(diverge_ratio=ratio, peak_loss=float(losses[peak]), peak_step=peak)
+    if final > ratio * start:
+        what = (f"the loss diverges while overfitting one batch of {n}: {fmt(start)} -> {fmt(final)} "
+                f"({fmt(final / start)}x its start; highest {fmt(float(losses[peak]))} at step {peak})")
+    else:
+        what = (f"the loss diverged while overfitting one batch of {n}: it rose from {fmt(start)} to "
+                f"{fmt(float(losses[peak]))} at step {peak} ({fmt(float(losses[peak]) / start)}x its start) and "
+                f"ends at {fmt(final)} without memorising the batch")
+    return c.fail(what, ["Lower the learning rate (3-10x) or clip gradients (grad_clip=1.0).",
+                         "Check that the step descends: it must call backward() on the loss itself (not -loss) "
+                         "and optimizer.step() with a positive learning rate."])
+
+
+def _memorised(c: _Case) -> CheckResult | None:
+    """PASS: memorised, or fitted every label with a loss floor that frozen parameters impose."""
+    start, final, acc, frozen, n = c.start, c.final, c.acc, c.frozen, c.n
+    reached = _reached(c)
+    if (not reached and frozen and acc is not None and acc >= c.opts.min_accuracy and final < start
+            and final < c.opts.baseline_ratio * c.base_final):
+        # Frozen layers bound how confident the outputs can get: the trainable ones fit every label, but the loss
+        # keeps a floor they cannot remove. That is memorisation, with a caveat.
+        c.metrics.update(frozen_parameters=len(frozen), loss_floor=final)
+        summary = (f"memorised a batch of {n} in {c.ran} steps: train accuracy {_acc(acc)}, loss "
+                   f"{fmt(start)} -> {fmt(final)} (zeroed-input baseline: {fmt(c.base_final)}); the loss keeps a floor "
+                   f"at {final / start:.0%} of its start (above the {c.opts.target_fraction:.0%} target) that the "
+                   f"{len(frozen)} frozen parameter(s) ({', '.join(frozen[:4])}{', ...' if len(frozen) > 4 else ''}) "
+                   "impose: they bound how confident the outputs can get")
+        return CheckResult(CHECK, Status.PASS, summary, c.metrics,
+                           {**c.tables, "frozen": pd.DataFrame({"parameter": frozen})}, [], c.series)
+    if reached:
+        summary = (f"memorised a batch of {n} in {c.ran} steps: loss {fmt(start)} -> {fmt(final)}"
+                   + (f", train accuracy {_acc(acc)}" if acc is not None else "")
+                   + f" (zeroed-input baseline: {fmt(c.base_final)})")
+        return CheckResult(CHECK, Status.PASS, summary, c.metrics, c.tables, [], c.series)
+    return None
+
+
+def _named_cause(c: _Case) -> CheckResult | None:
+    """A stall with a named cause: bounded outputs, how loss_fn composes the loss, or a far-off regression target."""
+    start, final = c.start, c.final
+    cause = None if c.scale_notes else _bounded_output_cause(c.real["out"], c.objective, c.squashes)
+    if cause is not None:
+        return c.fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start): {cause}",
+                      ["Return raw logits from the model and let the loss apply softmax/sigmoid (remove the final "
+                       "Softmax/Sigmoid, or use NLLLoss on log_softmax outputs)."])
+    if c.composition:
+        # How loss_fn composes output and loss (softmax before cross entropy, a broadcasting target) explains a
+        # stall better than any guess from the curve (see model.init_loss, which reports the same finding first).
+        c.metrics["composition"] = ", ".join(f.kind for f in c.composition)
+        return c.fail(f"the loss falls only to {fmt(final)} ({final / start:.0%} of its start) in {c.ran} steps: "
+                      + "; ".join(f.summary for f in c.composition), [f.advice for f in c.composition])
+    # Slow or stalled: how far the inputs (and a regression target) are from unit scale is part of the evidence,
+    # and often the cause.
+    c.tables["input_scale"] = c.scale_table
+    offset = c.offset
+    if offset is None:
+        return None
+    c.tables["target_scale"] = offset[0]
+    c.metrics["target_mean"] = float(offset[0]["mean"].iloc[0])
+    c.metrics["target_std"] = float(offset[0]["std"].iloc[0])
+    return c.fail(f"the loss falls only to {fmt(final)} ({final / start:.0%} of its start) in {c.ran} steps: "
+                  f"{offset[1]}",
+                  [f"Standardise the target (subtract its mean, divide by its std) or set the bias of the last layer "
+                   f"to its mean ({fmt(c.metrics['target_mean'])}); then rerun."] + c.scale_notes)
+
+
+def _not_memorised(c: _Case) -> CheckResult:
+    """No named cause: an ignored input, a plateau (of a loss tropt knows or not), or still falling."""
+    losses, start, final, base_final, acc, n = c.losses, c.start, c.final, c.base_final, c.acc, c.n
+    notes, ratio = c.scale_notes, c.opts.baseline_ratio
+    base_start = float(c.base["losses"][0])
+    # Both curves still creeping down together (a tiny learning rate) is slow learning, not an ignored input: that
+    # needs the model to have stopped improving, or the baseline to have learned what it can.
+    decided = _plateaued(losses) or base_final <= 0.8 * base_start
+    if base_final > 0 and final >= ratio * base_final and math.isfinite(base_final) and decided:
+        return c.fail(f"the model ignores its input: after {c.ran} steps its loss {fmt(final)} does not beat "
+                      f"the {fmt(base_final)} of the same model trained on zeroed inputs",
+                      notes + [
+                          "Check that the forward pass uses its input (no torch.zeros_like/detached or overwritten "
+                          "input, no constant output path), and that inputs and labels are paired correctly.",
+                          "If it does, the input's signal is lost on the way: look for dead units "
+                          "(model.activation_stats) or vanishing gradients (model.gradient_flow)."])
+    if _plateaued(losses) and c.objective is None and final < ratio * base_final:
+        # A custom loss (label smoothing, a regulariser) can have a floor well above zero: beating the baseline is
+        # learning, and tropt cannot tell where that floor is.
+        return CheckResult(
+            CHECK, Status.WARN,
+            f"the loss plateaus at {fmt(final)} ({final / start:.0%} of its start), well below the zeroed-input "
+            f"baseline's {fmt(base_final)}; the loss is not one tropt recognises, so whether that is its floor (label "
+            "smoothing, regularisation terms) cannot be told",
+            c.metrics, c.tables, ["If the loss has no such floor, raise the learning rate or the steps and rerun; to "
+                                  "let tropt judge memorisation, compute the plain loss in loss_fn (e.g. without "
+                                  "label smoothing)."] + notes, c.series)
+    if _plateaued(losses):
+        return c.fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start) and stops "
+                      f"improving before memorising {n} samples"
+                      + (f" (train accuracy {_acc(acc)})" if acc is not None else ""),
+                      notes + ["Check for a bounded output (sigmoid/softmax/tanh before the loss), a too-small "
+                               "model, or labels the inputs cannot determine; then raise the learning rate."])
+    steps = c.opts.steps
+    return CheckResult(
+        CHECK, Status.WARN,
+        f"the loss is still falling but did not memorise a batch of {n} within {steps} steps: "
+        f"{fmt(start)} -> {fmt(final)} ({final / start:.0%} of its start)"
+        + (f", train accuracy {_acc(acc)}" if acc is not None else ""),
+        c.metrics, c.tables, notes + [f"Raise the learning rate or the number of steps (steps={steps * 2}) and "
+                                      "rerun; a model that can learn memorises a few dozen samples quickly."],
+        c.series)
+
+
+@register(CHECK, title="Overfit one small batch",
+          description="Train a copy on one fixed small batch; it must memorise it and beat a zeroed-input baseline.")
+def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, target_fraction: float = 0.1,
+                        min_accuracy: float = 0.95, baseline_ratio: float = 0.9, diverge_ratio: float = 2.0,
+                        seed: int | None = None,
+                        progress: bool = True, callback: Any = None) -> CheckResult:
+    """Train a copy on one fixed batch and judge whether it can memorise it.
+
+    Parameters
+    ----------
+    setup
+        The :class:`tropt.Setup`.
+    samples
+        Samples taken from the first batch (at most; at least 2 are needed).
+    steps
+        Maximum optimizer steps (stops early once the batch is memorised).
+    target_fraction
+        PASS once the loss falls to this fraction of its start (and train accuracy reaches ``min_accuracy`` for
+        classes).
+    min_accuracy
+        Train accuracy needed with a class objective. Below 1 because a token-level batch can hold positions no
+        model can predict (the token after a fixed start token), while the loss still falls far.
+    baseline_ratio
+        FAIL ("ignores its input") when the final loss is above this fraction of the zeroed-input baseline's.
+    diverge_ratio
+        FAIL ("diverges") when the loss rose above this many times its start (and the zeroed-input baseline's
+        start) at any step and the batch was not memorised, whatever the tail's shape.
+
+    seed
+        Seed of the copies (the Setup's seed when None).
+    progress
+        Show progress bars.
+    callback
+        Optional ``callback({"check", "phase": "model"|"baseline", "step", "total", "loss"})`` at the start and after
+        each step (live loss curves); raising :class:`tropt.errors.Cancelled` in it stops the run.
+
+    A model with frozen parameters (``requires_grad=False``) that reaches ``min_accuracy`` and beats the baseline
+    PASSes even when its loss stays above ``target_fraction``: the frozen layers impose that floor (noted in the
+    summary, ``metrics["loss_floor"]``).
+    """
+    setup.validate()
+    seed = setup.seed if seed is None else seed
+    opts = _Options(steps, target_fraction, min_accuracy, baseline_ratio, diverge_ratio)
+    with preserved(setup.model):
+        evidence = _train_both(setup, samples, opts, seed, progress, callback)
+    c = _case(setup, opts, *evidence)
+    for judge in (_broken, _diverged, _memorised, _named_cause):
+        result = judge(c)
+        if result is not None:
+            return result
+    return _not_memorised(c)
