@@ -82,7 +82,8 @@ def generate(rows: int, cols: int, out: str, test_share: float = 0.2, chunk: int
 
 def child(what: str, paths: dict) -> dict:
     import tropt
-    from tropt.data.sources import Options, load_splits, session
+    from tropt.data.cache import session
+    from tropt.data.load import Options, load_splits
 
     t = time.perf_counter()
     if what == "scan":  # as inside diagnose: one read of each split for every check

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tropt
-from tropt.data import sources
+from tropt.data import load
 from tropt.errors import DataError
 from tropt.identity import fingerprint
 
@@ -24,7 +24,7 @@ def test_diagnose_fingerprint_reuses_the_checks_scan(monkeypatch):
     """One fingerprint pass serves the check and the identity: each split is scanned once, and the identity hashes
     no frame of its own (it used to rehash every split with hash_pandas_object: up to 2.5x the check's cost)."""
     train, test = _frames()
-    scans, real_scan = [], sources.scan
+    scans, real_scan = [], load.scan
 
     def counting_scan(obj, name, *args, **kwargs):
         scans.append(name)
@@ -36,7 +36,7 @@ def test_diagnose_fingerprint_reuses_the_checks_scan(monkeypatch):
         assert not isinstance(obj, pd.DataFrame), "the identity rehashed a whole split"
         return real_hash(obj, *args, **kwargs)
 
-    monkeypatch.setattr(sources, "scan", counting_scan)
+    monkeypatch.setattr(load, "scan", counting_scan)
     monkeypatch.setattr(pd.util, "hash_pandas_object", no_frame_hash)
     report = tropt.diagnose(splits={"train": train, "test": test}, label="y", checks=["data.exact_duplicates"], progress=False)
     assert sorted(scans) == ["test", "train"]
@@ -47,13 +47,13 @@ def test_diagnose_fingerprint_reuses_the_checks_scan(monkeypatch):
 def test_diagnose_scans_only_what_the_selected_checks_need(monkeypatch):
     """Exact duplicates alone never vectorise text or build the numeric matrix (a session scans for its checks)."""
     train, test = _frames()
-    wanted, real_scan = [], sources.scan
+    wanted, real_scan = [], load.scan
 
-    def spy(obj, name, opts, kinds=None, progress=False, needs=sources.ALL_NEEDS, **kw):
+    def spy(obj, name, opts, kinds=None, progress=False, needs=load.ALL_NEEDS, **kw):
         wanted.append(needs)
         return real_scan(obj, name, opts, kinds, progress, needs, **kw)
 
-    monkeypatch.setattr(sources, "scan", spy)
+    monkeypatch.setattr(load, "scan", spy)
     tropt.diagnose(splits={"train": train, "test": test}, label="y", checks=["data.exact_duplicates"], progress=False)
     assert wanted and all("numeric" not in n for n in wanted)
 
@@ -111,11 +111,11 @@ def test_partitioned_parquet_directory_is_fingerprinted(tmp_path):
     (lambda tmp: (torch.empty(10, 3, device="meta"), torch.zeros(10)), "meta device"),  # inside (X, y)
 ])
 def test_bad_split_is_a_data_error_naming_it_found_before_any_check(tmp_path, make, words, monkeypatch):
-    import tropt.data.sources as sources
+    import tropt.data.load as load
 
     scans = []
-    real_scan = sources.scan
-    monkeypatch.setattr(sources, "scan", lambda *a, **k: scans.append(a[1]) or real_scan(*a, **k))
+    real_scan = load.scan
+    monkeypatch.setattr(load, "scan", lambda *a, **k: scans.append(a[1]) or real_scan(*a, **k))
     train, _ = _frames()
     report = tropt.diagnose(splits={"train": train, "holdout": make(tmp_path)}, checks="data", progress=False)
     data = [r for r in report if r.check.startswith("data.") and r.status is not tropt.Status.SKIP]

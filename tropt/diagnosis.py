@@ -69,11 +69,12 @@ def check_splits_readable(splits: Mapping[str, Any]) -> None:
 
     Each split is opened the way the data checks open it (a file's format and columns, an array's shape, a
     Dataset's length); what the cells hold is the checks' business (they report it as their ERROR)."""
-    from .data.sources import Options, _Reader, validate_splits
+    from .data.load import Options, validate_splits
+    from .data.readers import Reader
 
     for name, obj in validate_splits(splits):
         try:  # the reader names what it finds wrong, and where (e.g. "X of the (X, y) tuple is on the meta device")
-            reader = _Reader(obj, name, Options())
+            reader = Reader(obj, name, Options())
             if getattr(reader, "columns", None) == []:
                 where = f" at {reader.path!r}" if hasattr(reader, "path") else ""
                 raise DataError(f"split {name!r} has no columns{where} (an empty directory or file?)",
@@ -145,8 +146,7 @@ def diagnose(
     from contextlib import nullcontext
 
     from .budgets import budget_options, tropt_threads
-    from .data._common import scan_needs
-    from .data.sources import session
+    from .data.cache import scan_needs, session
     from .identity import run_identity
 
     if setup is None and splits is None:
@@ -174,11 +174,11 @@ def diagnose(
             setup.validate()
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported once per setup check, the data checks still run
             setup_error = exc
-    options = {"label": label, "group": group, "time": time, "task": task, "progress": progress, "callback": callback}
+    common: dict[str, Any] = {"label": label, "group": group, "time": time, "task": task, "progress": progress, "callback": callback}
     results: list[CheckResult] = []
     data_ids = [s.id for s in specs if s.needs == "splits"]
     with tropt_threads(threads) as used_threads, session(scan_needs(data_ids)) if splits is not None else nullcontext():
-        _run_specs(specs, setup, splits, setup_error, {**options, "budget": budget, "per_check": per_check}, results, progress,
+        _run_specs(specs, setup, splits, setup_error, {**common, "budget": budget, "per_check": per_check}, results, progress,
                    callback, on_result, splits_error)
         # Inside the session: the identity's data fingerprint reuses the scan the data checks made.
         identity = run_identity(setup if setup_error is None else None, splits if splits_error is None else None,

@@ -50,7 +50,7 @@ def _split_parts(datas: list, h: "hashlib._Hash") -> None:
     for d in datas:
         h.update(f"|{d.name}:{d.kind}:{d.n}|".encode())
         if d.fp is not None:
-            h.update(memoryview(np.ascontiguousarray(d.fp)))
+            h.update(np.ascontiguousarray(d.fp).data)
         for role in ("label", "group", "time"):
             col = getattr(d, role)
             if col is not None:
@@ -84,7 +84,7 @@ def fingerprint(setup: Any = None, splits: Mapping | None = None, *, label=None,
             h.update(part)
         used = True
     if splits is not None:
-        from .data.sources import Options, load_splits
+        from .data.load import Options, load_splits
 
         try:
             datas = load_splits(splits, Options.make(label, group, time, features), needs=frozenset())

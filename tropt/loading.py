@@ -23,6 +23,8 @@ def load_callable(spec: str) -> Callable:
             raise TroptError(f"cannot load {spec!r}: the file {target} does not exist", "check the path (relative paths start at the current directory)")
         mod_name = f"_tropt_user_{abs(hash(path))}"
         module_spec = importlib.util.spec_from_file_location(mod_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise TroptError(f"cannot load {spec!r}: {target} is not a Python module", "give a .py file")
         module = importlib.util.module_from_spec(module_spec)
         # Let the file import its neighbours, as running it as a script would.
         sys.path.insert(0, os.path.dirname(path))

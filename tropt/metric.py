@@ -54,7 +54,7 @@ class Metric:
         except Exception as exc:
             raise StepError(f"the metric {self.name} raised {type(exc).__name__}: {exc}",
                             "fix the metric; tropt calls it as fn(model, val_data)") from exc
-        return as_score(value, self.name)
+        return as_score(value, self.name or "metric")
 
     def better(self, a: float, b: float) -> bool:
         """Whether score ``a`` is strictly better than ``b`` in this metric's direction."""

@@ -462,8 +462,8 @@ class Setup:
                  accumulation_steps: int | None) -> StepContext:
         scaler = None
         if self.use_scaler:
-            kwargs = {} if init_scale is None else {"init_scale": init_scale}
-            scaler = torch.amp.GradScaler(self.device.type, **kwargs)
+            kwargs: dict[str, Any] = {} if init_scale is None else {"init_scale": init_scale}
+            scaler = torch.amp.GradScaler(torch.device(self.device).type, **kwargs)
         return StepContext(
             model=copy_,
             optimizer=opt,
@@ -472,7 +472,7 @@ class Setup:
             loss_fn=self.loss,
             grad_clip=self.grad_clip,
             accumulation_steps=self.accumulation_steps if accumulation_steps is None else accumulation_steps,
-            device=self.device,
+            device=torch.device(self.device),
             precision=self.precision,
             layout=self.layout,
         )

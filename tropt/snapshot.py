@@ -91,7 +91,7 @@ class _ModuleState:
                 if t is None or id(t) in s.values:
                     continue
                 s.names.setdefault(id(t), f"{prefix + '.' if prefix else ''}{name}")
-                s.values[id(t)] = _clone(t)
+                s.values[id(t)] = t.detach().clone()
                 s.grads[id(t)] = _clone(t.grad)
                 s.requires_grad[id(t)] = t.requires_grad
         return s
@@ -117,10 +117,10 @@ class _ModuleState:
                     live.update(hooks)
         with torch.no_grad():
             for key in self.params:
-                m = seen.get(key)
-                if m is None:
+                found = seen.get(key)
+                if found is None:
                     continue
-                for t in list(m._parameters.values()) + list(m._buffers.values()):
+                for t in list(found._parameters.values()) + list(found._buffers.values()):
                     if t is None or id(t) not in self.values:
                         continue
                     saved = self.values[id(t)]
@@ -169,7 +169,7 @@ def _state_dict(obj: Any) -> Any:
 class RngState:
     torch_cpu: torch.Tensor
     cuda: list | None
-    numpy: tuple
+    numpy: Any  # numpy's legacy state: a tuple, typed as a dict by its stubs
     python: tuple
 
     @classmethod

@@ -15,7 +15,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 import tropt  # noqa: E402
-from tropt.data import check_exact_duplicates, check_group_leakage, check_splits, sources  # noqa: E402
+from tropt.data import check_exact_duplicates, check_splits, limits  # noqa: E402
 from tropt.errors import DataError  # noqa: E402
 from tropt.registry import find_spec  # noqa: E402
 from tropt.result import Status  # noqa: E402
@@ -90,7 +90,7 @@ def assert_planted(report) -> None:
 
 def test_partitioned_parquet_dataset_gives_the_pandas_report(tmp_path, monkeypatch):
     # A small sample limit makes the single-feature models' sample a strict subset drawn across the partitions.
-    monkeypatch.setattr(sources, "SAMPLE_ROWS", 500)
+    monkeypatch.setattr(limits, "SAMPLE_ROWS", 500)
     train, test = make_splits()
     paths = {"train": write_dataset(train, tmp_path / "train"), "test": write_dataset(test, tmp_path / "test")}
     assert dd.read_parquet(paths["train"]).npartitions > 3
@@ -105,9 +105,11 @@ def test_partitioned_parquet_dataset_gives_the_pandas_report(tmp_path, monkeypat
     alone = tropt.data.check_target_leakage(paths, progress=False, **OPTIONS)
     want = in_memory["data.target_leakage"]
     assert (alone.status, alone.summary, alone.metrics) == (want.status, want.summary, want.metrics)
-    from tropt.data.sources import _Reader, Options, scan
+    from tropt.data.readers import Reader
+    from tropt.data.scan import scan
+    from tropt.data.split_data import Options
 
-    sample = scan(_Reader(paths["test"], "test", Options.make(**OPTIONS)), "test", Options.make(**OPTIONS),
+    sample = scan(Reader(paths["test"], "test", Options.make(**OPTIONS)), "test", Options.make(**OPTIONS),
                   kinds=None, needs=frozenset({"sample"})).sample
     assert len(sample) == 500
     ref = scan(pd.read_parquet(paths["test"]), "test", Options.make(**OPTIONS), needs=frozenset({"sample"})).sample
@@ -134,7 +136,7 @@ def test_a_glob_over_the_files_reads_the_same_rows(tmp_path):
 
 
 def test_dask_dataframe_gives_the_pandas_report(monkeypatch):
-    monkeypatch.setattr(sources, "SAMPLE_ROWS", 500)
+    monkeypatch.setattr(limits, "SAMPLE_ROWS", 500)
     train, test = make_splits(2)
     test.index = test.index + 50_000  # the evidence shows index labels, as for a pandas DataFrame
     splits = {"train": dd.from_pandas(train, npartitions=4), "test": dd.from_pandas(test, npartitions=3)}

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from tropt.data import check_exact_duplicates
-from tropt.data.sources import _string_hash, hash_column
+from tropt.data.hashing import _string_hash, hash_column
 
 VALUES = ["a", "b", None, "a", np.nan, "ç", "1", ""]
 

@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tropt.data.duplicates import exact_join, repeated_rows
-from tropt.data.sources import _BLOCK, _GOLD, _mix_, _name_seed, column_kind, hash_column, hash_rows
+from tropt.data.columns import column_kind
+from tropt.data.exact_join import exact_join, repeated_rows
+from tropt.data.hashing import _BLOCK, _GOLD, _mix_, _name_seed, hash_column, hash_rows
 
 
 def naive_join(fps: list[np.ndarray], labels: list[list] | None, max_evidence: int) -> dict:
@@ -120,7 +121,7 @@ def test_fingerprints_stay_canonical_on_the_fast_path():
 
 
 def test_row_positions_index_like_the_array_they_replace():
-    from tropt.data.sources import RowPositions
+    from tropt.data.split_data import RowPositions
 
     pos, ref = RowPositions(10), np.arange(10)
     assert len(pos) == 10

@@ -108,10 +108,10 @@ def test_minhash_finds_recased_repunctuated_and_one_word_changed_copies_and_no_f
 
 
 def test_text_too_long_to_vectorise_goes_to_minhash(monkeypatch):
-    """Above sources.TEXT_MAX_ROWS the trigram vectors are not built: the text is compared by MinHash LSH."""
-    from tropt.data import sources
+    """Above limits.TEXT_MAX_ROWS the trigram vectors are not built: the text is compared by MinHash LSH."""
+    from tropt.data import limits
 
-    monkeypatch.setattr(sources, "TEXT_MAX_ROWS", 500)
+    monkeypatch.setattr(limits, "TEXT_MAX_ROWS", 500)
     train_text, test_text = _sentences(2000, 3), _sentences(300, 4)
     test_text[:10] = [t.lower() for t in train_text[100:110]]
     r = check_near_duplicates({"train": pd.DataFrame({"t": train_text}), "test": pd.DataFrame({"t": test_text})},

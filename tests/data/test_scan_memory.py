@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 
 import tropt
-from tropt.data import sources
-from tropt.data.sources import Options, load_splits, session
+from tropt.data import cache, limits
+from tropt.data.cache import session
+from tropt.data.load import Options, load_splits
 
 
 def _splits(tmp_path, n=400, copies=20, seed=0):
@@ -24,7 +25,7 @@ def _splits(tmp_path, n=400, copies=20, seed=0):
 
 
 def test_session_scan_drops_the_numeric_matrix_above_the_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "EAGER_NUMERIC_ROWS", 300)
+    monkeypatch.setattr(limits, "EAGER_NUMERIC_ROWS", 300)
     paths = _splits(tmp_path)
     with session():
         train, test = load_splits(paths, Options.make(label="y"))
@@ -36,8 +37,8 @@ def test_session_scan_drops_the_numeric_matrix_above_the_limit(tmp_path, monkeyp
 def test_near_duplicates_still_found_when_asked_after_a_lean_scan(tmp_path, monkeypatch):
     paths = _splits(tmp_path)
     full = tropt.diagnose(splits=paths, label="y", checks=["data.exact_duplicates", "data.near_duplicates"], progress=False)
-    monkeypatch.setattr(sources, "EAGER_NUMERIC_ROWS", 300)
-    sources._FILE_CACHE.clear()
+    monkeypatch.setattr(limits, "EAGER_NUMERIC_ROWS", 300)
+    cache._FILE_CACHE.clear()
     lean = tropt.diagnose(splits=paths, label="y", checks=["data.exact_duplicates", "data.near_duplicates"], progress=False)
     r = lean["data.near_duplicates"]
     assert r.status.value == "fail" and r.metrics["leaked_rows"] == 20  # the planted near copies, read again on demand
@@ -49,9 +50,9 @@ def test_above_the_automatic_limit_the_search_uses_the_index(tmp_path, monkeypat
     import pytest
 
     pytest.importorskip("faiss")
-    monkeypatch.setattr(sources, "EAGER_NUMERIC_ROWS", 300)
+    monkeypatch.setattr(limits, "EAGER_NUMERIC_ROWS", 300)
     paths = _splits(tmp_path)
-    sources._FILE_CACHE.clear()
+    cache._FILE_CACHE.clear()
     r = tropt.data.check_near_duplicates(paths, label="y", max_auto_rows=500, progress=False)
     assert r.status.value == "fail" and r.metrics["leaked_rows"] == 20, r.summary
     assert "above the exact-search limit of 500" in r.summary and r.metrics["method"].startswith("faiss IVF")

@@ -7,14 +7,13 @@ import contextlib
 import pytest
 import torch
 import torch.distributed as dist
+from support import ce_loss, make_classification
 from torch import nn
 
 import tropt
 from tropt.loop import check_ddp
 from tropt.result import Status
 from tropt.testing import untouched
-
-from support import ce_loss, make_classification
 
 
 def ddp_setup(step=None, k=1, batchnorm=False):

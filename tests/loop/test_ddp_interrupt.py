@@ -10,13 +10,12 @@ import time
 
 import pytest
 import torch
+from support import ce_loss, make_classification
 from torch import nn
 
 import tropt
 from tropt.loop import check_ddp
 from tropt.training import standard_step
-
-from support import ce_loss, make_classification
 
 
 def _alive(pid: int) -> bool:

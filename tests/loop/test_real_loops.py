@@ -7,13 +7,12 @@ caught by the right check id with the right cause.
 from __future__ import annotations
 
 import pytest
+import real_loops as rl
 import torch
 
 import tropt
 from tropt.result import Status
 from tropt.testing import untouched
-
-import real_loops as rl
 
 MODEL_AND_LOOP = ["model", "loop"]
 

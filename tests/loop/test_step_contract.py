@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import real_loops as rl
 import torch
+from support import ce_loss, make_classification
 from torch import nn
-from torch.nn import functional as F
 
 import tropt
 from tropt.batching import BatchLayout, batch_size, split_batch
@@ -15,9 +16,6 @@ from tropt.loop import check_resume, check_scheduler_cadence, check_zero_grad
 from tropt.loop._verdicts import steps_per_call_note
 from tropt.result import Status
 from tropt.training import StepContext
-
-import real_loops as rl
-from support import ce_loss, make_classification
 
 
 # ------------------------------------------------------------------ batch layouts

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
+import contract_cases as cc
 import pytest
 import torch
-from torch import nn
+from contract_support import caught_by_exactly
 
 import tropt
 from tropt.loop import check_train_mode
 from tropt.result import Status
 from tropt.testing import untouched
-
-import contract_cases as cc
-from contract_support import caught_by_exactly
 
 MODE_CASES = ["model_left_in_eval_mode", "eval_inside_step", "frozen_backbone", "metric_in_train_mode"]
 

@@ -7,6 +7,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import tropt
+from tropt.testing import untouched
 
 D, C, N = 8, 3, 256
 
@@ -44,3 +45,25 @@ def setup_for(model: nn.Module, loss=ce, opt=None, batches=None, **kw) -> tropt.
 
 def healthy() -> tropt.Setup:
     return setup_for(mlp(), num_classes=C)
+
+
+def run(check, setup, **kw):
+    """Every check runs under the shared no-mutation assertion."""
+    with untouched(setup):
+        return check(setup, progress=False, **kw)
+
+
+class Detached(nn.Module):
+    """A side branch whose output is detached: its parameters require grad but never get one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.main = mlp()
+        self.side = nn.Sequential(nn.Linear(D, 16), nn.ReLU(), nn.Linear(16, C))
+
+    def forward(self, x):
+        return self.main(x) + self.side(x).detach()
+
+
+def problems(result, column="name"):
+    return set(result.tables["problems"][column]) if "problems" in result.tables else set()

@@ -148,7 +148,8 @@ def split_sizes(n: int, k: int) -> list[int]:
 def rebuild(template: Any, items: Any) -> Any:
     """A container of the same type as ``template`` holding ``items``."""
     if isinstance(template, Mapping):
-        for make in (lambda: type(template)(items), lambda: type(template)(**items)):
+        cls: Any = type(template)  # a Mapping type; its constructor's signature is its own
+        for make in (lambda: cls(items), lambda: cls(**items)):
             try:
                 return make()
             except Exception:  # noqa: BLE001 - Mapping types with unusual constructors fall back to dict
@@ -168,7 +169,7 @@ def _slice(x: Any, start: int, stop: int, n: int, dim: int = 0, lead: tuple[int,
                 return x
             return x[(slice(None),) * dim + (slice(start, stop),)]
         if _is_flat(x, lead, dim):  # a flattened (seq, batch) target: slice it as that shape, flatten again
-            shaped = x.reshape(*lead, *x.shape[1:])
+            shaped = x.reshape(*(lead or ()), *x.shape[1:])
             part = shaped[(slice(None),) * dim + (slice(start, stop),)]
             return part.reshape(-1, *x.shape[1:])
         if _is_per_sample(x, lead):  # one value per sample (e.g. sequence lengths beside time-major data)

@@ -263,11 +263,11 @@ class ScalerWatch:
             watch._saw(scaler)
             return original(scaler, outputs)
 
-        cls.scale = scale
+        cls.scale = scale  # type: ignore[method-assign,assignment]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        torch.amp.GradScaler.scale = self._saved
+        torch.amp.GradScaler.scale = self._saved  # type: ignore[method-assign]
 
 
 def run_steps(setup: Setup, ctx: StepContext, steps: list[list], *, capture: str = "grads",

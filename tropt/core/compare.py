@@ -7,10 +7,13 @@ infinite value never makes a difference vanish relative to it. A tensor present 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 import torch
+
+Tensors = Mapping[str, torch.Tensor | None]  # named tensors (gradients, updates, states); None: absent on this side
 
 
 def _as_float(t: torch.Tensor) -> torch.Tensor:
@@ -33,18 +36,18 @@ def _nonfinite_pair(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, flo
     return nx, ny, (float((x - y).where(~bad, 0.0).norm()) if bool(same.all()) else None)
 
 
-def _pair_norms(a: dict[str, torch.Tensor | None],
-                b: dict[str, torch.Tensor | None]) -> dict[str, tuple[float, float, float | None]]:
+def _pair_norms(a: Tensors, b: Tensors) -> dict[str, tuple[float, float, float | None]]:
     """Per name: (|a|, |b|, |a - b|) with batched foreach norms (one host read).
 
     The diff is None for a full mismatch: a tensor present on one side only, or non-finite entries that differ.
     Norms cover finite entries only (see :func:`_nonfinite_pair`), so they are always finite.
     """
     names = list(a) + [n for n in b if n not in a]
-    both = [n for n in names if a.get(n) is not None and b.get(n) is not None]
-    xs, ys = [_as_float(a[n]) for n in both], [_as_float(b[n]) for n in both]
-    lone = [(n, a.get(n) if a.get(n) is not None else b.get(n))
-            for n in names if (a.get(n) is None) != (b.get(n) is None)]
+    in_a = {n: t for n, t in a.items() if t is not None}
+    in_b = {n: t for n, t in b.items() if t is not None}
+    both = [n for n in names if n in in_a and n in in_b]
+    xs, ys = [_as_float(in_a[n]) for n in both], [_as_float(in_b[n]) for n in both]
+    lone = [(n, in_a[n] if n in in_a else in_b[n]) for n in names if (n in in_a) != (n in in_b)]
     norms: list[torch.Tensor] = []
     if both:
         norms += torch._foreach_norm(xs) + torch._foreach_norm(ys) + torch._foreach_norm(torch._foreach_sub(xs, ys))
@@ -55,7 +58,7 @@ def _pair_norms(a: dict[str, torch.Tensor | None],
     for i, n in enumerate(both):
         triple = (values[i], values[k + i], values[2 * k + i])
         # A non-finite norm means a non-finite entry (or an overflow): redo that pair exactly, in float64.
-        out[n] = triple if all(math.isfinite(v) for v in triple) else _nonfinite_pair(a[n], b[n])
+        out[n] = triple if all(math.isfinite(v) for v in triple) else _nonfinite_pair(in_a[n], in_b[n])
     for j, (n, _) in enumerate(lone):
         v = values[3 * k + j]
         out[n] = (v, 0.0, None) if a.get(n) is not None else (0.0, v, None)
@@ -69,15 +72,14 @@ def _rel(nx: float, ny: float, d: float | None, scale: float) -> float:
     return 1.0 if d is None else d / max(nx, ny, 1e-6 * scale)
 
 
-def max_rel_error(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None]) -> float:
+def max_rel_error(a: Tensors, b: Tensors) -> float:
     """The worst per-tensor relative error of :func:`compare_tensors`, without building its table."""
     norms = _pair_norms(a, b)
     scale = max([max(nx, ny) for nx, ny, _ in norms.values()] + [1e-30])
     return max([_rel(nx, ny, d, scale) for nx, ny, d in norms.values()] + [0.0])
 
 
-def compare_tensors(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None], *,
-                    labels: tuple[str, str] = ("a", "b")) -> pd.DataFrame:
+def compare_tensors(a: Tensors, b: Tensors, *, labels: tuple[str, str] = ("a", "b")) -> pd.DataFrame:
     """Per-tensor relative error ``|a - b| / max(|a|, |b|)`` (Frobenius norms), worst first.
 
     A tensor present on one side only (e.g. a gradient that is None in one run) counts as error 1. The
@@ -96,7 +98,7 @@ def compare_tensors(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor
     return df.sort_values("rel_error", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def global_rel_error(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None]) -> float:
+def global_rel_error(a: Tensors, b: Tensors) -> float:
     """Relative error of all tensors together: ``|a - b| / max(|a|, |b|)`` over the concatenation."""
     norms = _pair_norms(a, b)
     diff2 = sum((max(nx, ny) if d is None else d) ** 2 for nx, ny, d in norms.values())
@@ -125,7 +127,7 @@ def flatten_state(obj: Any, prefix: str = "") -> dict[str, torch.Tensor]:
     return out
 
 
-def nonfinite_tensors(grads: dict[str, torch.Tensor | None]) -> dict[str, int]:
+def nonfinite_tensors(grads: Tensors) -> dict[str, int]:
     """Per tensor name, how many entries are inf or NaN (only names that have some)."""
     out = {}
     for name, g in grads.items():

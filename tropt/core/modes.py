@@ -3,32 +3,32 @@ and put them back afterwards."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Iterator
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch import nn
 
 
-def dropout_off(model: nn.Module) -> Any:
+def dropout_off(model: nn.Module) -> AbstractContextManager[None]:
     """Context manager: dropout modules in eval mode and attention dropout at 0 (other modules untouched), restored
     on exit. ``nn.MultiheadAttention`` keeps its dropout as a float applied whenever it trains."""
 
     @contextmanager
     def cm() -> Iterator[None]:
         drops = [m for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.training]
-        attn = [(m, m.dropout) for m in model.modules() if isinstance(m, nn.MultiheadAttention) and m.dropout]
-        for m in drops:
-            m.eval()
-        for m, _ in attn:
-            m.dropout = 0.0
+        attn = [(a, a.dropout) for a in model.modules() if isinstance(a, nn.MultiheadAttention) and a.dropout]
+        for d in drops:
+            d.eval()
+        for a, _ in attn:
+            a.dropout = 0.0
         try:
             yield
         finally:
-            for m in drops:
-                m.train()
-            for m, p in attn:
-                m.dropout = p
+            for d in drops:
+                d.train()
+            for a, p in attn:
+                a.dropout = p
 
     return cm()
 
@@ -71,9 +71,9 @@ def freeze_batch_stats(model: nn.Module) -> int:
             if m.running_mean is None:
                 device = next(m.parameters(), torch.zeros(0)).device
                 m.register_buffer("running_mean", torch.zeros(m.num_features, device=device))
-                m.register_buffer("running_var", torch.ones(m.num_features, device=m.running_mean.device))
+                m.register_buffer("running_var", torch.ones(m.num_features, device=device))
                 m.track_running_stats = True
             m.training = False
-            m.train = (lambda self_: (lambda mode=True: self_))(m)
+            m.train = (lambda self_: (lambda mode=True: self_))(m)  # type: ignore[method-assign,assignment]
             count += 1
     return count

@@ -47,7 +47,7 @@ class Capture:
         self.outputs: list[torch.Tensor] = []
         self.calls: list[str] = []
 
-    def __enter__(self) -> "Capture":
+    def __enter__(self) -> Capture:
         def hook(module: nn.Module, args: Any, out: Any) -> None:
             t = output_tensor(out)
             if t is not None:
@@ -136,7 +136,7 @@ class Objective:
 
 def _candidates(out: torch.Tensor, y: torch.Tensor) -> list[tuple[str, int, float, int | None]]:
     """(kind, layout, loss value, classes) for every standard objective that applies to (out, y)."""
-    res = []
+    res: list[tuple[str, int, float, int | None]] = []
     out = out.float()
     if not y.is_floating_point() and not y.is_complex() and y.dtype != torch.bool:
         for i, (o, t, c) in enumerate(class_layouts(out, y)):

@@ -9,7 +9,7 @@ step of such a run then has no loss and is dropped).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -41,7 +41,7 @@ class LossRecorder:
         if not self.values:
             return None
         total = float(sum(self.sizes))
-        return sum(v * (n / total) for v, n in zip(self.values, self.sizes))
+        return cast(torch.Tensor, sum(v * (n / total) for v, n in zip(self.values, self.sizes, strict=True)))
 
 
 def as_loss(value: Any) -> torch.Tensor | None:
@@ -69,7 +69,9 @@ class StepRunner:
         sizes = [ctx.batch_size(mb) for mb in micro]
         total = float(sum(sizes))
         with torch.no_grad(), ctx.autocast():
-            return sum(self.recorder.inner(ctx.model, mb).detach().float() * (n / total) for mb, n in zip(micro, sizes))
+            parts = (self.recorder.inner(ctx.model, mb).detach().float() * (n / total)
+                     for mb, n in zip(micro, sizes, strict=True))
+            return cast(torch.Tensor, sum(parts))
 
     def step(self, micro: list) -> torch.Tensor | None:
         pre = self._forward_loss(micro) if self.pre_forward else None

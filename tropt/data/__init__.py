@@ -24,7 +24,6 @@ from .splits import CHECKS, check_splits
 from .target_leakage import check_target_leakage
 from .temporal_leakage import check_temporal_leakage
 
-
 __all__ = [
     "CHECKS",
     "check_splits",

@@ -72,7 +72,7 @@ def lookup(obj: Any, opts: Options, kinds: Mapping, needs: frozenset) -> tuple[A
     key = ("mem", id(obj), opts, tuple(sorted(kinds.items(), key=lambda kv: str(kv[0])))) if sess is not None else None
     fkey = _file_key(obj, opts, kinds)
     data = None
-    if key is not None and key in sess and needs <= sess[key][1].has:
+    if key is not None and sess is not None and key in sess and needs <= sess[key][1].has:
         data = sess[key][1]
     elif fkey is not None and fkey in _FILE_CACHE and needs <= _FILE_CACHE[fkey].has:
         _FILE_CACHE.move_to_end(fkey)

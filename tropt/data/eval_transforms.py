@@ -15,7 +15,8 @@ Cost: ``n_batches`` training batches and two passes of ``n_batches`` validation 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -74,7 +75,8 @@ def _words(datas: list, stats: dict, metrics: dict, pair_rows: list, chance: boo
         # each split too), so they say nothing about leakage. Not FAIL; the numbers and the evidence stay.
         worst_pair = max(pair_rows, key=lambda r: r["leaked_fraction"])
         wl = worst_pair["split"]
-        summary = (f"feature space too small to judge exact copies: {space_words(space)} ({stats['distinct']} distinct vectors) for "
+        summary = (f"feature space too small to judge exact copies: {space_words(space)} ({stats['distinct']} distinct "
+                   f"vectors) for "
                    f"{sum(d.n for d in datas)} rows, so {worst_pair['leaked_rows']} of {worst_pair['rows']} {wl} rows "
                    f"matching {worst_pair['earlier_split']} ({_pct(worst_pair['leaked_fraction'])}) is expected by chance; "
                    f"{_pct(metrics[f'within_repeat_rate.{wl}'])} of {wl} rows repeat within {wl} too")
@@ -145,5 +147,6 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
             metrics[f"within_repeat_rate.{d.name}"] = repeat / d.n  # rows sharing their vector within the split
     metrics["small_feature_space"] = bool(chance)
     summary, advice = _words(datas, stats, metrics, pair_rows, chance, space, group)
-    status = Status.FAIL if worst > max_fraction and not chance else Status.WARN if leaked or stats["conflicting"] else Status.PASS
+    status = (Status.FAIL if worst > max_fraction and not chance
+              else Status.WARN if leaked or stats["conflicting"] else Status.PASS)
     return CheckResult(cid, status, summary, metrics, tables, advice)

@@ -11,7 +11,6 @@ import pandas as pd
 
 from .hashing import hash_column
 
-
 _MARK_BLOCK = 1 << 20  # rows per block when marking the repeated rows: a block's temporaries are reused
 
 

@@ -4,13 +4,17 @@ discrete answers), rows coincide by chance across and within splits, so exact co
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
 from ._common import _load
 
 
-def feature_space(splits, label, group, time, features, progress) -> tuple[float, int, str]:
+def feature_space(splits: Mapping[str, Any], label: Any, group: Any, time: Any, features: Any,
+                  progress: bool) -> tuple[float, int, str]:
     """log10 of how many value combinations the feature columns can take, the number of feature columns, and how
     that bound was found.
 
@@ -48,7 +52,8 @@ def feature_space(splits, label, group, time, features, progress) -> tuple[float
     return product, len(cols), "product"
 
 
-def too_small_to_judge(splits, label, group, time, features, progress, datas, small_space: float) -> tuple[bool, tuple | None]:
+def too_small_to_judge(splits: Mapping[str, Any], label: Any, group: Any, time: Any, features: Any, progress: bool,
+                       datas: list, small_space: float) -> tuple[bool, tuple | None]:
     """Whether a table's feature space is too small to judge exact copies (at most ``small_space`` x rows)."""
     if not datas[0].tabular:
         return False, None
@@ -57,6 +62,7 @@ def too_small_to_judge(splits, label, group, time, features, progress, datas, sm
 
 
 def space_words(space: tuple) -> str:
+    """The feature space bound in words, for the summary."""
     if space[2] == "product":
         return f"{space[1]} feature column(s) take at most {10 ** space[0]:,.0f} value combinations"
     return f"{space[1]} discrete feature column(s) show about {10 ** space[0]:,.0f} possible combinations ({space[2]})"

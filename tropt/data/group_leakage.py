@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -81,6 +82,3 @@ def check_group_leakage(splits: Mapping[str, Any], *, group=None, label=None, ti
         advice = []
     status = Status.FAIL if worst > max_fraction else Status.WARN if shared else Status.PASS
     return CheckResult(cid, status, summary, metrics, tables, advice)
-
-
-# ---------------------------------------------------------------------------------------------------- temporal leakage

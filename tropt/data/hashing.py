@@ -174,4 +174,3 @@ def hash_array_rows(x: np.ndarray) -> np.ndarray:
         bits = canonical_float_bits(flat[a:a + step])
         out[a:a + step] = mix(mix(bits ^ seeds[None, :]).sum(axis=1, dtype=np.uint64) + _GOLD)
     return out
-

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,14 +27,15 @@ class _Problems:
     def note(self, split: SplitData, problem: str, mask: np.ndarray | None, severe: bool, values: pd.Series) -> None:
         rows = int(mask.sum()) if mask is not None else split.n
         ex = values[mask].head(3).tolist() if mask is not None else values.head(1).tolist()
-        self.problems.append({"split": split.name, "problem": problem, "rows": rows, "examples": ", ".join(map(str, ex)),
-                              "severity": "fail" if severe else "warn"})
+        self.problems.append({"split": split.name, "problem": problem, "rows": rows,
+                              "examples": ", ".join(map(str, ex)), "severity": "fail" if severe else "warn"})
         self.fail |= severe
         self.warn |= not severe
         if mask is not None and len(self.bad_rows) < self.max_evidence:
             idx = np.flatnonzero(mask)[: self.max_evidence - len(self.bad_rows)]
             for i in idx:
-                self.bad_rows.append({"split": split.name, "row": split.row_id[i], "label": values.iloc[i], "problem": problem})
+                self.bad_rows.append({"split": split.name, "row": split.row_id[i], "label": values.iloc[i],
+                                      "problem": problem})
 
 
 def _split_problems(found: _Problems, d: SplitData, s: pd.Series, first: bool, task: str,
@@ -57,7 +59,8 @@ def _split_problems(found: _Problems, d: SplitData, s: pd.Series, first: bool, t
             found.note(d, "non-integer class id", nonint, True, s)
         neg = fin & (v < 0)
         if neg.any():
-            found.note(d, "negative class id" + (" (-100 is CrossEntropyLoss's ignore_index: intended?)" if np.all(v[neg] == -100) else ""), neg, True, s)
+            ignore = " (-100 is CrossEntropyLoss's ignore_index: intended?)" if np.all(v[neg] == -100) else ""
+            found.note(d, "negative class id" + ignore, neg, True, s)
         if num_classes is not None:
             big = fin & (v >= num_classes)
             if big.any():

@@ -4,8 +4,9 @@ and each is scanned once per session and once per unchanged file (:mod:`tropt.da
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -6,7 +6,8 @@ is :mod:`tropt.data.near_search`; this module decides whether and how to search,
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -53,7 +54,8 @@ def _shape_mismatch(cid: str, datas: list) -> CheckResult:
 
 
 def _gate(splits: Mapping[str, Any], o: NearDuplicateOptions) -> CheckResult | None:
-    """A SKIP when disabled, or (``enabled="auto"``) when a large table's index would hold too much; bad options raise."""
+    """A SKIP when disabled, or (``enabled="auto"``) when a large table's index would hold too much; bad options
+    raise."""
     cid = "data.near_duplicates"
     if o.enabled is False:
         return _skip(cid, "near-duplicate search disabled (near_duplicates=False)")
@@ -65,9 +67,9 @@ def _gate(splits: Mapping[str, Any], o: NearDuplicateOptions) -> CheckResult | N
         sized = _load(splits, o.label, o.group, o.time, o.features, o.progress)
         need = _index_bytes(sized)
         if sized[0].tabular and sum(d.n for d in sized) > o.max_auto_rows and need > o.max_auto_index_bytes:
-            return _skip(cid, f"table of {sum(d.n for d in sized):,} rows: the approximate index would hold ~{need / 1e9:.1f} GB "
-                              f"of vectors (automatic limit {o.max_auto_index_bytes / 1e9:.1f} GB); pass near_duplicates=True "
-                              "to run it")
+            return _skip(cid, f"table of {sum(d.n for d in sized):,} rows: the approximate index would hold "
+                              f"~{need / 1e9:.1f} GB of vectors (automatic limit "
+                              f"{o.max_auto_index_bytes / 1e9:.1f} GB); pass near_duplicates=True to run it")
     return None
 
 
@@ -124,7 +126,8 @@ def _words(s: NearSearch, datas: list) -> tuple[str, list[str]]:
         summary = (f"no near duplicates across splits (text columns {metrics['text_columns']}{numbers}; shingle "
                    f"Jaccard threshold {metrics['threshold']:.2f})")
     else:
-        summary = f"no near duplicates across splits (similarity threshold {_fmt_sim(metrics['threshold'])}, {plan.dim} dimensions{text})"
+        summary = (f"no near duplicates across splits (similarity threshold {_fmt_sim(metrics['threshold'])}, "
+                   f"{plan.dim} dimensions{text})")
     return summary, []
 
 
@@ -136,7 +139,8 @@ def _judged(splits: Mapping[str, Any], datas: list, s: NearSearch, o: NearDuplic
     worst = metrics["max_pair_fraction"]
     judged = worst
     if worst > o.max_fraction and s.plan.tabular and any(r["of_which_exact"] for r in pair_rows):
-        chance, space = too_small_to_judge(splits, o.label, o.group, o.time, o.features, o.progress, datas, o.small_space)
+        chance, space = too_small_to_judge(splits, o.label, o.group, o.time, o.features, o.progress, datas,
+                                           o.small_space)
         metrics["small_feature_space"] = chance
         if chance:
             judged = max((r["near_duplicates"] - r["of_which_exact"]) / r["rows"] for r in pair_rows)
@@ -198,10 +202,10 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     o = NearDuplicateOptions(
         label=label, group=group, time=time, features=features, enabled=enabled, threshold=threshold,
         calibration=calibration, min_similarity=min_similarity, phash_max_distance=phash_max_distance,
-        hash_calibration=hash_calibration, hash_confirm=hash_confirm, max_fraction=max_fraction, small_space=small_space,
-        max_auto_rows=max_auto_rows, max_auto_cost=max_auto_cost, device=device, search=search, min_jaccard=min_jaccard,
-        recall_sample=recall_sample, min_recall=min_recall, max_auto_index_bytes=max_auto_index_bytes,
-        max_evidence=max_evidence, progress=progress)
+        hash_calibration=hash_calibration, hash_confirm=hash_confirm, max_fraction=max_fraction,
+        small_space=small_space, max_auto_rows=max_auto_rows, max_auto_cost=max_auto_cost, device=device, search=search,
+        min_jaccard=min_jaccard, recall_sample=recall_sample, min_recall=min_recall,
+        max_auto_index_bytes=max_auto_index_bytes, max_evidence=max_evidence, progress=progress)
     skipped = _gate(splits, o)
     if skipped is not None:
         return skipped
@@ -209,15 +213,15 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
     plan = _plan(datas, o)
     if isinstance(plan, CheckResult):
         return plan
-    search = NearSearch(datas, plan, o)
+    finder = NearSearch(datas, plan, o)
     for later, earlier in _pairs(datas):
-        search.pair(later, earlier)
-    tables, series = search.tables_and_series()
-    summary, advice = _words(search, datas)
-    judged, summary, advice = _judged(splits, datas, search, o, summary, advice)
-    metrics = search.metrics
+        finder.pair(later, earlier)
+    tables, series = finder.tables_and_series()
+    summary, advice = _words(finder, datas)
+    judged, summary, advice = _judged(splits, datas, finder, o, summary, advice)
+    metrics = finder.metrics
     if plan.use_index:
-        summary, advice = _say_index(metrics, search.methods, search.recalls, plan.big, plan.total, max_auto_rows,
+        summary, advice = _say_index(metrics, finder.methods, finder.recalls, plan.big, plan.total, max_auto_rows,
                                      min_recall, summary, advice)
     status = Status.FAIL if judged > max_fraction else Status.WARN if metrics["leaked_rows"] else Status.PASS
     return CheckResult("data.near_duplicates", status, summary, metrics, tables, advice, series)

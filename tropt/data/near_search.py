@@ -126,7 +126,9 @@ class NearSearch:
     def cut(self, typical: float) -> float:
         """The similarity threshold for an earlier split whose rows are ``typical`` radians from their neighbours."""
         o = self.opts
-        return float(o.threshold) if o.threshold is not None else max(o.min_similarity, float(np.cos(self.ratio * typical)))
+        if o.threshold is not None:
+            return float(o.threshold)
+        return max(o.min_similarity, float(np.cos(self.ratio * typical)))
 
     def pair(self, later: SplitData, earlier: SplitData) -> None:
         """Find and record the near duplicates of ``later``'s rows in ``earlier``."""
@@ -215,7 +217,8 @@ class NearSearch:
         if earlier.name not in self.corr_typical_of:
             self.corr_typical_of[earlier.name] = _typical_angle(self.standardised[earlier.name], dev, use_index)
         typical_c = self.corr_typical_of[earlier.name]
-        cthr = max(o.min_similarity, float(np.cos(o.hash_confirm * typical_c))) if typical_c is not None else o.min_similarity
+        cthr = (max(o.min_similarity, float(np.cos(o.hash_confirm * typical_c))) if typical_c is not None
+                else o.min_similarity)
         corr = nb.pair_similarity(self.standardised[later.name][cand], self.standardised[earlier.name][harg[cand]])
         self.metrics[f"hash_confirm_threshold.{key}"] = cthr
         self.metrics[f"hash_only_rejected.{key}"] = int(np.sum(corr < cthr))
@@ -268,7 +271,8 @@ class NearSearch:
         metrics["leaked_fraction"] = metrics["leaked_rows"] / self.compared if self.compared else 0.0
         metrics["threshold"] = float(min(self.thresholds))
         tables = {"pairs": pd.DataFrame(self.pair_rows)}
-        series: dict[str, Any] = {"log10_distance_edges": self.edges, "log10_distance_counts": np.sum(self.hist_rows, axis=0)}
+        series: dict[str, Any] = {"log10_distance_edges": self.edges,
+                                  "log10_distance_counts": np.sum(self.hist_rows, axis=0)}
         if self.evidence:
             tables["near_duplicates"] = pd.concat([e[0] for e in self.evidence], ignore_index=True)
             if self.images:

@@ -9,8 +9,8 @@ dict batch; it counts as class labels when its dtype is integer or bool and it h
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch

@@ -23,6 +23,7 @@ from .split_data import LABEL_COLUMN, Options
 
 
 def is_path(x: Any) -> bool:
+    """Whether a split is given as a path (a string or ``os.PathLike``)."""
     return isinstance(x, (str, os.PathLike))
 
 
@@ -47,6 +48,7 @@ def _pyarrow_dataset(path: str) -> Any:
 
 
 def is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (told by its type, without importing torch)."""
     t = type(x)
     return t.__module__.startswith("torch") and hasattr(x, "detach")
 
@@ -119,7 +121,8 @@ class Reader:
             self.columns = self._file_columns()
             _check_column_names(pd.Index(self.columns, tupleize_cols=False), name)
         elif isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(v, np.ndarray) or is_tensor(v) for v in obj):
-            x, y = to_numpy(obj[0], f"split {name!r}: X of the (X, y) tuple"), to_numpy(obj[1], f"split {name!r}: y of the (X, y) tuple")
+            x = to_numpy(obj[0], f"split {name!r}: X of the (X, y) tuple")
+            y = to_numpy(obj[1], f"split {name!r}: y of the (X, y) tuple")
             if len(x) != len(y):
                 raise DataError(f"split {name!r}: (X, y) have different lengths {len(x)} and {len(y)}", "pass arrays with one label per sample")
             self._init_array(x, y)
@@ -217,7 +220,8 @@ class Reader:
             raise self.unreadable(exc) from exc
 
     def head(self, cols: list) -> pd.DataFrame | None:
-        """The first rows of ``cols``: 10,000 of a CSV file or a Dask split, else the first chunk (kinds come from them)."""
+        """The first rows of ``cols``: 10,000 of a CSV file or a Dask split, else the first chunk (the comparison
+        kinds are taken from them)."""
         if getattr(self, "ddf", None) is not None:
             return dask_splits.head(self.ddf, cols, name=self.name)
         if self.kind == "csv":
@@ -254,7 +258,8 @@ class Reader:
 
                 scan_options = ds.ParquetFragmentScanOptions(pre_buffer=False)
                 for batch in _pyarrow_dataset(self.path).to_batches(
-                        columns=[str(c) for c in columns], batch_size=limits.CHUNK_ROWS, fragment_scan_options=scan_options,
+                        columns=[str(c) for c in columns], batch_size=limits.CHUNK_ROWS,
+                        fragment_scan_options=scan_options,
                         batch_readahead=1, fragment_readahead=1):  # bounded memory: one batch ahead, not 16
                     yield batch.to_pandas()
 

@@ -168,7 +168,8 @@ def _same_order(found: _Found, first: list, second: list, owner: Any, is_list: b
         else:
             advice = "Shuffle every epoch: DataLoader(..., shuffle=True), or a sampler that draws a new order each pass."
             why = "the loader does not reshuffle"
-        found.findings.append((Status.WARN, f"the same batches in the same order in two passes ({m} batches compared): {why}", advice))
+        found.findings.append((Status.WARN, f"the same batches in the same order in two passes ({m} batches compared): "
+                               f"{why}", advice))
 
 
 def _tiny_last_batch(found: _Found, model: Any, last: int | None, full: int | None, drop_last: bool,
@@ -180,8 +181,9 @@ def _tiny_last_batch(found: _Found, model: Any, last: int | None, full: int | No
                          drop_last=drop_last, batch_dependent_layers=len(layers))
     if last is not None and full is not None and layers and not drop_last and last <= tiny_last and last < full:
         effect = "BatchNorm raises on a batch of 1 in training" if last == 1 else "BatchNorm's batch statistics are noise at this size"
-        found.findings.append((Status.WARN, f"the last batch of every epoch holds {last} sample(s) of {full} and the model has "
-                               f"batch-dependent layers ({', '.join(repr(n) for n in layers[:3])}{'...' if len(layers) > 3 else ''}): {effect}",
+        named = ", ".join(repr(n) for n in layers[:3]) + ("..." if len(layers) > 3 else "")
+        found.findings.append((Status.WARN, f"the last batch of every epoch holds {last} sample(s) of {full} and the "
+                               f"model has batch-dependent layers ({named}): {effect}",
                                "Pass drop_last=True to the training DataLoader (or choose a batch size that divides the data)."))
 
 
@@ -240,27 +242,31 @@ def _class_mix(found: _Found, loader: Any, first: list, y_data: np.ndarray | Non
     # How far below shuffling the mean entropy is, in standard errors of a mean of that many shuffled batches.
     se = float(np.sqrt((spread ** 2).sum())) / len(spread)
     deficit_z = float((expected.mean() - batches["entropy"].mean()) / se) if se > 0 else 0.0
-    found.metrics.update(classes=len(classes), data_entropy=_entropy(data_counts), mean_batch_entropy=float(batches["entropy"].mean()),
+    found.metrics.update(classes=len(classes), data_entropy=_entropy(data_counts),
+                         mean_batch_entropy=float(batches["entropy"].mean()),
                          shuffled_batch_entropy=float(expected.mean()), entropy_ratio=ratio, one_class_batches=one_class,
-                         shuffled_one_class_batches=expected_pure, entropy_deficit_z=deficit_z, label_source=how or "the batches read")
+                         shuffled_one_class_batches=expected_pure, entropy_deficit_z=deficit_z,
+                         label_source=how or "the batches read")
     effective, eff_how, weighted = _effective(loader, seen, classes, y_data, y_index)
     found.tables["class_distribution"] = pd.DataFrame({"class": classes, "data_share": p, "sampled_share": effective})
     if len(classes) >= 2 and len(first) >= 2 and one_class >= fail_one_class and expected_pure <= 0.1:
-        found.findings.append((Status.FAIL, f"{one_class:.0%} of the first {len(first)} batches hold a single class while the data has "
-                               f"{len(classes)} classes (shuffled batches would: {expected_pure:.0%}); the loader is sorted by class or not shuffled",
-                               "Shuffle the training data: DataLoader(..., shuffle=True) or a RandomSampler; one-class batches push "
-                               "every step towards that class."))
+        found.findings.append((Status.FAIL, f"{one_class:.0%} of the first {len(first)} batches hold a single class "
+                               f"while the data has {len(classes)} classes (shuffled batches would: "
+                               f"{expected_pure:.0%}); the loader is sorted by class or not shuffled",
+                               "Shuffle the training data: DataLoader(..., shuffle=True) or a RandomSampler; one-class "
+                               "batches push every step towards that class."))
     elif len(classes) >= 2 and len(first) >= 3 and ratio < warn_entropy_ratio and deficit_z >= 4:
-        found.findings.append((Status.WARN, f"the batches mix classes far less than shuffling would (mean class entropy {ratio:.0%} of a "
-                               "shuffled batch's): the data is partly ordered by class", "Shuffle the training data: DataLoader(..., shuffle=True)."))
+        found.findings.append((Status.WARN, f"the batches mix classes far less than shuffling would (mean class "
+                               f"entropy {ratio:.0%} of a shuffled batch's): the data is partly ordered by class",
+                               "Shuffle the training data: DataLoader(..., shuffle=True)."))
     tv = float(0.5 * np.abs(effective - p).sum())
     found.metrics["sampled_vs_data_tv"] = tv
     if weighted is not None and tv > 0.05:
         def show(q: np.ndarray) -> str:
             return "/".join(f"{x:.0%}" for x in q[:6]) + ("/..." if len(q) > 6 else "")
 
-        found.notes.append(f"the sampler's weights change the class balance: data {show(p)} -> sampled {show(effective)} "
-                           f"(classes {', '.join(str(c) for c in classes[:6])}; from {eff_how})")
+        found.notes.append(f"the sampler's weights change the class balance: data {show(p)} -> sampled "
+                           f"{show(effective)} (classes {', '.join(str(c) for c in classes[:6])}; from {eff_how})")
     return None
 
 

@@ -92,11 +92,18 @@ class _TableScan:
     def __init__(self, name: str, feats: list, label: Any, group: Any, time: Any, kinds: Mapping | None,
                  needs: frozenset, numeric_rows: int | None) -> None:
         self.name, self.feats, self.label, self.group, self.time = name, feats, label, group, time
-        self.kinds, self.local_kinds = kinds, {}
+        self.kinds = kinds
+        self.local_kinds: dict = {}
         self.want_numeric, self.want_sample = "numeric" in needs, "sample" in needs
         self.numeric_rows = numeric_rows
-        self.fps, self.labels, self.groups, self.times, self.row_ids = [], [], [], [], []
-        self.nums, self.texts, self.norms = [], [], []
+        self.fps: list[np.ndarray] = []
+        self.labels: list[pd.Series] = []
+        self.groups: list[pd.Series] = []
+        self.times: list[pd.Series] = []
+        self.row_ids: list[np.ndarray] = []
+        self.nums: list[np.ndarray] = []
+        self.texts: list[np.ndarray] = []
+        self.norms: list[np.ndarray] = []
         self.sampler = _Sampler(limits.SAMPLE_ROWS)
         self.n = 0
         self.numeric_cols: list | None = None
@@ -194,7 +201,9 @@ def _cat(parts: list) -> pd.Series | None:
 
 def _previews(texts: np.ndarray | None) -> np.ndarray | None:
     """Each text cut to TEXT_PREVIEW characters (near-duplicate evidence)."""
-    return None if texts is None else pd.Series(texts, dtype=object).str.slice(0, limits.TEXT_PREVIEW).to_numpy(dtype=object)
+    if texts is None:
+        return None
+    return pd.Series(texts, dtype=object).str.slice(0, limits.TEXT_PREVIEW).to_numpy(dtype=object)
 
 
 def _scan_samples(reader: Reader, progress: bool) -> SplitData:

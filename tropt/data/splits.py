@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..result import Report
 from .cache import session
@@ -16,7 +17,6 @@ from .near_duplicates import check_near_duplicates
 from .split_data import Options
 from .target_leakage import check_target_leakage
 from .temporal_leakage import check_temporal_leakage
-
 
 CHECKS = {
     "data.exact_duplicates": check_exact_duplicates,

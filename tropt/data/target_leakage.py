@@ -3,8 +3,9 @@ column of the first split's row sample), in the first split and on every later o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -308,7 +309,8 @@ def _significant_gaps(table: pd.DataFrame, f: _Fit, preds: list[tuple], base: st
 
 
 def _beyond_rest(table: pd.DataFrame, f: _Fit, rows: list[dict], preds: list[tuple], base: str, later_names: list,
-                 max_power: float, warn_power: float, rest_gap: float, rest_features: int) -> tuple[pd.Series, pd.Series]:
+                 max_power: float, warn_power: float, rest_gap: float,
+                 rest_features: int) -> tuple[pd.Series, pd.Series]:
     """(near-perfect features, of which those near-perfect only beside the rest combined): fills ``rest_power``."""
     # Near-perfect in every split (a label copy is; NaN: a later split too small to score). One split alone is not
     # enough: iris petal width reaches 0.998 on some 105-row training splits and 0.96 on their test rows.

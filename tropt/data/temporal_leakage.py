@@ -6,7 +6,8 @@ A split's time column is reduced where it is held: in memory, or per partition o
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -44,6 +44,7 @@ def time_summary(t: np.ndarray, is_dt: bool) -> dict:
 
 
 def merge_time_summaries(parts: list[dict]) -> dict:
+    """:func:`time_summary` of several partitions as one (min of the minima, max of the maxima, counts summed)."""
     live = [p for p in parts if p["finite"]]
     return {"min": min((p["min"] for p in live), default=np.nan), "max": max((p["max"] for p in live), default=np.nan),
             "finite": sum(p["finite"] for p in parts), "is_dt": parts[0]["is_dt"]}
@@ -52,7 +53,7 @@ def merge_time_summaries(parts: list[dict]) -> dict:
 def rows_before(t: np.ndarray, pos: np.ndarray, ends: list, max_evidence: int) -> list:
     """For each end (None: skipped): (rows with a finite time before it, the first ``max_evidence`` of their times
     and positions by time then position). Partitions' results merge with :func:`merge_rows_before`."""
-    out = []
+    out: list = []
     for end in ends:
         if end is None or not np.isfinite(end):
             out.append(None)
@@ -64,10 +65,13 @@ def rows_before(t: np.ndarray, pos: np.ndarray, ends: list, max_evidence: int) -
 
 
 def merge_rows_before(parts: list[list], max_evidence: int) -> list:
-    out = []
+    """:func:`rows_before` of several partitions as one: counts summed, the first evidence rows by time then row."""
+    out: list = []
     for got in zip(*parts):
         if got[0] is None:
             out.append(None)
             continue
         ts, ps = np.concatenate([g[1] for g in got]), np.concatenate([g[2] for g in got])
         order = np.lexsort((ps, ts))[:max_evidence]
+        out.append((sum(g[0] for g in got), ts[order], ps[order]))
+    return out

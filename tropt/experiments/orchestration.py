@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import uuid
-from collections.abc import Iterable, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from ..errors import Cancelled, SetupError, TroptError
 from ..metric import Metric
@@ -140,13 +140,54 @@ def compare(
     -------
     Comparison
     """
+    opts = _validated(setup, candidates, budget, seeds, metric, eval_every, early_stopping, guardrails, select, reinit,
+                      executor, tracking)
+    select_name, select_data, final_splits, notes = _selection(setup, splits, select_split)
+    setup.validate()
+    built = {BASELINE: (setup, None)}
+    built.update({n: candidate_setup(setup, n, o) for n, o in opts.candidates.items()})
+    if opts.metric is not None:
+        _probe_metric(setup, opts.metric, select_data, select_name)
+    every = eval_every or _default_eval_every(setup, budget)
+    specs = [RunSpec(s, name, seed, budget, opts.metric, every, opts.early_stopping, factory, reinit, final_splits,
+                     select, select_name, select_data) for name, (s, factory) in built.items() for seed in opts.seeds]
+    records = _execute(specs, executor, progress, callback)
+    comparison = Comparison(records, _meta(setup, opts, every, select_name, notes, records))
+    if tracking is not None:
+        from .tracking import log_comparison
+
+        comparison.meta["tracking"] = log_comparison(comparison, tracking)
+    return comparison
+
+
+@dataclass(frozen=True)
+class _Options:
+    """compare's keywords once checked: what every run shares and what the decisions use."""
+
+    candidates: dict[str, dict[str, Any]]
+    budget: Budget
+    seeds: list[int]
+    metric: Metric | None
+    early_stopping: EarlyStopping | None
+    guardrails: Guardrails
+    select: str
+    reinit: bool
+    executor: Any
+
+
+def _validated(setup: Any, candidates: Any, budget: Any, seeds: Any, metric: Any, eval_every: Any,
+               early_stopping: Any, guardrails: Any, select: Any, reinit: Any, executor: Any,
+               tracking: Any) -> _Options:
+    """Check every keyword before any run (a bad one fails now, saying how to fix it), in the order given."""
     from ..setup import Setup
 
     if not isinstance(setup, Setup):
-        raise TroptError(f"compare: setup is a {type(setup).__name__}, expected a tropt.Setup", "pass tropt.Setup(model, loss_fn, optimizer, train_data, val_data)")
+        raise TroptError(f"compare: setup is a {type(setup).__name__}, expected a tropt.Setup",
+                         "pass tropt.Setup(model, loss_fn, optimizer, train_data, val_data)")
     cands = validate_candidates(candidates)
     if not isinstance(budget, Budget):
-        raise TroptError(f"compare: budget is a {type(budget).__name__}, expected a tropt.Budget", "pass budget=tropt.Budget(steps=300)")
+        raise TroptError(f"compare: budget is a {type(budget).__name__}, expected a tropt.Budget",
+                         "pass budget=tropt.Budget(steps=300)")
     seed_list = _check_seeds(seeds)
     metric = metric if metric is not None else setup.metric
     if metric is not None and not isinstance(metric, Metric):
@@ -161,49 +202,40 @@ def compare(
     if select not in SELECT:
         raise TroptError(f"compare: select={select!r}", f"use one of {SELECT}")
     if not isinstance(reinit, bool):
-        raise TroptError(f"compare: reinit={reinit!r}; it must be True or False", "reinit=True re-initialises each run from its seed")
+        raise TroptError(f"compare: reinit={reinit!r}; it must be True or False",
+                         "reinit=True re-initialises each run from its seed")
     check_executor(executor)
     if tracking is not None:
         from .tracking import tracking_uri
 
         tracking_uri(tracking)  # a bad value fails now, not after every run
-    select_name, select_data, final_splits, notes = _selection(setup, splits, select_split)
+    return _Options(cands, budget, seed_list, metric, es, guardrails, select, reinit, executor)
 
-    setup.validate()
-    built = {BASELINE: (setup, None)}
-    built.update({n: candidate_setup(setup, n, o) for n, o in cands.items()})
-    if metric is not None:
-        _probe_metric(setup, metric, select_data, select_name)
-    every = eval_every or _default_eval_every(setup, budget)
-    specs = [RunSpec(s, name, seed, budget, metric, every, es, factory, reinit, final_splits, select, select_name, select_data)
-             for name, (s, factory) in built.items() for seed in seed_list]
-    records = _execute(specs, executor, progress, callback)
 
+def _meta(setup: Any, opts: _Options, every: int, select_name: str, notes: list[str],
+          records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the comparison was: its metric, budget, seeds, rules, candidates and executor, and the Setup's identity."""
     from ..identity import run_identity
 
+    metric, es = opts.metric, opts.early_stopping
     name = metric_name(metric) if metric is not None else f"{select_name}_loss"
     if metric is not None and select_name != "val":
         name = f"{select_name}_{metric.name}"
     meta = {
         "comparison_id": uuid.uuid4().hex[:12],
-        "metric": name, "higher_is_better": higher_is_better(metric), "select": select, "select_split": select_name,
-        "budget": budget.to_dict(), "seeds": seed_list, "eval_every": every,
+        "metric": name, "higher_is_better": higher_is_better(metric), "select": opts.select,
+        "select_split": select_name, "budget": opts.budget.to_dict(), "seeds": opts.seeds, "eval_every": every,
         "early_stopping": es.to_dict() if es is not None else None,
-        "guardrails": guardrails.to_dict(), "reinit": reinit,
-        "candidates": {BASELINE: {}, **{n: describe_overrides(o) for n, o in cands.items()}},
-        "executor": executor_label(executor), "notes": notes,
+        "guardrails": opts.guardrails.to_dict(), "reinit": opts.reinit,
+        "candidates": {BASELINE: {}, **{n: describe_overrides(o) for n, o in opts.candidates.items()}},
+        "executor": executor_label(opts.executor), "notes": notes,
         "identity": run_identity(setup),
     }
     saved = sum(r.get("steps_saved", 0) or 0 for r in records)
     if es is not None:
-        meta["notes"].append(f"early stopping (patience {es.patience} evaluations, min_delta {es.min_delta:g}) applied to "
-                             f"every run; it saved {saved} steps in all")
-    comparison = Comparison(records, meta)
-    if tracking is not None:
-        from .tracking import log_comparison
-
-        comparison.meta["tracking"] = log_comparison(comparison, tracking)
-    return comparison
+        meta["notes"].append(f"early stopping (patience {es.patience} evaluations, min_delta {es.min_delta:g}) applied "
+                             f"to every run; it saved {saved} steps in all")
+    return meta
 
 
 def _probe_metric(setup: Any, metric: Metric, data: Any, prefix: str) -> None:

@@ -16,25 +16,26 @@ from ..errors import TroptError
 from ..result import Report, Status, read_json, write_json
 from .budget import Budget, Guardrails
 from .candidates import BASELINE
-from .stats import ADOPT, ESCALATE, INCONCLUSIVE, MIN_SEEDS
+from .interventions import (
+    NOT_COMPARED,
+    blocking_fix,
+    compared_candidate,
+    finite,
+    fmt,
+    hypothesis,
+    priority,
+    show,
+)
+from .stats import ADOPT, ESCALATE, MIN_SEEDS
 from .suggest import CORRECTNESS, FindingsError, blocking_findings, load_report, suggest
 
 FORMAT = "tropt.plan/1"
-NOT_COMPARED = "hypothesis — not yet compared"
 BLOCKED, ESCALATED, ADOPTED, KEEP, UNCOMPARED = "blocked", "escalate", "adopt", "keep the baseline", "not compared"
 FIELDS = ("outcome", "baseline", "bottlenecks", "interventions", "adopted", "stop_conditions", "escalate_conditions",
           "identity")
 INTERVENTION_FIELDS = ("priority", "kind", "name", "finding", "hypothesis", "changed", "acceptance", "budget",
                        "identity", "observed", "limitations", "rollback")
 _STAGE = {"data": 1, "model": 2, "loop": 4, "dynamics": 5, "perf": 6}
-
-
-def _g(x: Any) -> str:
-    return f"{x:.4g}" if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else "n/a"
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _order_key(r: Any) -> tuple:
@@ -69,7 +70,7 @@ class OptimizationPlan:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_report(cls, report: Any, comparison: Any = None, *, budget: Budget | None = None,
-                    guardrails: Guardrails | None = None, suggestions: Any = None, setup: Any = None) -> "OptimizationPlan":
+                    guardrails: Guardrails | None = None, suggestions: Any = None, setup: Any = None) -> OptimizationPlan:
         """The plan from a diagnosis (a Report or findings.json) and, when it ran, the :class:`Comparison`.
 
         ``budget`` defaults to the comparison's; ``guardrails`` to the comparison's (else the defaults).
@@ -107,7 +108,7 @@ class OptimizationPlan:
         return write_json(self.to_dict(), path, indent=1)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "OptimizationPlan":
+    def from_dict(cls, d: dict[str, Any]) -> OptimizationPlan:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise TroptError(f"not a tropt plan (format {d.get('format') if isinstance(d, dict) else type(d).__name__!r})",
                              f"pass what OptimizationPlan.to_dict() wrote (format {FORMAT!r})")
@@ -115,7 +116,7 @@ class OptimizationPlan:
                    outcome_reason=d.get("outcome_reason", ""))
 
     @classmethod
-    def from_json(cls, text_or_path: str) -> "OptimizationPlan":
+    def from_json(cls, text_or_path: str) -> OptimizationPlan:
         return cls.from_dict(read_json(text_or_path))
 
     # ------------------------------------------------------------------ rendering
@@ -129,7 +130,7 @@ class OptimizationPlan:
         from ..result import md_text as t
 
         lines = [f"# tropt optimization plan — {t(self.outcome.upper())}", "", t(self.outcome_reason), ""]
-        lines += ["## Baseline", ""] + [f"- **{t(k)}**: {t(_show(v))}" for k, v in self.baseline.items()]
+        lines += ["## Baseline", ""] + [f"- **{t(k)}**: {t(show(v))}" for k, v in self.baseline.items()]
         lines += ["", "## Bottlenecks (worst first)", ""]
         lines += [f"- **{t(b['status'].upper())}** `{t(b['check'])}` — {t(b['summary'])}"
                   + (f" *Fix:* {t(b['fix'])}" if b.get("fix") else "") for b in self.bottlenecks] or [f"_{t(self.why_empty.get('bottlenecks', ''))}_"]
@@ -139,19 +140,19 @@ class OptimizationPlan:
         for iv in self.interventions:
             lines += [f"### {iv['priority']}. {t(iv['name'])} ({t(iv['kind'])}, from `{t(iv['finding'])}`)", ""]
             for k in INTERVENTION_FIELDS[4:] + tuple(k for k in ("fix", "evidence") if iv.get(k)):
-                lines.append(f"- **{k}**: {t(_show(iv[k]))}")
+                lines.append(f"- **{k}**: {t(show(iv[k]))}")
             lines.append("")
         lines += ["## Adopted changes", ""]
-        lines += [f"- **{t(a['name'])}**: {t(_show(a['changed']))} — {t(a['observed'])}" for a in self.adopted] or [f"_{t(self.why_empty.get('adopted', ''))}_"]
+        lines += [f"- **{t(a['name'])}**: {t(show(a['changed']))} — {t(a['observed'])}" for a in self.adopted] or [f"_{t(self.why_empty.get('adopted', ''))}_"]
         lines += ["", "## Stop conditions", ""] + [f"- {t(c)}" for c in self.stop_conditions]
         lines += ["", "## Escalate conditions", ""] + [f"- {t(c)}" for c in self.escalate_conditions]
         if self.notes:
             lines += ["", "## Notes", ""] + [f"- {t(n)}" for n in self.notes]
-        lines += ["", "## Run identity", ""] + [f"- {t(k)}: {t(_show(v))}" for k, v in self.identity.items()]
+        lines += ["", "## Run identity", ""] + [f"- {t(k)}: {t(show(v))}" for k, v in self.identity.items()]
         return "\n".join(lines) + "\n"
 
     def _repr_html_(self) -> str:
-        e = lambda x: html.escape(_show(x))  # noqa: E731
+        e = lambda x: html.escape(show(x))  # noqa: E731
         colour = {BLOCKED: "#cf222e", ESCALATED: "#9a6700", ADOPTED: "#1a7f37"}.get(self.outcome, "#6e7781")
         parts = [f'<div class="tropt-plan"><h1>tropt optimization plan — <span style="color:{colour}">{e(self.outcome.upper())}</span></h1>',
                  f"<p>{e(self.outcome_reason)}</p><h2>Baseline</h2><table>"]
@@ -196,16 +197,6 @@ class OptimizationPlan:
         return f"OptimizationPlan({self.outcome}: {len(self.interventions)} interventions, {len(self.adopted)} adopted)"
 
 
-def _show(v: Any) -> str:
-    if isinstance(v, float):
-        return _g(v)
-    if isinstance(v, dict):
-        return "; ".join(f"{k}={_show(x)}" for k, x in v.items())
-    if isinstance(v, (list, tuple)):
-        return "; ".join(_show(x) for x in v)
-    return str(v)
-
-
 # ---------------------------------------------------------------------------------------------- building
 def _build(rep: Report, comp: Any, budget: Budget | None, g: Guardrails, sugg: Any) -> OptimizationPlan:
     blocking = blocking_findings(rep)
@@ -226,30 +217,11 @@ def _build(rep: Report, comp: Any, budget: Budget | None, g: Guardrails, sugg: A
         notes.append(f"{', '.join(errored)} could not run (ERROR): their correctness is unknown, so a comparison's "
                      "result holds only if they would pass; fix what stopped them and diagnose again")
 
-    interventions: list[dict[str, Any]] = [_blocking(r, rep) for r in blocking]
+    interventions: list[dict[str, Any]] = [blocking_fix(r, rep) for r in blocking]
     if blocking and comp is not None:
         notes.append("a comparison was given, but correctness FAILs block it: its results are not used")
         comp = None
-    details = dict(getattr(sugg, "details", {}) or {})
-    if comp is not None:  # a comparison that tropt.optimize ran carries the hypotheses behind its candidates
-        from .suggest import Suggestion
-
-        for n, d in (comp.meta.get("suggestions") or {}).items():
-            details.setdefault(n, Suggestion(**{**d, "overrides": {}}))
-    compared: set[str] = set()
-    if comp is not None:
-        rows = comp.decision(g)
-        table = comp.to_frame(g)
-        items = [_compared(r, table, comp, g, budget, details.get(r["candidate"])) for r in rows.to_dict("records")]
-        items.sort(key=_priority)
-        interventions += items
-        compared = {r["candidate"] for r in rows.to_dict("records")}
-    if not blocking:
-        for name, s in details.items():
-            if name not in compared:
-                interventions.append(_hypothesis(s, budget, g, "not compared yet: run tropt.compare (or tropt.optimize) on it"))
-        for s in getattr(sugg, "hypotheses", []):
-            interventions.append(_hypothesis(s, budget, g, s.why_not_compared))
+    interventions += _compared_and_hypotheses(comp, g, budget, sugg, bool(blocking))
     for i, iv in enumerate(interventions, 1):
         iv["priority"] = i
     if not interventions:
@@ -290,22 +262,49 @@ def _build(rep: Report, comp: Any, budget: Budget | None, g: Guardrails, sugg: A
                             _stop_conditions(g, comp), _escalate_conditions(g, budget), identity, why, notes, reason)
 
 
+def _compared_and_hypotheses(comp: Any, g: Guardrails, budget: Budget | None, sugg: Any,
+                             blocked: bool) -> list[dict[str, Any]]:
+    """The compared candidates (by priority) and, unless correctness FAILs block, the suggestions never compared."""
+    out: list[dict[str, Any]] = []
+    details = dict(getattr(sugg, "details", {}) or {})
+    if comp is not None:  # a comparison that tropt.optimize ran carries the hypotheses behind its candidates
+        from .suggest import Suggestion
+
+        for n, d in (comp.meta.get("suggestions") or {}).items():
+            details.setdefault(n, Suggestion(**{**d, "overrides": {}}))
+    compared: set[str] = set()
+    if comp is not None:
+        rows = comp.decision(g)
+        table = comp.to_frame(g)
+        items = [compared_candidate(r, table, comp, g, budget, details.get(r["candidate"])) for r in rows.to_dict("records")]
+        items.sort(key=priority)
+        out += items
+        compared = {r["candidate"] for r in rows.to_dict("records")}
+    if not blocked:
+        for name, s in details.items():
+            if name not in compared:
+                out.append(hypothesis(s, budget, g, "not compared yet: run tropt.compare (or tropt.optimize) on it"))
+        for s in getattr(sugg, "hypotheses", []):
+            out.append(hypothesis(s, budget, g, s.why_not_compared))
+    return out
+
+
 def _baseline(rep: Report, comp: Any, budget: Budget | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     thr = rep["perf.throughput"] if "perf.throughput" in rep else None
     curve = rep["dynamics.loss_curve"] if "dynamics.loss_curve" in rep else None
     base_runs = [r for r in comp.records if r["candidate"] == BASELINE] if comp is not None else []
     tm = thr.metrics if thr is not None and thr.status in (Status.PASS, Status.WARN) else {}
-    if _finite(tm.get("step_ms")):
+    if finite(tm.get("step_ms")):
         out["runtime_per_step_ms"] = float(tm["step_ms"])
     elif base_runs and sum(r["steps"] for r in base_runs):
         out["runtime_per_step_ms"] = 1e3 * sum(r["seconds"] for r in base_runs) / sum(r["steps"] for r in base_runs)
     else:
         out["runtime_per_step_ms"] = "not measured: perf.throughput did not run and no comparison was given"
-    if _finite(tm.get("samples_per_s")):
+    if finite(tm.get("samples_per_s")):
         out["samples_per_s"] = float(tm["samples_per_s"])
     elif base_runs:
-        v = [r["samples_per_s"] for r in base_runs if _finite(r.get("samples_per_s"))]
+        v = [r["samples_per_s"] for r in base_runs if finite(r.get("samples_per_s"))]
         out["samples_per_s"] = sum(v) / len(v) if v else "not measured: every baseline run failed"
     else:
         out["samples_per_s"] = "not measured: perf.throughput did not run and no comparison was given"
@@ -313,7 +312,7 @@ def _baseline(rep: Report, comp: Any, budget: Budget | None) -> dict[str, Any]:
     if base_runs:
         run_s = sum(r["seconds"] for r in base_runs) / len(base_runs)
         out["seconds_per_run"] = run_s
-    elif budget is not None and budget.steps and _finite(out.get("runtime_per_step_ms")):
+    elif budget is not None and budget.steps and finite(out.get("runtime_per_step_ms")):
         run_s = budget.steps * out["runtime_per_step_ms"] / 1e3
         out["seconds_per_run"] = f"≈{run_s:.3g} (estimated: {budget.steps} steps × {out['runtime_per_step_ms']:.3g} ms)"
     if budget is not None and budget.cost_per_hour is not None and run_s is not None:
@@ -326,16 +325,16 @@ def _baseline(rep: Report, comp: Any, budget: Budget | None) -> dict[str, Any]:
     else:
         out["convergence_class"] = "not measured: dynamics.loss_curve did not run"
     if comp is not None and base_runs:
-        s = [r["score"] for r in base_runs if r["status"] == "ok" and _finite(r.get("score"))]
+        s = [r["score"] for r in base_runs if r["status"] == "ok" and finite(r.get("score"))]
         if s:
             mean = sum(s) / len(s)
             sd = (sum((x - mean) ** 2 for x in s) / (len(s) - 1)) ** 0.5 if len(s) > 1 else math.nan
-            out["final_metric"] = f"{comp.metric} {mean:.4g} ± {_g(sd)} over {len(s)} seeds"
+            out["final_metric"] = f"{comp.metric} {mean:.4g} ± {fmt(sd)} over {len(s)} seeds"
         else:
             out["final_metric"] = "not measured: every baseline run failed"
-    elif curve is not None and _finite(curve.metrics.get("val_end_loss")):
+    elif curve is not None and finite(curve.metrics.get("val_end_loss")):
         out["final_metric"] = f"val loss {curve.metrics['val_end_loss']:.4g} at the end of the {curve.metrics.get('steps_run', '?')}-step probe"
-    elif curve is not None and _finite(curve.metrics.get("end_loss")):
+    elif curve is not None and finite(curve.metrics.get("end_loss")):
         out["final_metric"] = f"train loss {curve.metrics['end_loss']:.4g} at the end of the probe (no validation split)"
     else:
         out["final_metric"] = "not measured: no comparison and no loss-curve probe"
@@ -355,7 +354,7 @@ def _budget_exceeded(baseline: dict, comp: Any, budget: Budget | None, g: Guardr
                     f"stopped after {r['steps']} steps, {r['samples']} samples, {r['seconds']:.3g} s) before the budget "
                     f"({want}): raise Budget(seconds=...), lower steps/samples, or make the step faster first")
     step_ms = baseline.get("runtime_per_step_ms")
-    if budget is None or not _finite(step_ms) or not budget.steps:
+    if budget is None or not finite(step_ms) or not budget.steps:
         return ""
     need = budget.steps * step_ms / 1e3
     for limit, what in ((budget.seconds, "Budget(seconds=...)"), (g.max_seconds, "the guardrail's per-run limit")):
@@ -366,130 +365,11 @@ def _budget_exceeded(baseline: dict, comp: Any, budget: Budget | None, g: Guardr
     return ""
 
 
-def _blocking(r: Any, rep: Report) -> dict[str, Any]:
-    ident = {k: rep.identity.get(k) for k in ("config_hash", "data_fingerprint", "git_commit", "seed") if rep.identity.get(k) is not None}
-    evidence = ""
-    for name, df in r.tables.items():
-        if len(df):
-            evidence = f"{name}: {len(df)} rows, e.g. " + "; ".join(
-                ", ".join(f"{c}={_show(v)}" for c, v in row.items()) for row in df.head(3).to_dict("records"))
-            break
-    return {
-        "kind": "blocking fix", "name": f"fix {r.check}", "finding": r.check, "verdict": "blocking",
-        "hypothesis": f"a correctness defect, not a tuning choice: {r.summary}",
-        "changed": r.advice[0] if r.advice else "the code or data the finding points at",
-        "fix": r.advice[0] if r.advice else "see the check's documentation",
-        "evidence": evidence or r.summary,
-        "acceptance": f"{r.check} passes when tropt diagnose runs again (no FAIL), and no other check newly fails",
-        "budget": "one diagnosis run; no training comparison until it passes",
-        "identity": ident or "the findings carry no run identity",
-        "observed": f"FAIL: {r.summary}" + (f" Evidence: {evidence}" if evidence else ""),
-        "limitations": "the finding is as strong as the check's evidence; a fix can uncover the next defect, so diagnose again",
-        "rollback": "none: a correctness fix is kept; when it changes the metrics, re-measure the baseline before comparing anything",
-    }
-
-
-SPEEDUP = 1.1  # a speed candidate is adopted when its samples/s is this much higher at a score within seed noise
-
-
-def _acceptance(metric: str, g: Guardrails, goal: str = "quality") -> str:
-    if goal == "speed":
-        return (f"samples/s ≥ {SPEEDUP:g}× the baseline's over the same seeds, with {metric} not worse "
-                f"beyond seed noise (quality drop ≤ {_g(g.max_quality_drop)}{' relative' if g.relative else ''}) and "
-                f"unstable runs ≤ the baseline's + {g.max_instability_increase}")
-    parts = [f"{metric} better than the baseline beyond seed noise (paired t-test p < 0.05 and |gain| > the baseline's "
-             f"std over seeds, ≥ {MIN_SEEDS} seeds)",
-             f"quality drop ≤ {_g(g.max_quality_drop)}{' (relative)' if g.relative else ''}",
-             f"unstable runs ≤ the baseline's + {g.max_instability_increase}"]
-    if g.max_seconds is not None:
-        parts.append(f"≤ {_g(g.max_seconds)} s per run")
-    return "; ".join(parts)
-
-
-def _budget_text(budget: Budget | None, comp: Any = None) -> str:
-    if budget is None:
-        return "not set: give budget=tropt.Budget(steps=...) to compare it"
-    text = ", ".join(f"{k}={v}" for k, v in budget.to_dict().items() if v is not None)
-    if comp is not None:
-        seeds = comp.meta.get("seeds", [])
-        text += f" per run × {len(seeds)} seeds {seeds}, the same for the baseline"
-    return text
-
-
-def _compared(row: dict, table: Any, comp: Any, g: Guardrails, budget: Budget | None, s: Any) -> dict[str, Any]:
-    name = row["candidate"]
-    over = comp.meta.get("candidates", {}).get(name, {})
-    changed = (s.changed if s is not None else None) or [f"{k}={v}" for k, v in over.items()] or ["(no overrides)"]
-    hyp = s.hypothesis if s is not None else f"{name} ({', '.join(f'{k}={v}' for k, v in over.items())}) beats the baseline on {comp.metric}"
-    finding = s.finding if s is not None else "given by the user"
-    ident = comp.meta.get("identity") or {}
-    seeds = comp.meta.get("seeds", [])
-    ident = {**{k: ident.get(k) for k in ("config_hash", "data_fingerprint", "git_commit") if ident.get(k) is not None},
-             "seeds": seeds, "comparison_id": comp.meta.get("comparison_id")}
-    noise, n = row.get("noise"), row.get("seeds")
-    lim = [f"{n} paired seeds (seed noise {_g(noise)})", f"budget {_budget_text(budget)}: a longer run can rank candidates differently"]
-    if isinstance(n, int) and n < MIN_SEEDS:
-        lim.append(f"fewer than {MIN_SEEDS} seeds cannot tell a difference from noise")
-    if "cpu" in str(ident.get("device", comp.meta.get("identity", {}).get("device", "cpu"))):
-        lim.append("CPU timings shift with machine load: compare times within one comparison only")
-    lim += [n_ for n_ in comp.notes if "test" in n_]
-    allowed = g.allowed_drop(row["baseline_mean"]) if _finite(row.get("baseline_mean")) else g.max_quality_drop
-    tol = max(allowed, noise if _finite(noise) else 0.0)
-    worse = "below" if comp.higher_is_better else "above"
-    rollback = (f"revert to the baseline if, in use, {comp.metric} goes {worse} the baseline's {_g(row['baseline_mean'])} "
-                f"by more than {_g(tol)} (the larger of seed noise and the guardrail), if non-finite or spiking losses "
-                f"appear, or if a run takes longer than {_g(row['baseline_seconds'] * 1.5 if _finite(row.get('baseline_seconds')) else math.nan)} s (1.5× the baseline)")
-    secs = row.get("seconds")
-    goal = getattr(s, "goal", "quality")
-    verdict, observed = row["verdict"], f"{row['verdict']}: {row['reason']}"
-    sps = table.loc[name, "samples_per_s"] if name in table.index else math.nan
-    base_sps = table.loc[BASELINE, "samples_per_s"] if BASELINE in table.index else math.nan
-    if (goal == "speed" and verdict == INCONCLUSIVE and row.get("failed_runs", 0) == 0 and _finite(sps)
-            and _finite(base_sps) and sps >= SPEEDUP * base_sps):
-        # compare decides on quality; a speed candidate's gain is throughput at an unchanged score
-        verdict = ADOPT
-        observed = (f"adopt (speed): {sps / base_sps:.2f}× the baseline's samples/s ({_g(sps)} vs {_g(base_sps)}) with "
-                    f"the score within seed noise ({row['reason']})")
-    cost = row.get("cost_per_run")  # a price per run when the budget has cost_per_hour, else seconds per run
-    per = cost if _finite(cost) and cost > 0 else secs
-    gpc = row["gain"] / per if _finite(row.get("gain")) and _finite(per) and per > 0 else math.nan
-    if goal == "speed":
-        lim.append("compare judges the score; the speed is read from wall time per run, which machine load moves")
-    return {
-        "kind": "compared candidate", "name": name, "finding": finding, "verdict": verdict,
-        "hypothesis": hyp, "changed": changed, "acceptance": _acceptance(comp.metric, g, goal),
-        "budget": _budget_text(budget, comp), "identity": ident,
-        "observed": observed, "limitations": lim, "rollback": rollback,
-        "gain": row.get("gain"), "gain_per_cost": gpc, "seconds": secs,
-    }
-
-
-_VERDICT_ORDER = {ADOPT: 0, INCONCLUSIVE: 1, ESCALATE: 2}
-
-
-def _priority(iv: dict) -> tuple:
-    """Adopted first by gain per cost (highest first), then inconclusive, escalated, rejected."""
-    gpc = iv.get("gain_per_cost")
-    return (_VERDICT_ORDER.get(iv["verdict"], 3), -(gpc if _finite(gpc) else -math.inf))
-
-
-def _hypothesis(s: Any, budget: Budget | None, g: Guardrails, why: str) -> dict[str, Any]:
-    return {
-        "kind": "hypothesis", "name": s.name, "finding": s.finding, "verdict": "not compared",
-        "hypothesis": s.hypothesis, "changed": s.changed or ["(not expressible as Setup overrides)"],
-        "acceptance": _acceptance("the selection metric", g, getattr(s, "goal", "quality")), "budget": _budget_text(budget),
-        "identity": "none yet: it gets one when compared",
-        "observed": f"{NOT_COMPARED} ({why})" if why else NOT_COMPARED,
-        "limitations": [f"derived from one diagnosis ({s.finding}: {s.evidence})", "no seeds, no budget: untested"],
-        "rollback": "not applicable until adopted; once compared, revert when the acceptance metric falls back within seed noise of the baseline",
-    }
-
-
 def _stop_conditions(g: Guardrails, comp: Any) -> list[str]:
     metric = comp.metric if comp is not None else "the selection metric"
     return [
         "stop before any comparison when a correctness check (data.*, model.*, loop.*) FAILs: fix it and diagnose again",
-        f"reject (quality) a candidate when {metric} drops by more than {_g(g.max_quality_drop)}"
+        f"reject (quality) a candidate when {metric} drops by more than {fmt(g.max_quality_drop)}"
         f"{' of the baseline' if g.relative else ''} beyond seed noise",
         f"reject (instability) a candidate with more than {g.max_instability_increase} unstable runs (non-finite, spiking "
         "or diverging) beyond the baseline's, even when it is faster",
@@ -501,10 +381,10 @@ def _escalate_conditions(g: Guardrails, budget: Budget | None) -> list[str]:
     out = ["escalate when the baseline alone exceeds the budget (its measured time per step × the steps is over the limit)",
            "escalate (budget) when a run hits Budget(seconds=...) before its steps/samples: the comparison is not at the stated budget"]
     if g.max_seconds is not None:
-        out.append(f"escalate (budget) a candidate whose runs take longer than {_g(g.max_seconds)} s on average")
+        out.append(f"escalate (budget) a candidate whose runs take longer than {fmt(g.max_seconds)} s on average")
     if budget is not None and budget.cost_per_hour is not None:
-        out.append(f"report cost at {_g(budget.cost_per_hour)} per hour; escalate when the adopted change costs more per run than the baseline without a quality gain")
+        out.append(f"report cost at {fmt(budget.cost_per_hour)} per hour; escalate when the adopted change costs more per run than the baseline without a quality gain")
     return out
 
 
-__all__ = ["OptimizationPlan", "NOT_COMPARED", "FindingsError"]
+__all__ = ["NOT_COMPARED", "FindingsError", "OptimizationPlan"]

@@ -38,46 +38,21 @@ import contextlib
 import copy
 import math
 import warnings
-import weakref
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import SetupError, StepError
 from ..setup import Setup
-from ._frameworks import api_changed, import_from, supported
+from ._frameworks import import_from, supported
+from ._lightning_trainer import HIGH, LOW, InertConfig, Schedulers, Spec, TrainerStandIn, attached, parse_optimizers
 
 __all__ = ["setup_from_lightning"]
 
-LOW, HIGH = "2.2", "3"
 _PRECISION = {"32": ("fp32", False), "32-true": ("fp32", False), "bf16": ("bf16", False), "bf16-mixed": ("bf16", False),
               "16": ("fp16", True), "16-mixed": ("fp16", True)}
-
-
-@dataclass
-class _Spec:
-    """What the step needs besides the StepContext: the framework, the Trainer settings, the schedule."""
-
-    pkg: str
-    dist: str
-    accumulate: int
-    clip_val: float | None
-    clip_algorithm: str  # "norm" or "value": what the clipping does
-    steps_per_epoch: int | None
-    max_epochs: int | None
-    max_steps: int
-    clip_given: tuple = (None, None)  # (gradient_clip_val, gradient_clip_algorithm) as given to the Trainer
-    configs: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary)  # optimizer -> configs
-
-    @property
-    def estimated_stepping_batches(self) -> int | float:
-        """Optimizer steps of the whole fit, as Lightning's property gives them (an int, or inf when unbounded)."""
-        if self.steps_per_epoch is None or self.max_epochs is None or self.max_epochs < 0:
-            return int(self.max_steps) if self.max_steps > 0 else float("inf")
-        total = self.steps_per_epoch * int(self.max_epochs)
-        return min(total, int(self.max_steps)) if self.max_steps > 0 else total
 
 
 # ------------------------------------------------------------------ the framework behind the module
@@ -103,76 +78,6 @@ def _base(pkg: str) -> type:
 
 def _overrides(obj: Any, base: type, name: str) -> bool:
     return getattr(type(obj), name, None) is not getattr(base, name, None)
-
-
-# ------------------------------------------------------------------ the Trainer stand-in
-class _ClipPlugin:
-    """``trainer.precision_plugin.clip_gradients`` as Lightning's Precision plugin does it."""
-
-    def clip_gradients(self, optimizer: torch.optim.Optimizer, clip_val: float | int = 0.0, gradient_clip_algorithm: Any = "norm") -> None:
-        if not clip_val or clip_val <= 0:
-            return
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        if str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm)).lower() == "value":
-            torch.nn.utils.clip_grad_value_(params, clip_val)
-        else:
-            torch.nn.utils.clip_grad_norm_(params, clip_val)
-
-
-class _TrainerStandIn:
-    """The few ``Trainer`` attributes a LightningModule reads inside its training hooks, outside a Trainer."""
-
-    barebones = True  # self.log returns at once (with a warning tropt silences)
-    training = True
-    sanity_checking = False
-    logger = None
-    loggers: list = []
-    is_global_zero = True
-    global_rank = local_rank = node_rank = 0
-
-    def __init__(self, spec: _Spec, *, global_step: int = 0, epoch: int = 0, optimizer: Any = None, configs: list | None = None,
-                 clip_val: float | None = None, world_size: int = 1) -> None:
-        self.global_step = global_step
-        self.current_epoch = epoch
-        self.accumulate_grad_batches = spec.accumulate
-        # As the Trainer holds them (configure_gradient_clipping receives these): None when not given, else the value
-        # (tropt's grad_clip for norm clipping, which a check may change) and Lightning's GradClipAlgorithmType.
-        self.gradient_clip_val = clip_val
-        self.gradient_clip_algorithm = spec.clip_given[1]
-        self.max_epochs, self.max_steps = spec.max_epochs, spec.max_steps
-        self.num_training_batches = (spec.steps_per_epoch or 0) * spec.accumulate or float("inf")
-        self.estimated_stepping_batches = spec.estimated_stepping_batches
-        self.precision_plugin = _ClipPlugin()
-        self.optimizers = [optimizer] if optimizer is not None else []
-        self.lr_scheduler_configs = list(configs or [])
-        self.strategy = _StrategyStandIn(self.optimizers)
-        self.world_size = world_size
-        self.num_devices = self.num_nodes = 1
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
-            f"the module read trainer.{name}, which tropt's stand-in for the Trainer does not have (setup_from_lightning "
-            "runs the training hooks outside a Trainer; it provides global_step, current_epoch, optimizers, "
-            "lr_scheduler_configs, estimated_stepping_batches, accumulate_grad_batches and the clipping settings)")
-
-
-class _StrategyStandIn:
-    def __init__(self, optimizers: list) -> None:
-        self._lightning_optimizers = optimizers
-        self.optimizers = optimizers
-
-
-@contextlib.contextmanager
-def _attached(module: Any, stand_in: _TrainerStandIn):
-    """The module (tropt's copy) reads ``stand_in`` as its trainer for the block; self.log stays quiet."""
-    saved = module.__dict__.get("_trainer")
-    module.trainer = stand_in
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r".*self\.log\(\)")
-            yield
-    finally:
-        module.trainer = saved
 
 
 # ------------------------------------------------------------------ training_step and its loss
@@ -217,99 +122,12 @@ def _loss_of(out: Any, name: str) -> torch.Tensor:
                     "a tensor, a dict with a 'loss' key, or None", "return the loss tensor")
 
 
-# ------------------------------------------------------------------ configure_optimizers
-def _parse_optimizers(module: Any, spec: _Spec) -> tuple[torch.optim.Optimizer, list]:
-    """Call the module's configure_optimizers (with the stand-in attached) and parse it as Lightning does."""
-    conf_opts, conf_scheds = import_from(spec.dist, LOW, HIGH, f"{spec.pkg}.core.optimizer",
-                                         "_configure_optimizers", "_configure_schedulers_automatic_opt")
-    name = type(module).__name__
-    with _attached(module, _TrainerStandIn(spec)):
-        try:
-            conf = module.configure_optimizers()
-        except StepError:
-            raise
-        except Exception as exc:
-            raise StepError(f"{name}.configure_optimizers raised {type(exc).__name__}: {exc}",
-                            "it is called on a copy of the module outside a Trainer") from exc
-    if conf is None:
-        raise SetupError(f"{name}.configure_optimizers returned None: there is no optimizer to check",
-                         "return an optimizer (or a dict {'optimizer': ..., 'lr_scheduler': ...}) from configure_optimizers")
-    misconfigured = _misconfiguration(spec.pkg)
-    try:
-        optimizers, schedulers, monitor = conf_opts(conf)
-    except misconfigured as exc:
-        raise SetupError(f"{name}.configure_optimizers returned something Lightning does not accept: {exc}",
-                         "return one of the shapes Lightning documents for configure_optimizers") from exc
-    except (TypeError, ValueError) as exc:
-        raise api_changed(spec.dist, LOW, HIGH, "_configure_optimizers", exc) from exc
-    if len(optimizers) != 1:
-        kinds = ", ".join(type(o).__name__ for o in optimizers)
-        raise SetupError(
-            f"{name}.configure_optimizers returned {len(optimizers)} optimizers ({kinds}); tropt checks one optimizer "
-            "per Setup (and Lightning's automatic optimization allows only one)",
-            "merge them into one optimizer with a param group per part (each group keeps its own lr), or check each part "
-            "with its own configure_optimizers")
-    try:
-        configs = conf_scheds(schedulers, monitor)
-    except misconfigured as exc:
-        raise SetupError(f"{name}.configure_optimizers: {exc}", "fix the lr_scheduler entry as the message says") from exc
-    return optimizers[0], configs
-
-
-def _misconfiguration(pkg: str) -> type:
-    dist = "lightning" if pkg.startswith("lightning") else "pytorch_lightning"
-    try:
-        (exc,) = import_from(dist, LOW, HIGH, f"{pkg}.utilities.exceptions", "MisconfigurationException")
-        return exc
-    except SetupError:
-        return RuntimeError
-
-
-class _Schedulers:
-    """Several schedulers of one optimizer as the one ``scheduler`` a Setup has (state saved and loaded together)."""
-
-    def __init__(self, schedulers: list) -> None:
-        self.schedulers = schedulers
-
-    def step(self) -> None:  # tropt's step steps each one by its own interval; this is for generic callers
-        for s in self.schedulers:
-            s.step()
-
-    def get_last_lr(self) -> list:
-        return self.schedulers[-1].get_last_lr()
-
-    def state_dict(self) -> dict:
-        return {"schedulers": [s.state_dict() for s in self.schedulers]}
-
-    def load_state_dict(self, state: dict) -> None:
-        for s, st in zip(self.schedulers, state["schedulers"]):
-            s.load_state_dict(st)
-
-
-class _InertScheduler:
-    """What ``self.lr_schedulers()`` gives inside ``loss_fn``: stepping it does nothing."""
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def get_last_lr(self) -> list:
-        return []
-
-
-@dataclass
-class _InertConfig:
-    scheduler: Any = field(default_factory=_InertScheduler)
-    interval: str = "step"
-    frequency: int = 1
-    reduce_on_plateau: bool = False
-
-
 # ------------------------------------------------------------------ the step
 class _StepOptimizer:
     """What the module's ``optimizer_step`` hook receives: ``step(closure)`` runs the closure (the last micro-batch's
     training_step + backward), then unscale -> on_before_optimizer_step -> clip -> step (-> scaler.update)."""
 
-    def __init__(self, ctx: Any, module: Any, spec: _Spec) -> None:
+    def __init__(self, ctx: Any, module: Any, spec: Spec) -> None:
         self._ctx, self._module, self._spec = ctx, module, spec
         self.optimizer = ctx.optimizer
 
@@ -336,7 +154,7 @@ class _StepOptimizer:
         return getattr(self.__dict__["optimizer"], name)
 
 
-def _make_step(spec: _Spec, pass_idx: bool) -> Callable:
+def _make_step(spec: Spec, pass_idx: bool) -> Callable:
     def lightning_step(ctx: Any, micro_batches: list) -> torch.Tensor:
         model, module, opt = ctx.model, _unwrap(ctx.model), ctx.optimizer
         name = type(module).__name__
@@ -346,11 +164,11 @@ def _make_step(spec: _Spec, pass_idx: bool) -> Callable:
         configs = spec.configs.get(opt, [])
         world = torch.distributed.get_world_size() if model is not module and torch.distributed.is_initialized() else 1
         clip_val = ctx.grad_clip if spec.clip_algorithm == "norm" else spec.clip_val
-        stand_in = _TrainerStandIn(spec, global_step=ctx.lightning_global_step, epoch=ctx.lightning_epoch, optimizer=opt,
+        stand_in = TrainerStandIn(spec, global_step=ctx.lightning_global_step, epoch=ctx.lightning_epoch, optimizer=opt,
                                    configs=configs, clip_val=clip_val, world_size=world)
         first_idx = ctx.lightning_epoch_step * spec.accumulate
         total = torch.zeros((), device=ctx.device)
-        with _attached(module, stand_in):
+        with attached(module, stand_in):
             if not module.training:  # Trainer.fit trains in train mode (and restores it after validation)
                 module.train()
             for i, mb in enumerate(micro_batches):
@@ -388,7 +206,7 @@ def _make_step(spec: _Spec, pass_idx: bool) -> Callable:
     return lightning_step
 
 
-def _advance_schedule(ctx: Any, module: Any, spec: _Spec, configs: list) -> None:
+def _advance_schedule(ctx: Any, module: Any, spec: Spec, configs: list) -> None:
     """After one optimizer step: step the schedulers whose interval and frequency say so (Lightning's rules)."""
     ctx.lightning_global_step += 1
     ctx.lightning_epoch_step += 1
@@ -489,6 +307,30 @@ def _read_kwargs(kwargs: dict[str, Any]) -> tuple[int, float | None, str, str, b
 
 
 # ------------------------------------------------------------------ the builder
+def _check_module(module: Any, pkg: str, dist: str) -> bool:
+    """Raise when the module has no training step or optimizer tropt can run; whether training_step takes batch_idx."""
+    base = _base(pkg)
+    name = type(module).__name__
+    if not _overrides(module, base, "training_step"):
+        raise SetupError(f"setup_from_lightning: {name} does not define training_step, so there is no loss to check",
+                         "define training_step(self, batch, batch_idx) returning the loss")
+    if not _overrides(module, base, "configure_optimizers"):
+        raise SetupError(f"setup_from_lightning: {name} does not define configure_optimizers, so there is no optimizer to check",
+                         "define configure_optimizers(self) returning an optimizer (and optionally an lr_scheduler)")
+    if not module.automatic_optimization:
+        raise SetupError(
+            f"setup_from_lightning: {name} uses manual optimization (automatic_optimization=False): its training_step "
+            "drives the optimizers itself through the Trainer (self.optimizers(), self.manual_backward), which tropt "
+            "cannot stand in for",
+            "write the body of your training_step as a tropt step(ctx, micro_batches) using ctx.optimizer and "
+            "loss.backward(), and pass it as tropt.Setup(module, loss_fn, optimizer, data, step=step)")
+    (signature_check,) = import_from(dist, LOW, HIGH, f"{pkg}.utilities.signature_utils", "is_param_in_hook_signature")
+    if signature_check(module.training_step, "dataloader_iter", explicit=True):
+        raise SetupError(f"setup_from_lightning: {name}.training_step takes a dataloader_iter; tropt hands the step batches",
+                         "use training_step(self, batch, batch_idx)")
+    return signature_check(module.training_step, "batch_idx", min_args=2)
+
+
 def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloaders: Any = None, val_dataloaders: Any = None,
                          trainer_kwargs: dict[str, Any] | None = None, seed: int = 0) -> Setup:
     """A :class:`tropt.Setup` that checks the module's own training step as ``Trainer.fit`` runs it.
@@ -525,26 +367,8 @@ def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloade
     """
     pkg, dist = _framework(module)
     supported(dist, LOW, HIGH, "lightning")
-    base = _base(pkg)
     name = type(module).__name__
-    if not _overrides(module, base, "training_step"):
-        raise SetupError(f"setup_from_lightning: {name} does not define training_step, so there is no loss to check",
-                         "define training_step(self, batch, batch_idx) returning the loss")
-    if not _overrides(module, base, "configure_optimizers"):
-        raise SetupError(f"setup_from_lightning: {name} does not define configure_optimizers, so there is no optimizer to check",
-                         "define configure_optimizers(self) returning an optimizer (and optionally an lr_scheduler)")
-    if not module.automatic_optimization:
-        raise SetupError(
-            f"setup_from_lightning: {name} uses manual optimization (automatic_optimization=False): its training_step "
-            "drives the optimizers itself through the Trainer (self.optimizers(), self.manual_backward), which tropt "
-            "cannot stand in for",
-            "write the body of your training_step as a tropt step(ctx, micro_batches) using ctx.optimizer and "
-            "loss.backward(), and pass it as tropt.Setup(module, loss_fn, optimizer, data, step=step)")
-    (signature_check,) = import_from(dist, LOW, HIGH, f"{pkg}.utilities.signature_utils", "is_param_in_hook_signature")
-    if signature_check(module.training_step, "dataloader_iter", explicit=True):
-        raise SetupError(f"setup_from_lightning: {name}.training_step takes a dataloader_iter; tropt hands the step batches",
-                         "use training_step(self, batch, batch_idx)")
-    pass_idx = signature_check(module.training_step, "batch_idx", min_args=2)
+    pass_idx = _check_module(module, pkg, dist)
     kwargs = dict(trainer_kwargs or {})
     acc, clip, algo, precision, use_scaler, max_epochs, max_steps, device = _read_kwargs(kwargs)
     train, val = _data(module, datamodule, train_dataloaders, val_dataloaders, pkg)
@@ -552,11 +376,11 @@ def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloade
     if kwargs.get("gradient_clip_algorithm") is not None:
         (kind,) = import_from(dist, LOW, HIGH, f"{pkg}.utilities", "GradClipAlgorithmType")
         given_algo = kind(algo)
-    spec = _Spec(pkg, dist, acc, clip, algo, _steps_per_epoch(train, acc), max_epochs, max_steps,
+    spec = Spec(pkg, dist, acc, clip, algo, _steps_per_epoch(train, acc), max_epochs, max_steps,
                  clip_given=(kwargs.get("gradient_clip_val"), given_algo))
 
     # Validate configure_optimizers once now (on a copy), so a bad shape fails here and not inside a check.
-    _, configs = _parse_optimizers(copy.deepcopy(module), spec)
+    _, configs = parse_optimizers(copy.deepcopy(module), spec)
     plateau = [c for c in configs if c.reduce_on_plateau]
     if plateau:
         warnings.warn(f"setup_from_lightning: {name}'s ReduceLROnPlateau scheduler steps on a monitored metric "
@@ -565,24 +389,24 @@ def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloade
     has_scheduler = len(plateau) < len(configs)
 
     def optimizer(model: nn.Module) -> torch.optim.Optimizer:
-        opt, cfgs = _parse_optimizers(_unwrap(model), spec)
+        opt, cfgs = parse_optimizers(_unwrap(model), spec)
         spec.configs[opt] = [c for c in cfgs if not c.reduce_on_plateau]
         return opt
 
     def scheduler(opt: torch.optim.Optimizer) -> Any:
         scheds = [c.scheduler for c in spec.configs.get(opt, [])]
-        return scheds[0] if len(scheds) == 1 else _Schedulers(scheds)
+        return scheds[0] if len(scheds) == 1 else Schedulers(scheds)
 
     optimizer.__qualname__ = f"{name}.configure_optimizers"
     scheduler.__qualname__ = f"{name}.configure_optimizers (lr_scheduler)"
 
     # loss_fn measures a batch's loss: a scheduler training_step steps by hand (self.lr_schedulers().step()) must not
     # advance there, so it reads inert ones.
-    inert = [_InertConfig() for c in configs if not c.reduce_on_plateau]
+    inert = [InertConfig() for c in configs if not c.reduce_on_plateau]
 
     def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:
         inner = _unwrap(model)
-        with _attached(inner, _TrainerStandIn(spec, configs=inert)):
+        with attached(inner, TrainerStandIn(spec, configs=inert)):
             return _loss_of(_call_training_step(model, inner, batch, 0, pass_idx), type(inner).__name__)
 
     loss_fn.__qualname__ = f"{name}.training_step"

@@ -128,7 +128,7 @@ def _unused_result(e: DdpEvidence, r: _Report) -> CheckResult:
 def _mismatch_result(setup: Setup, e: DdpEvidence, r: _Report, decisive: pd.DataFrame, derr: float) -> CheckResult:
     """FAIL: the gradients differ under DDP (with batch statistics frozen, when the model has such layers)."""
     world_size, per_mean, metrics = e.world_size, e.per_mean, r.metrics
-    ratio = float(decisive["norm_ddp_%d" % world_size].sum() / max(decisive["norm_1_process"].sum(), 1e-30))
+    ratio = float(decisive[f"norm_ddp_{world_size}"].sum() / max(decisive["norm_1_process"].sum(), 1e-30))
     why = (f" (DDP gradients are {ratio:.3g}× the single-process ones: the averaging is applied twice)"
            if abs(ratio * world_size - 1) < 0.05
            else f" (DDP gradients are {ratio:.3g}× the single-process ones: they are summed, not averaged)"

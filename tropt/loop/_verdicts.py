@@ -7,9 +7,8 @@ import dataclasses
 from typing import Any
 
 import pandas as pd
-import torch
 
-from ..core.compare import nonfinite_tensors
+from ..core.compare import Tensors, nonfinite_tensors
 from ..errors import StepError
 from ..result import CheckResult, Status
 from ..setup import Setup
@@ -60,7 +59,7 @@ def defer_multi_step(result: Any, calls: list[int]) -> Any:
         result, status=Status.WARN, summary=f"{note} (this check's own comparison: {was}: {result.summary})",
         metrics={**result.metrics, "optimizer_steps_per_call": int(max(calls)), "see_also": "loop.accumulation"},
         advice=["Call optimizer.step() exactly once per call of step(ctx, micro_batches), after the last micro-batch's "
-                "backward; then rerun this check."] + list(result.advice))
+                "backward; then rerun this check.", *result.advice])
 
 
 def latent_when_unused(setup: Setup, result: Any) -> Any:
@@ -76,21 +75,22 @@ def latent_when_unused(setup: Setup, result: Any) -> Any:
         summary="latent (this Setup does not accumulate gradients, so its updates are not affected yet): "
                 f"{result.summary}",
         metrics={**result.metrics, "latent": True},
-        advice=["Fix this before turning on gradient accumulation (accumulation_steps > 1)."] + list(result.advice))
+        advice=["Fix this before turning on gradient accumulation (accumulation_steps > 1).", *result.advice])
 
 
-def nonfinite_result(check: str, runs: dict[str, tuple[int, dict[str, torch.Tensor | None]]],
+def nonfinite_result(check: str, runs: dict[str, tuple[int, Tensors]],
                      what: str = "gradients") -> Any:
     """A FAIL naming the first non-finite value among compared runs, or None when every value is finite.
 
     ``runs`` maps a run's label to (step number, tensors). Two NaNs are never "equal": a comparison that meets a
     non-finite value has found that, and nothing else (no cause is guessed from a broken comparison).
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label, (t, grads) in runs.items():
         for name, count in nonfinite_tensors(grads).items():
+            tensor = grads[name]  # not None: only present tensors have non-finite entries
             rows.append({"run": label, "step": t, "tensor": name, "nonfinite_entries": count,
-                         "entries": int(grads[name].numel())})
+                         "entries": int(tensor.numel()) if tensor is not None else 0})
     if not rows:
         return None
     first = rows[0]

@@ -45,7 +45,8 @@ _HIDDEN_EXACT = 1e-4
     title="Gradient accumulation equivalence",
     description="one batch as 1 micro-batch vs as K micro-batches (even and uneven) gives the same gradient",
 )
-def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None = None, progress: bool = True) -> CheckResult:
+def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None = None,
+                       progress: bool = True) -> CheckResult:
     """FAIL when feeding one batch as K micro-batches changes the gradient that reaches ``optimizer.step()``.
 
     K is ``setup.accumulation_steps`` when > 1, else 4. Two things are compared: the gradients before any clipping
@@ -56,8 +57,8 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
     ``loss / K``: a latent note when this Setup's data always splits equally) and FAIL. A step that divides by a
     constant is right only at that K: a latent WARN when it is the configured K. With batch-dependent layers
     (BatchNorm) the comparison is rerun with their batch statistics frozen: WARN when that isolated rerun matches,
-    FAIL when it does not. Non-finite gradients are their own FAIL, never a match. A step that cannot run with K micro-batches is a
-    latent WARN while the Setup does not accumulate.
+    FAIL when it does not. Non-finite gradients are their own FAIL, never a match. A step that cannot run with K
+    micro-batches is a latent WARN while the Setup does not accumulate.
     """
     try:
         return _check_accumulation(setup, k=k, tol=tol)
@@ -70,9 +71,10 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
                            f"latent (this Setup does not accumulate gradients): the step cannot run with "
                            f"{k or 4} micro-batches: {exc.message}",
                            {"latent": True, "k": k or 4, "error_type": type(exc.__cause__ or exc).__name__},
-                           advice=["Nothing to fix while accumulation_steps=1. Before turning accumulation on, make the step "
-                                   "accept micro-batches of any size (size per-batch state such as a recurrent hidden state "
-                                   "from the micro-batch, e.g. init_hidden(len(mb)))." ] + ([exc.fix] if exc.fix else []))
+                           advice=["Nothing to fix while accumulation_steps=1. Before turning accumulation on, make "
+                                   "the step accept micro-batches of any size (size per-batch state such as a "
+                                   "recurrent hidden state from the micro-batch, e.g. init_hidden(len(mb))).",
+                                   *([exc.fix] if exc.fix else [])])
 
 
 def _check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None = None) -> CheckResult:
@@ -104,7 +106,7 @@ class _Evidence:
     pre_err: float  # the equal split, before clipping
     frozen: bool = False  # the equal split matched only with batch statistics frozen
     uerr: float = 0.0  # the unequal split: the worse of at optimizer.step() and before clipping
-    ucause: tuple | None = None  # the unequal split's named cause, when it differs
+    ucause: tuple[str, list[str], str | None] | None = None  # the unequal split's cause, when it differs
 
 
 @dataclass
@@ -135,11 +137,13 @@ class _Plan:
             batch = setup.sample_batch()
         n = setup.size(batch)
         if n < 2 * k:
-            raise TroptError(f"the first batch holds {n} samples, too few to split into {k} and then uneven micro-batches",
+            raise TroptError(f"the first batch holds {n} samples, too few to split into {k} and then uneven "
+                             "micro-batches",
                              f"use batches of at least {2 * k} samples for this check (or pass a smaller k)")
         n_even = n - n % k
         even_batch = setup.split(batch, sizes=[n_even, n - n_even])[0] if n_even < n else batch
-        # One large micro-batch and K-1 small ones: clearly unequal for every K (a loop that divides by K is off by a lot).
+        # One large micro-batch and K-1 small ones: clearly unequal for every K (a loop that divides by K is off by
+        # a lot).
         small = max(1, n // (2 * k))
         uneven_sizes = [n - (k - 1) * small] + [small] * (k - 1)
         return cls(setup, k, tol, close, batch, n, n_even, even_batch, uneven_sizes,
@@ -157,7 +161,7 @@ class _Plan:
         try:
             return _observe(self.setup, micro, self.k, freeze=freeze, what=f"the {self.k}-micro-batch run")
         except StepError as exc:
-            exc.in_k_run = True  # the only run that differs from normal training: check_accumulation may call it latent
+            exc.in_k_run = True  # type: ignore[attr-defined]  # the only run that differs from normal training: check_accumulation may call it latent
             raise
 
     def compare(self, a: Run, b: Run) -> _Pair:
@@ -172,11 +176,12 @@ class _Plan:
         if norm_of(a.post) > 0 or norm_of(b.post) > 0:  # zero equals zero: a step that clears before stepping "matches"
             return None
         return CheckResult("loop.accumulation", Status.WARN,
-                           "cannot check accumulation: no gradient reaches optimizer.step() in either run (every gradient is "
-                           "zero or None when the optimizer steps)",
+                           "cannot check accumulation: no gradient reaches optimizer.step() in either run (every "
+                           "gradient is zero or None when the optimizer steps)",
                            {**metrics, "see_also": "loop.zero_grad"}, tables,
-                           ["Call optimizer.zero_grad() after optimizer.step() (or before the first backward of the next step), "
-                            "never between backward() and step(); then rerun this check.", STANDARD_STEP_ADVICE])
+                           ["Call optimizer.zero_grad() after optimizer.step() (or before the first backward of the "
+                            "next step), never between backward() and step(); then rerun this check.",
+                            STANDARD_STEP_ADVICE])
 
 
 def _measure(plan: _Plan) -> CheckResult | _Evidence:
@@ -207,8 +212,9 @@ def _uneven_first(plan: _Plan) -> CheckResult | _Pair:
         return bad
     if u.err <= tol and u.pre_err <= tol and ub.calls == 1:
         return CheckResult("loop.accumulation", Status.PASS,
-                           f"{k} micro-batches of unequal sizes ({metrics['uneven_sizes']}) give the full-batch gradient "
-                           f"(max relative error {max(u.err, u.pre_err):.1e} ≤ {tol:.0e}, before and after clipping); "
+                           f"{k} micro-batches of unequal sizes ({metrics['uneven_sizes']}) give the full-batch "
+                           f"gradient (max relative error {max(u.err, u.pre_err):.1e} ≤ {tol:.0e}, before and after "
+                           "clipping); "
                            "equal sizes follow",
                            metrics, {"parameters": u.table})
     if a.calls > 1:
@@ -258,6 +264,7 @@ def _mismatch(plan: _Plan, p: _Pair, micro: list, freeze: bool, metrics: dict, t
               prefix: str) -> CheckResult:
     """The FAIL (or latent WARN) for a mismatch of the equal split, with the cause decided from the evidence."""
     setup, k, tol, close, a, b = plan.setup, plan.k, plan.tol, plan.close, p.a, p.b
+    tag: str | None
     if b.calls > 1:
         cause, advice, tag = (f"optimizer.step() ran {b.calls} times for one step of {k} micro-batches",
                               [f"Call optimizer.step() once per {k} micro-batches, after the last backward.",
@@ -273,7 +280,7 @@ def _mismatch(plan: _Plan, p: _Pair, micro: list, freeze: bool, metrics: dict, t
         cause, advice, tag = update_side_cause(setup, b, k, close)
     metrics["cause"] = tag or "unnamed"
     result = CheckResult("loop.accumulation", Status.FAIL, f"{prefix}: {cause}", metrics, tables,
-                         advice + [STANDARD_STEP_ADVICE])
+                         [*advice, STANDARD_STEP_ADVICE])
     if tag == CONSTANT_DIVISOR:
         d = metrics["constant_divisor"]
         if setup.accumulation_steps > 1 and near(d, setup.accumulation_steps):
@@ -350,14 +357,14 @@ def _verdict(plan: _Plan, ev: _Evidence) -> CheckResult:
 def _unequal_only(plan: _Plan, ev: _Evidence) -> CheckResult:
     """Exact for equal micro-batches only: a WARN, or a latent PASS when this Setup's data always splits equally."""
     setup, metrics, tables, ucause = plan.setup, ev.metrics, ev.tables, ev.ucause
-    named = ucause is not None and ucause[2] not in (None, PER_MICRO_MEAN, "scaled")
+    named = ucause if ucause is not None and ucause[2] not in (None, PER_MICRO_MEAN, "scaled") else None
     what = (f"exact for equal micro-batches, but unequal sizes ({metrics['uneven_sizes']}) change the gradient by "
             f"{ev.uerr:.1%}")
-    advice = (ucause[1] if named else
-              ["Weight each micro-batch loss by its share of the step's samples (n_i / n) instead of dividing by K, "
-               "or make every micro-batch the same size (drop_last=True)."]) + [STANDARD_STEP_ADVICE]
-    if named:
-        what += f": {ucause[0]}"
+    advice = [*(named[1] if named is not None else
+                ["Weight each micro-batch loss by its share of the step's samples (n_i / n) instead of dividing by K, "
+                 "or make every micro-batch the same size (drop_last=True)."]), STANDARD_STEP_ADVICE]
+    if named is not None:
+        what += f": {named[0]}"
     sizes = _batch_sizes_of(setup)
     acc = setup.accumulation_steps
     if sizes is not None and (acc == 1 or all(s % acc == 0 for s in sizes)):
@@ -368,7 +375,7 @@ def _unequal_only(plan: _Plan, ev: _Evidence) -> CheckResult:
         return CheckResult("loop.accumulation", Status.PASS,
                            f"exact for the micro-batches this Setup produces ({why}); latent: {what}", metrics, tables,
                            ["Nothing to fix for this data. Before feeding batches whose size is not a multiple of K (a "
-                            "short last batch, variable-length samples):"] + advice)
+                            "short last batch, variable-length samples):", *advice])
     if sizes is not None:
         metrics["train_batch_sizes"] = ", ".join(map(str, sorted(set(sizes))))
     return CheckResult("loop.accumulation", Status.WARN, what, metrics, tables, advice)
@@ -393,8 +400,9 @@ def _steps_per_call_result(calls: int, metrics: dict, tables: dict) -> CheckResu
                        f"optimizer.step() ran {calls} times per call of the step function with a single micro-batch "
                        f"(expected once): every update is applied {calls} times",
                        {**metrics, "optimizer_steps_per_call": calls, "cause": "steps_per_call"}, tables,
-                       ["Call optimizer.step() (or scaler.step(optimizer)) exactly once per call of step(ctx, micro_batches); "
-                        "look for a second call in a helper, a callback or a wrapper.", STANDARD_STEP_ADVICE])
+                       ["Call optimizer.step() (or scaler.step(optimizer)) exactly once per call of step(ctx, "
+                        "micro_batches); look for a second call in a helper, a callback or a wrapper.",
+                        STANDARD_STEP_ADVICE])
 
 
 def _batch_sizes_of(setup: Setup) -> list[int] | None:
@@ -407,13 +415,14 @@ def _batch_sizes_of(setup: Setup) -> list[int] | None:
     try:
         if isinstance(data, torch.utils.data.DataLoader):
             bs = data.batch_size
-            if bs is None or not hasattr(data.dataset, "__len__") or isinstance(data.dataset, torch.utils.data.IterableDataset):
+            iterable = isinstance(data.dataset, torch.utils.data.IterableDataset)
+            if bs is None or not hasattr(data.dataset, "__len__") or iterable:
                 return None
             m = len(data.dataset)
             sizes = [bs] * (m // bs) + ([] if data.drop_last or m % bs == 0 else [m % bs])
             return sizes or None
         if isinstance(data, torch.utils.data.Dataset):
-            m, bs = len(data), setup.batch_size
+            m, bs = len(data), setup.batch_size  # type: ignore[arg-type]
             return [bs] * (m // bs) + ([m % bs] if m % bs else [])
         if isinstance(data, (list, tuple)) and len(data) <= 10_000:
             return [setup.size(b) for b in data]

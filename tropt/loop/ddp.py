@@ -13,6 +13,7 @@ the batch statistics frozen. WARN when that isolated rerun matches, FAIL when it
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import multiprocessing as mp
@@ -63,9 +64,11 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
     try:
         torch.set_num_threads(1)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # both ranks are on this host: talk over loopback
-        sys.stdout = sys.stderr = open(os.devnull, "w")
+        # Both files stay open until os._exit: nothing in this process may close them earlier.
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115
         warnings.simplefilter("ignore")
-        faulthandler.dump_traceback_later(_TIMEOUT_S - 5, file=open(f"{store}.rank{rank}.stack", "w"))  # where a hang sits
+        stack = open(f"{store}.rank{rank}.stack", "w")  # noqa: SIM115
+        faulthandler.dump_traceback_later(_TIMEOUT_S - 5, file=stack)  # where a hang sits
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=_TIMEOUT_S - 10))
         tell_distributed(rank, world)  # an accelerate Accelerator in the step learns it is one of `world` processes
@@ -91,7 +94,8 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
             syncs[0] += 1
             if bucket.is_last():
                 # A synchronised pass that adds to gradients not yet used (accumulation without no_sync) wastes its
-                # all-reduce; one that starts from cleared gradients (a closure's evaluation, SAM's second pass) needs it.
+                # all-reduce; one that starts from cleared gradients (a closure's evaluation, SAM's second pass) needs
+                # it.
                 syncs[1] += 1
                 syncs[2] += int(opened["fresh"])
                 opened["open"] = False
@@ -107,10 +111,9 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
         out.send((rank, "ok", (grads, pre), [*syncs, evaluations], calls))
     except BaseException as exc:  # noqa: BLE001 - report anything to the parent, which turns it into an ERROR
         code = 1
-        try:
-            out.send((rank, "error", exc.message if isinstance(exc, TroptError) else f"{type(exc).__name__}: {exc}", None, None))
-        except BaseException:  # noqa: BLE001 - the parent sees the closed pipe instead
-            pass
+        with contextlib.suppress(BaseException):  # the parent sees the closed pipe instead
+            message = exc.message if isinstance(exc, TroptError) else f"{type(exc).__name__}: {exc}"
+            out.send((rank, "error", message, None, None))
     finally:
         os._exit(code)
 
@@ -126,14 +129,16 @@ def _averaged_pre_clip(ddp: Any, pre: dict, world: int) -> dict:
         return {}
     names = [n for n, p in ddp.named_parameters() if p.requires_grad]
     shapes = {n: p.shape for n, p in ddp.named_parameters()}
-    flat = torch.cat([(pre[n] if pre.get(n) is not None else torch.zeros(shapes[n])).reshape(-1).double() for n in names])
+    flat = torch.cat([(pre[n] if pre.get(n) is not None else torch.zeros(shapes[n])).reshape(-1).double()
+                      for n in names])
     had = torch.tensor([float(pre.get(n) is not None) for n in names], dtype=torch.float64)
     dist.all_reduce(flat)
     dist.all_reduce(had)
     out, i = {}, 0
     for j, n in enumerate(names):
         size = int(np.prod(shapes[n])) if len(shapes[n]) else 1
-        out[n.removeprefix("module.")] = (flat[i:i + size] / world).reshape(shapes[n]).float().numpy() if had[j] > 0 else None
+        mean = (flat[i:i + size] / world).reshape(shapes[n]).float().numpy() if had[j] > 0 else None
+        out[n.removeprefix("module.")] = mean
         i += size
     return out
 
@@ -158,7 +163,8 @@ def _kill(procs: list) -> None:
         p.join()
 
 
-def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False, find_unused: bool = False) -> list[tuple]:
+def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False,
+             find_unused: bool = False) -> list[tuple]:
     import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # imported before the fork: see _rank_main
     import torch.nn.parallel  # noqa: F401
 
@@ -168,7 +174,8 @@ def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False,
         procs, readers = [], {}
         for r in range(world):
             recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_rank_main, args=(r, world, setup, shares, store, send, freeze, find_unused), daemon=True)
+            p = ctx.Process(target=_rank_main, args=(r, world, setup, shares, store, send, freeze, find_unused),
+                            daemon=True)
             p.start()
             send.close()  # the child holds the only writer: its exit closes the pipe
             procs.append(p)
@@ -178,7 +185,7 @@ def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False,
         try:
             while len(results) < world:
                 pending = [c for c, r in readers.items() if r not in results]
-                ready = mp_connection.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+                ready: list[Any] = mp_connection.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
                 if not ready:
                     where = "; ".join(f"rank {r} in {_stuck_at(f'{store}.rank{r}.stack') or 'native code'}"
                                       for r in range(world) if r not in results)
@@ -190,7 +197,8 @@ def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False,
                         results[r] = conn.recv()
                     except EOFError:
                         procs[r].join(timeout=5)
-                        results[r] = (r, "error", f"the process exited with code {procs[r].exitcode} before reporting", None, None)
+                        results[r] = (r, "error", f"the process exited with code {procs[r].exitcode} before reporting",
+                                      None, None)
         except BaseException:  # Ctrl-C, a timeout, ...: stop the workers now instead of waiting for them
             _kill(procs)
             raise
@@ -204,7 +212,7 @@ def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False,
 
 
 def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freeze: bool,
-               find_unused: bool = False) -> tuple[dict, list[tuple], str]:
+               find_unused: bool = False) -> tuple[tuple[dict, dict], list[tuple], str]:
     """The single-process gradients on the full batch, every DDP rank's result on its share, and where the
     single-process update was observed."""
     k = setup.accumulation_steps
@@ -218,13 +226,15 @@ def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freez
     errors = [r for r in ranks if r[1] != "ok"]
     if errors:
         raise StepError(f"under DDP, rank {errors[0][0]} failed: {errors[0][2]}",
-                        "the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as ctx.model.module")
+                        "the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as "
+                        "ctx.model.module")
     for rank, _, _, _, rank_calls in ranks:
         require_steps(setup, rank_calls, f"DDP rank {rank}")
     return (records[0].grads, records[0].pre_clip), ranks, observed_at(records)
 
 
-def _compare(pair: tuple[dict, dict], ranks: list[tuple], world: int, tol: float) -> tuple[pd.DataFrame, pd.DataFrame, bool]:
+def _compare(pair: tuple[dict, dict], ranks: list[tuple], world: int,
+             tol: float) -> tuple[pd.DataFrame, pd.DataFrame, bool]:
     """(the decisive comparison, the one at optimizer.step, whether the decisive one is before clipping).
 
     Two views, and either differing is a finding. At ``optimizer.step`` DDP's own all-reduce is seen (a bucket it
@@ -261,7 +271,8 @@ def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: 
     if global_rel_error(ddp_grads, clipped(loss_grads(setup, whole, [1 / world] * world, freeze))) <= close:
         return "process"
     micro = [mb for share in shares for mb in share]
-    if k > 1 and global_rel_error(ddp_grads, clipped(loss_grads(setup, micro, [1 / len(micro)] * len(micro), freeze))) <= close:
+    per_micro = loss_grads(setup, micro, [1 / len(micro)] * len(micro), freeze) if k > 1 else None
+    if per_micro is not None and global_rel_error(ddp_grads, clipped(per_micro)) <= close:
         return "micro-batch"
     return None
 
@@ -269,7 +280,8 @@ def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: 
 @register(
     "loop.ddp",
     title="DistributedDataParallel equivalence",
-    description="1 process on the full batch vs 2 gloo DDP processes on half each: same gradients, one all-reduce per step",
+    description="1 process on the full batch vs 2 gloo DDP processes on half each: same gradients, one all-reduce "
+                "per step",
 )
 def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, progress: bool = True) -> CheckResult:
     """FAIL when the step's gradients change under DDP; WARN when it all-reduces more than once per optimizer step.
@@ -299,10 +311,11 @@ def _unavailable(setup: Setup) -> CheckResult | None:
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
-        return CheckResult("loop.ddp", Status.SKIP, "torch.distributed with the gloo backend is not available in this build")
+        return CheckResult("loop.ddp", Status.SKIP,
+                           "torch.distributed with the gloo backend is not available in this build")
     if "fork" not in mp.get_all_start_methods():
         return CheckResult("loop.ddp", Status.SKIP, "this platform cannot fork processes, which the DDP check needs")
-    if setup.device.type != "cpu":
+    if torch.device(setup.device).type != "cpu":
         return CheckResult("loop.ddp", Status.SKIP,
                            f"the DDP check runs gloo processes on CPU; this Setup is on {setup.device}: "
                            "run it with setup.replace(device='cpu')")
@@ -334,15 +347,16 @@ def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence:
         upair, uranks, _ = _both_runs(setup, full, shares, world_size, freeze=False, find_unused=True)
         utable = _compare(upair, uranks, world_size, tol)[0]
     bn_layers = batch_dependent_layers(setup.model)
-    ftable, per_mean = None, None
+    ftable, per_mean, franks = None, None, ranks
     if err > tol and bn_layers:
         # Each process normalises its share with that share's BatchNorm statistics, by design: rerun both with the
         # statistics frozen to see whether the step itself is right.
         fpair, franks, _ = _both_runs(setup, full, shares, world_size, freeze=True)
         ftable = _compare(fpair, franks, world_size, tol)[0]
     frozen_run = ftable is not None
-    if float((ftable if frozen_run else table)["rel_error"].max()) > tol:
-        per_mean = _per_process_mean(setup, whole, shares, rank0_grads(franks if frozen_run else ranks, int(pre_clip)),
+    decisive = ftable if ftable is not None else table
+    if float(decisive["rel_error"].max()) > tol:
+        per_mean = _per_process_mean(setup, whole, shares, rank0_grads(franks, int(pre_clip)),
                                      tol, frozen_run, clipped_grads=not pre_clip)
     return DdpEvidence(world_size, tol, k, per_rank, single, ranks, where, table, post, pre_clip, err, unused, utable,
                      bn_layers, ftable, per_mean)

@@ -7,11 +7,12 @@ evidence: not unscaled, unscaled twice, clipped by norm or by value while still 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
 
-from ..core.capture import ScalerWatch, observed_at, run_steps
+from ..core.capture import ScalerWatch, StepRecord, observed_at, run_steps
 from ..core.compare import compare_tensors
 from ..core.modes import quiet_randomness
 from ..errors import TroptError
@@ -42,7 +43,8 @@ def _value_clip_signature(grads: dict, scale: float) -> tuple[float, float]:
     title="AMP loss scaling and clipping order",
     description="GradScaler scale 1 vs 2^16 gives the same unscaled gradients and clipped norm",
 )
-def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | None = None, progress: bool = True) -> CheckResult:
+def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | None = None,
+                       progress: bool = True) -> CheckResult:
     """FAIL when the gradients reaching ``optimizer.step()`` depend on the GradScaler's scale.
 
     The classic cause is clipping still-scaled gradients (``clip_grad_norm_`` before ``scaler.unscale_``); the summary
@@ -53,20 +55,23 @@ def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | Non
     setup.validate()
     owner = "ctx.scaler"
     if not setup.use_scaler:
-        owner = _step_scaler(setup)
-        if owner is None:
+        own = _step_scaler(setup)
+        if own is None:
             return CheckResult("loop.loss_scaling", Status.SKIP,
-                               "no GradScaler in this Setup (use_scaler=False) and the step scales no loss with one of its "
-                               "own: nothing to check")
+                               "no GradScaler in this Setup (use_scaler=False) and the step scales no loss with one "
+                               "of its own: nothing to check")
+        owner = own
     tol = tolerance_for(setup, tol)
     with preserved(setup.model):
         micro = setup.split(setup.sample_batch(), setup.accumulation_steps)
         ctx = setup.build(init_scale=1.0)
         quiet_randomness(ctx.model)
-        # Whichever GradScaler scales the loss (ctx.scaler, or one the step builds itself) starts at the scale under test.
+        # Whichever GradScaler scales the loss (ctx.scaler, or one the step builds itself) starts at the scale under
+        # test.
         rec_a, calls_a = run_steps(setup, ctx, [micro], init_scale=1.0)
         require_steps(setup, calls_a, "the scale-1 run")
-        rec_b, used = [], None
+        rec_b: list[StepRecord] = []
+        used = scale  # the scale the compared run started at (set below; no run at all raises)
         for big in (scale, 2.0**12, 2.0**8):
             ctx = setup.build(init_scale=big)
             quiet_randomness(ctx.model)
@@ -75,16 +80,17 @@ def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | Non
                 used = big
                 break
     if not rec_b:
-        raise TroptError("every large loss scale (2^16, 2^12, 2^8) overflowed on the first step, so no step ran to compare",
+        raise TroptError("every large loss scale (2^16, 2^12, 2^8) overflowed on the first step, so no step ran to "
+                         "compare",
                          "check the loss for huge values; fp16 overflows above 65504")
     result = _loss_scaling_verdict(setup, rec_a, rec_b, used, tol, owner)
     if setup.precision != "fp16" and result.status is Status.PASS:
         result = dataclasses.replace(
             result, status=Status.WARN,
-            summary=f"{result.summary}; but with precision={setup.precision!r} loss scaling is unnecessary (only fp16's narrow "
-                    "exponent range underflows small gradients)",
-            advice=["Drop the GradScaler (use_scaler=False, plain loss.backward() and optimizer.step()), or train in fp16 "
-                    "if that is what the scaler was kept for."])
+            summary=f"{result.summary}; but with precision={setup.precision!r} loss scaling is unnecessary (only "
+                    "fp16's narrow exponent range underflows small gradients)",
+            advice=["Drop the GradScaler (use_scaler=False, plain loss.backward() and optimizer.step()), or train in "
+                    "fp16 if that is what the scaler was kept for."])
     return defer_multi_step(result, calls_a)
 
 
@@ -96,10 +102,8 @@ def _step_scaler(setup: Setup) -> str | None:
     with preserved(setup.model), ScalerWatch() as watch:
         ctx = setup.build()
         quiet_randomness(ctx.model)
-        try:
+        with contextlib.suppress(TroptError):
             setup.run_step(ctx, setup.split(setup.sample_batch(), setup.accumulation_steps))
-        except TroptError:
-            pass
     used = [s for s in watch.used if s.is_enabled()]
     return f"the step's own {type(used[-1]).__name__}" if used else None
 
@@ -111,11 +115,13 @@ def _loss_scaling_verdict(setup: Setup, rec_a: list, rec_b: list, used: float, t
     norm_a, norm_b = rec_a[0].grad_norm, rec_b[0].grad_norm
     metrics = {"scale_small": 1.0, "scale_large": used, "max_rel_error": err, "tolerance": tol, "scaler": owner,
                "observed_at": observed_at(rec_a + rec_b),
-               "clipped_norm_scale_1": norm_a, "clipped_norm_large_scale": norm_b, "grad_clip": setup.grad_clip or float("nan")}
+               "clipped_norm_scale_1": norm_a, "clipped_norm_large_scale": norm_b,
+               "grad_clip": setup.grad_clip or float("nan")}
     tables = {"parameters": table}
     if err <= tol and abs(norm_a - norm_b) <= tol * max(norm_a, norm_b, 1e-30):
         return CheckResult("loop.loss_scaling", Status.PASS,
-                           f"unscaled gradients and clipped norm do not depend on the loss scale (max relative error {err:.1e})",
+                           "unscaled gradients and clipped norm do not depend on the loss scale (max relative error "
+                           f"{err:.1e})",
                            metrics, tables)
     # Name the cause from the evidence: how the large-scale gradients relate to the scale-1 ones.
     ratio = norm_b / norm_a if norm_a > 0 else float("nan")
@@ -124,7 +130,8 @@ def _loss_scaling_verdict(setup: Setup, rec_a: list, rec_b: list, used: float, t
     unscale_first = "Call scaler.unscale_(optimizer) once, before anything that reads or changes the gradients"
     if norm_a > 0 and abs(ratio / used - 1) < 0.05:
         summary = f"optimizer.step() receives gradients still multiplied by the loss scale ({ratio:.3g}×)"
-        advice = ["Step through the scaler: scaler.step(optimizer) (it unscales), or call scaler.unscale_(optimizer) first."]
+        advice = ["Step through the scaler: scaler.step(optimizer) (it unscales), or call scaler.unscale_(optimizer) "
+                  "first."]
     elif setup.grad_clip is not None and abs(norm_b * used / setup.grad_clip - 1) < 0.05:
         # Clipped to grad_clip while multiplied by the scale, then unscaled: norm grad_clip / scale. When the true norm
         # is itself clipped to grad_clip, unscaling twice gives the same number: say both.
@@ -132,19 +139,22 @@ def _loss_scaling_verdict(setup: Setup, rec_a: list, rec_b: list, used: float, t
         summary = (f"the gradients depend on the loss scale ({err:.1%}; clipped norm {norm_a:.3g} vs {norm_b:.3g} = "
                    f"grad_clip {setup.grad_clip:g} / scale {used:g}): clip_grad_norm_ ran on still-scaled gradients"
                    + (" (or they are unscaled twice: here both give this norm)" if twice else ""))
-        advice = ["Call scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer) and scaler.update()."]
+        advice = ["Call scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer) and "
+                  "scaler.update()."]
     elif norm_a > 0 and abs(ratio * used - 1) < 0.05:
-        summary = (f"the gradients reaching optimizer.step() are 1/{used:g} of the true ones ({ratio:.3g}×): they are unscaled "
-                   "twice (e.g. divided by scaler.get_scale() by hand and again by scaler.unscale_/scaler.step)")
-        advice = ["Unscale once: let scaler.unscale_(optimizer) or scaler.step(optimizer) do it; do not also divide the "
-                  "gradients by the scale yourself."]
+        summary = (f"the gradients reaching optimizer.step() are 1/{used:g} of the true ones ({ratio:.3g}×): they "
+                   "are unscaled twice (e.g. divided by scaler.get_scale() by hand and again by "
+                   "scaler.unscale_/scaler.step)")
+        advice = ["Unscale once: let scaler.unscale_(optimizer) or scaler.step(optimizer) do it; do not also divide "
+                  "the gradients by the scale yourself."]
     elif clip_share >= 0.5:
-        summary = (f"the gradients depend on the loss scale ({err:.1%}): {clip_share:.0%} of the entries sit exactly at "
-                   f"±{clip_at:.3g} in scaled units, so clip_grad_value_ (or a clamp) ran on still-scaled gradients")
+        summary = (f"the gradients depend on the loss scale ({err:.1%}): {clip_share:.0%} of the entries sit "
+                   f"exactly at ±{clip_at:.3g} in scaled units, so clip_grad_value_ (or a clamp) ran on still-scaled "
+                   "gradients")
         advice = [f"{unscale_first}: then clip_grad_value_, scaler.step(optimizer) and scaler.update()."]
     else:
-        summary = (f"the gradients that reach optimizer.step() depend on the loss scale ({err:.1%} relative error; norm ratio "
-                   f"{ratio:.3g} at scale {used:g}): something reads or changes them while still scaled")
+        summary = (f"the gradients that reach optimizer.step() depend on the loss scale ({err:.1%} relative error; "
+                   f"norm ratio {ratio:.3g} at scale {used:g}): something reads or changes them while still scaled")
         advice = [f"{unscale_first} (clipping, manual scaling, logging-based decisions); scale only the loss "
                   "(scaler.scale(loss).backward()) and step through scaler.step(optimizer)."]
-    return CheckResult("loop.loss_scaling", Status.FAIL, summary, metrics, tables, advice + [STANDARD_STEP_ADVICE])
+    return CheckResult("loop.loss_scaling", Status.FAIL, summary, metrics, tables, [*advice, STANDARD_STEP_ADVICE])

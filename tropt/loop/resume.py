@@ -27,22 +27,26 @@ from ..snapshot import RngState, preserved
 from ..training import StepContext, user_state_is_plain
 from ._verdicts import defer_multi_step, nonfinite_result, require_steps, tolerance_for
 
-COMPONENTS = ("model weights", "optimizer moments", "optimizer hyperparameters", "schedule position", "loss scale", "RNG",
-              "step attributes", "wrapped optimizer state")
+COMPONENTS = ("model weights", "optimizer moments", "optimizer hyperparameters", "schedule position", "loss scale",
+              "RNG", "step attributes", "wrapped optimizer state")
 _ADVICE = {
     "model weights": "Restore the weights in load_state: ctx.model.load_state_dict(state['model']).",
-    "optimizer moments": "Save and load ctx.optimizer.state_dict() too: it holds the moments (Adam's exp_avg/exp_avg_sq, "
-                         "SGD's momentum buffers); without them the run restarts its optimizer from zero.",
-    "optimizer hyperparameters": "Restore ctx.optimizer.state_dict(), which also holds each group's lr, betas and weight decay.",
-    "schedule position": "Save and load ctx.scheduler.state_dict(): without it the schedule (warm-up, decay) restarts from step 0.",
+    "optimizer moments": "Save and load ctx.optimizer.state_dict() too: it holds the moments (Adam's "
+                         "exp_avg/exp_avg_sq, SGD's momentum buffers); without them the run restarts its optimizer "
+                         "from zero.",
+    "optimizer hyperparameters": "Restore ctx.optimizer.state_dict(), which also holds each group's lr, betas and "
+                                 "weight decay.",
+    "schedule position": "Save and load ctx.scheduler.state_dict(): without it the schedule (warm-up, decay) restarts "
+                         "from step 0.",
     "loss scale": "Save and load ctx.scaler.state_dict(), or the GradScaler restarts from its initial scale.",
-    "RNG": "Save torch.get_rng_state() (and torch.cuda.get_rng_state_all(), numpy and random states) and restore them on "
-           "load, or dropout masks and data shuffling diverge after a resume.",
+    "RNG": "Save torch.get_rng_state() (and torch.cuda.get_rng_state_all(), numpy and random states) and restore "
+           "them on load, or dropout masks and data shuffling diverge after a resume.",
     "step attributes": "Save the state your step keeps on ctx (an iteration counter such as ctx.it, a recurrent hidden "
                        "state) in save_state and set it again in load_state.",
-    "wrapped optimizer state": "ctx.optimizer wraps another optimizer whose state its own state_dict() leaves out (SAM's "
-                               "base_optimizer keeps the momentum: davda54/sam#73): save and load that optimizer's "
-                               "state_dict() too, e.g. state['base'] = ctx.optimizer.base_optimizer.state_dict().",
+    "wrapped optimizer state": "ctx.optimizer wraps another optimizer whose state its own state_dict() leaves out "
+                               "(SAM's base_optimizer keeps the momentum: davda54/sam#73): save and load that "
+                               "optimizer's state_dict() too, e.g. state['base'] = "
+                               "ctx.optimizer.base_optimizer.state_dict().",
 }
 
 
@@ -95,7 +99,8 @@ def _state_of(ctx: StepContext, rng: RngState) -> dict[str, dict[str, torch.Tens
     return {
         "model weights": flatten_state(ctx.model.state_dict()),
         "optimizer moments": flatten_state(opt["state"]),
-        "optimizer hyperparameters": flatten_state([{k: v for k, v in g.items() if k != "params"} for g in opt["param_groups"]]),
+        "optimizer hyperparameters": flatten_state([{k: v for k, v in g.items() if k != "params"}
+                                                    for g in opt["param_groups"]]),
         "schedule position": flatten_state(ctx.scheduler.state_dict()) if ctx.scheduler is not None else {},
         "loss scale": flatten_state(ctx.scaler.state_dict()) if ctx.scaler is not None else {},
         "RNG": {
@@ -136,7 +141,8 @@ def _call_user(fn: Callable, who: str, *args: Any) -> Any:
     except TroptError:
         raise
     except Exception as exc:
-        raise StepError(f"{who} raised {type(exc).__name__}: {exc}", f"fix {who}; it is called as {who}(ctx{', state' if len(args) > 1 else ''})") from exc
+        raise StepError(f"{who} raised {type(exc).__name__}: {exc}",
+                        f"fix {who}; it is called as {who}(ctx{', state' if len(args) > 1 else ''})") from exc
 
 
 def _through_disk(state: Any) -> Any:
@@ -178,7 +184,8 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
         require_steps(setup, calls, f"the first {steps} step(s)")
         state = _call_user(save, "save_state", ctx_a)
         if state is None and custom:
-            raise StepError("save_state returned None, so there is nothing to resume from", "return the state to save (a dict of state_dicts)")
+            raise StepError("save_state returned None, so there is nothing to resume from",
+                            "return the state to save (a dict of state_dicts)")
         state = _through_disk(state)
         # Leftover gradients are in no checkpoint; clearing them isolates what the checkpoint covers
         # (leaking gradients are loop.zero_grad's finding, not this check's).
@@ -189,7 +196,8 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
         _call_user(load, "load_state", ctx_b, state)
         rng_b = RngState.take()
         # Compare right after loading, while run A still stands at the save point: no copies needed.
-        loaded = {c: max_rel_error(x, y) for (c, x), y in zip(_state_of(ctx_a, rng_a).items(), _state_of(ctx_b, rng_b).values())}
+        loaded = {c: max_rel_error(x, y)
+                  for (c, x), y in zip(_state_of(ctx_a, rng_a).items(), _state_of(ctx_b, rng_b).values(), strict=False)}
         # The RNGs are global: give each continuation the state its own run would have.
         rng_a.restore()
         rec_a, calls_a = run_steps(setup, ctx_a, batches[steps:], capture="lr")
@@ -228,7 +236,8 @@ def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: 
     lr_b = np.array([r.lrs[0] if r.lrs else np.nan for r in rec_b])
     final_err = float(params["rel_error"].max()) if len(params) else 0.0
     lost = [r["component"] for r in rows if not r["restored"]]
-    metrics = {"steps_before_save": steps, "steps_after_load": steps, "checkpoint": "user save_state/load_state" if custom else "tropt full checkpoint",
+    metrics = {"steps_before_save": steps, "steps_after_load": steps,
+               "checkpoint": "user save_state/load_state" if custom else "tropt full checkpoint",
                "final_param_max_rel_error": final_err, "tolerance": tol, "not_restored": ", ".join(lost) or "none",
                "observed_at": observed_at(rec_a + rec_b)}
     tables = {"components": components, "parameters": params}
@@ -236,30 +245,36 @@ def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: 
     lr_same = len(lr_a) == len(lr_b) and np.allclose(lr_a, lr_b, rtol=1e-6, equal_nan=True)
     if final_err <= tol and lr_same and not lost:
         return CheckResult("loop.resume", Status.PASS,
-                           f"resuming after {steps} step(s) reproduces the straight run (parameter error {final_err:.1e}; every component restored)",
+                           f"resuming after {steps} step(s) reproduces the straight run (parameter error "
+                           f"{final_err:.1e}; every component restored)",
                            metrics, tables, series=series)
-    advice = [_ADVICE[c] for c in lost] or ["Something outside the checkpoint carries state: a module attribute that is not "
-                                            "in state_dict(), or state kept by loss_fn or the step function. Save it too."]
+    advice = [_ADVICE[c] for c in lost] or ["Something outside the checkpoint carries state: a module attribute that "
+                                            "is not in state_dict(), or state kept by loss_fn or the step function. "
+                                            "Save it too."]
     metrics.update(lr_after_straight=end_a[0][0], lr_after_resumed=end_b[0][0])
     if end_a[1] is not None and end_b[1] is not None:
         metrics.update(schedule_position_straight=end_a[1], schedule_position_resumed=end_b[1])
-    schedule_differs = ("schedule position" in lost and not components.set_index("component").loc["schedule position", "matches_at_end"]) \
-        or not np.allclose(end_a[0], end_b[0], rtol=1e-6, equal_nan=True)
+    position_lost = ("schedule position" in lost
+                     and not components.set_index("component").loc["schedule position", "matches_at_end"])
+    schedule_differs = position_lost or not np.allclose(end_a[0], end_b[0], rtol=1e-6, equal_nan=True)
     if final_err <= tol and lr_same and schedule_differs:
         # The updates so far agree, but the two schedules now stand at different places: every later step diverges.
         where = (f"position {end_a[1]:g} vs {end_b[1]:g}, " if end_a[1] is not None and end_b[1] is not None else "")
         return CheckResult("loop.resume", Status.FAIL,
-                           f"resuming changes the schedule: after {steps} more step(s) the resumed run's schedule differs from the "
-                           f"straight run's (straight vs resumed: {where}next learning rate {end_a[0][0]:.3g} vs {end_b[0][0]:.3g}); first divergence: "
+                           f"resuming changes the schedule: after {steps} more step(s) the resumed run's schedule "
+                           f"differs from the straight run's (straight vs resumed: {where}next learning rate "
+                           f"{end_a[0][0]:.3g} vs {end_b[0][0]:.3g}); first divergence: "
                            f"{lost[0] if lost else 'schedule position'}"
                            + (f" (also not restored: {', '.join(lost[1:])})" if len(lost) > 1 else ""),
                            metrics, tables, advice, series)
     if final_err <= tol and lr_same:
         return CheckResult("loop.resume", Status.WARN,
-                           f"the resumed run matches here, but {', '.join(lost)} {'is' if len(lost) == 1 else 'are'} not restored "
-                           "and would make longer runs diverge", metrics, tables, advice, series)
+                           f"the resumed run matches here, but {', '.join(lost)} "
+                           f"{'is' if len(lost) == 1 else 'are'} not restored and would make longer runs diverge",
+                           metrics, tables, advice, series)
     first = lost[0] if lost else "state outside the checkpoint"
     return CheckResult("loop.resume", Status.FAIL,
-                       f"resuming changes training (parameter error {final_err:.1e} after {steps} step(s)); first divergence: {first}"
+                       f"resuming changes training (parameter error {final_err:.1e} after {steps} step(s)); first "
+                       f"divergence: {first}"
                        + (f" (also not restored: {', '.join(lost[1:])})" if len(lost) > 1 else ""),
                        metrics, tables, advice, series)

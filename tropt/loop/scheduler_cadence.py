@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,7 +23,7 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
-from ..training import needs_metric
+from ..training import StepContext, needs_metric
 from ._invariance_common import STANDARD_STEP_ADVICE
 from ._verdicts import latent_when_unused, require_steps, steps_per_call_note
 
@@ -47,11 +48,11 @@ def _schedule_position(sched: object) -> float:
     return float(pos) if isinstance(pos, (int, float)) else float("nan")
 
 
-def _lr0(optimizer: torch.optim.Optimizer) -> float:
+def _lr0(optimizer: Any) -> float:
     return float(optimizer.param_groups[0]["lr"])
 
 
-def _cadence_run(setup: Setup, ctx: object, batches: list, kk: int) -> dict:
+def _cadence_run(setup: Setup, ctx: StepContext, batches: list, kk: int) -> dict:
     """Run ``batches`` as ``kk`` micro-batches each; record the schedule around every call and optimizer step.
 
     Positions and learning rates are read at the start and end of every call and, through a second step pre-hook,
@@ -79,10 +80,11 @@ def _cadence_run(setup: Setup, ctx: object, batches: list, kk: int) -> dict:
     require_steps(setup, calls, f"the K={kk} run")
     if any(not r.lrs for r in rec.records):
         raise _HandUpdate()
-    first = np.cumsum([0] + calls[:-1])  # index of each call's first optimizer step
+    first = np.cumsum([0, *calls[:-1]])  # index of each call's first optimizer step
     stepped = [i for i, c in enumerate(calls) if c > 0]
     lrs = np.array([r.lrs for r in rec.records])
-    return {"lrs": lrs, "positions": np.array(after), "calls": calls, "moved": bool(after[-1] != 0 or lr_after[-1] != lr_before[0]),
+    return {"lrs": lrs, "positions": np.array(after), "calls": calls,
+            "moved": bool(after[-1] != 0 or lr_after[-1] != lr_before[0]),
             # per call with exactly one optimizer step: how far the schedule moved in that call
             "advances": [after[i] - before[i] for i in stepped if calls[i] == 1],
             # per call: how far the schedule had moved (position, LR) by the call's first optimizer.step()
@@ -109,7 +111,8 @@ class _Cadence:
     title="Scheduler steps once per optimizer step",
     description="learning rate and schedule position at each optimizer step are the same with K = 1 and K = 4",
 )
-def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 4, progress: bool = True) -> CheckResult:
+def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 4,
+                            progress: bool = True) -> CheckResult:
     """FAIL when the schedule advances per micro-batch (LR sequence differs between K = 1 and K = ``k``) or more than
     once per optimizer step; WARN when it never moves (fine for a per-epoch scheduler stepped outside the step) or is
     stepped before ``optimizer.step()``.
@@ -123,8 +126,8 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     """
     if setup.optimizer is None:
         return CheckResult("loop.scheduler_cadence", Status.SKIP,
-                           "no optimizer in this Setup (optimizer=None): a hand-written update has no learning rate tropt can "
-                           "read, so the schedule cannot be compared")
+                           "no optimizer in this Setup (optimizer=None): a hand-written update has no learning rate "
+                           "tropt can read, so the schedule cannot be compared")
     setup.validate()
     if steps is not None and steps < 1:
         raise TroptError(f"check_scheduler_cadence needs steps >= 1 (got {steps})", "use steps=2")
@@ -146,9 +149,9 @@ def _cadence_runs(setup: Setup, steps: int | None, k: int) -> CheckResult | _Cad
     plateau = isinstance(first.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     if setup.uses_standard_step and first.scheduler is not None and needs_metric(first.scheduler):
         return CheckResult("loop.scheduler_cadence", Status.SKIP,
-                           f"the scheduler is a {type(first.scheduler).__name__}, which steps on a metric in your epoch "
-                           "loop (scheduler.step(val_loss) after validation); tropt.standard_step leaves it alone, so "
-                           "there is no per-step schedule to compare",
+                           f"the scheduler is a {type(first.scheduler).__name__}, which steps on a metric in your "
+                           "epoch loop (scheduler.step(val_loss) after validation); tropt.standard_step leaves it "
+                           "alone, so there is no per-step schedule to compare",
                            {"scheduler": type(first.scheduler).__name__},
                            advice=["Step it once per validation with the metric it watches; to check a loop that "
                                    "steps it inside the training step, pass that step as Setup(step=...)."])
@@ -156,19 +159,21 @@ def _cadence_runs(setup: Setup, steps: int | None, k: int) -> CheckResult | _Cad
         steps = 1 if has_position else 3 if hand_set else 2
     batches = list(setup.batches(steps))
     if min(setup.size(b) for b in batches) < k:
-        raise TroptError(f"batches must hold at least K={k} samples to compare K=1 with K={k}", "use bigger batches or k=2")
+        raise TroptError(f"batches must hold at least K={k} samples to compare K=1 with K={k}",
+                         "use bigger batches or k=2")
     try:
         one = _cadence_run(setup, first, batches, 1)
         many = _cadence_run(setup, setup.build(accumulation_steps=k), batches, k)
     except _HandUpdate:
         return CheckResult("loop.scheduler_cadence", Status.SKIP,
-                           "the step updates the parameters by hand (no optimizer.step()), so no learning rate reaches an "
-                           "optimizer to compare", {"observed_at": PARAMETER_CHANGE})
+                           "the step updates the parameters by hand (no optimizer.step()), so no learning rate "
+                           "reaches an optimizer to compare", {"observed_at": PARAMETER_CHANGE})
     if hand_set and not (_lr_changes(one["lrs"]) or _lr_changes(many["lrs"])):
         return CheckResult("loop.scheduler_cadence", Status.SKIP,
-                           f"no scheduler in this Setup and the learning rate never changed over {len(batches)} optimizer "
-                           f"steps with K=1 or K={k}: no schedule to check",
-                           {"steps": len(batches), "k": k, "lr": float(one["lrs"][0, 0]) if len(one["lrs"]) else float("nan")})
+                           "no scheduler in this Setup and the learning rate never changed over "
+                           f"{len(batches)} optimizer steps with K=1 or K={k}: no schedule to check",
+                           {"steps": len(batches), "k": k,
+                            "lr": float(one["lrs"][0, 0]) if len(one["lrs"]) else float("nan")})
     if hand_set and not _same_lrs(one["lrs"], many["lrs"]):
         drifting = _counter_outside_ctx(setup, batches, k, one)
         if drifting is not None:
@@ -223,7 +228,7 @@ class _Evidence:
 
     def result(self, status: Status, summary: str, advice: list[str] | None = None) -> CheckResult:
         return CheckResult("loop.scheduler_cadence", status, summary, self.metrics, self.tables,
-                           (advice + [STANDARD_STEP_ADVICE]) if advice else [], self.series)
+                           [*advice, STANDARD_STEP_ADVICE] if advice else [], self.series)
 
 
 def _cadence_evidence(c: _Cadence) -> _Evidence:
@@ -261,8 +266,9 @@ def _count_verdict(e: _Evidence) -> CheckResult | None:
                         f"the schedule did not move during {opt_steps} optimizer step{'s' if opt_steps != 1 else ''} "
                         "(position and learning rate unchanged): fine if your epoch loop steps it once per epoch, "
                         "outside the step function; a bug if it is meant to step per optimizer step",
-                        ["If the scheduler is meant to advance per optimizer step (warm-up, cosine or linear decay over "
-                         "steps), call ctx.scheduler.step() once per optimizer step, right after optimizer.step().",
+                        ["If the scheduler is meant to advance per optimizer step (warm-up, cosine or linear decay "
+                         "over steps), call ctx.scheduler.step() once per optimizer step, right after "
+                         "optimizer.step().",
                          "If it is a per-epoch scheduler stepped in your epoch loop, nothing to fix: tropt runs only "
                          "the step function and cannot see that loop."])
     # With K=1 a correct step advances the schedule exactly once per optimizer step.
@@ -279,9 +285,10 @@ def _count_verdict(e: _Evidence) -> CheckResult | None:
         per = [x for x in callsk if x]
         metrics["see_also"] = "loop.accumulation"  # named in the summary by diagnose only when it reports the defect
         return e.result(Status.WARN,
-                        f"cannot compare the schedule per optimizer step: optimizer.step() ran {sum(callsk)} times with "
-                        f"K={k} but {sum(calls1)} with K=1 over {c.steps} step(s), so the step does not run the "
-                        f"optimizer once per call{' (once per micro-batch?)' if per and max(per) == k else ''}",
+                        "cannot compare the schedule per optimizer step: optimizer.step() ran "
+                        f"{sum(callsk)} times with K={k} but {sum(calls1)} with K=1 over {c.steps} step(s), so the "
+                        "step does not run the optimizer once per call"
+                        f"{' (once per micro-batch?)' if per and max(per) == k else ''}",
                         [f"Call optimizer.step() once per call of the step function, after the backward of the last of "
                          f"the {k} micro-batches; then rerun this check.", _AFTER_OPT])
     note = steps_per_call_note(calls1 + callsk)
@@ -301,9 +308,10 @@ def _schedule_verdict(setup: Setup, e: _Evidence) -> CheckResult:
         first_diff = next((i for i in range(n) if not np.allclose(lr1[i], lrk[i], rtol=1e-6, atol=0)), n)
         metrics.update(first_differing_step=first_diff + 1, per_micro_batch_confirmed=bool(faster))
         where = (f"at optimizer step {first_diff + 1} the learning rate is {lr1[first_diff, 0]:.3g} with K=1 but "
-                 f"{lrk[first_diff, 0]:.3g} with K={k}" if first_diff < n else "the runs made different numbers of steps")
-        cause = (f"{where}; the K={k} learning rates are the K=1 schedule read every {k} steps, so the counter that sets "
-                 "the learning rate (e.g. ctx.it) advances per micro-batch, not per optimizer step" if faster
+                 f"{lrk[first_diff, 0]:.3g} with K={k}" if first_diff < n
+                 else "the runs made different numbers of steps")
+        cause = (f"{where}; the K={k} learning rates are the K=1 schedule read every {k} steps, so the counter that "
+                 "sets the learning rate (e.g. ctx.it) advances per micro-batch, not per optimizer step" if faster
                  else f"{where} (the hand-set learning rate depends on how the batch is split)")
         return latent_when_unused(setup, e.result(
             Status.FAIL, f"the hand-set learning-rate schedule depends on accumulation: {cause}",
@@ -325,7 +333,7 @@ def _schedule_verdict(setup: Setup, e: _Evidence) -> CheckResult:
     early = next(((d, used, planned) for d, used, planned in c.one["early"]
                   if (c.has_position and d > 0) or not math.isclose(used, planned, rel_tol=1e-9)), None)
     if early is not None and not c.plateau and not c.hand_set:  # a hand-set LR is written before the step on purpose
-        d, used, planned = early
+        _, used, planned = early
         metrics.update(lr_at_optimizer_step=float(used), lr_planned=float(planned))
         return e.result(Status.WARN,
                         f"the scheduler is stepped before optimizer.step(): the optimizer steps with learning rate "

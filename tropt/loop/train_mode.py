@@ -99,7 +99,8 @@ class ModeRecorder:
             h.remove()
 
     def modes(self, updates: list[dict[str, set[bool]]] | None = None) -> dict[str, bool | None]:
-        """Per module: True when it always ran in train mode, False when it ran in eval at least once, None if never run."""
+        """Per module: True when it always ran in train mode, False when it ran in eval at least once, None if never
+        run."""
         seen: dict[str, set[bool]] = {}
         for u in self.updates if updates is None else updates:
             for n, s in u.items():
@@ -112,7 +113,8 @@ def _names(names: list[str], limit: int = 5) -> str:
 
 
 @register(CHECK, title="Train mode in the step, eval mode in the metric",
-          description="dropout/batch-norm modules run in train mode during the user's step (and in eval mode during the metric)")
+          description="dropout/batch-norm modules run in train mode during the user's step (and in eval mode during "
+                      "the metric)")
 def check_train_mode(setup: Any, *, steps: int = 2, progress: bool = True) -> CheckResult:
     """Run the user's step ``steps`` times and the metric twice, recording the mode of every mode-dependent module.
 
@@ -155,7 +157,8 @@ def _observe_modes(setup: Any, steps: int) -> CheckResult | _Observed:
     ctx = setup.build()
     watched = mode_dependent(ctx.model)
     if not watched:
-        return CheckResult(CHECK, Status.SKIP, "the model has no dropout or batch-norm module: train/eval mode does not change its step",
+        return CheckResult(CHECK, Status.SKIP,
+                           "the model has no dropout or batch-norm module: train/eval mode does not change its step",
                            {"mode_dependent_modules": 0})
     handed = {n: bool(m.training) for n, m in watched.items()}
     optimizer = getattr(ctx, "optimizer", None)
@@ -177,7 +180,7 @@ def _observe_modes(setup: Any, steps: int) -> CheckResult | _Observed:
 
 
 def _train_mode_verdict(o: _Observed, steps: int) -> CheckResult:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n, m in o.watched.items():
         verdict = ("not run" if o.during[n] is None else "ok" if o.during[n] else "frozen: listed" if o.frozen[n]
                    else "eval while training")
@@ -201,13 +204,15 @@ def _train_mode_verdict(o: _Observed, steps: int) -> CheckResult:
         else:
             why = "your step switches them to eval mode (model.eval() inside the step)"
         status = Status.FAIL
-        summary = (f"{len(bad)} dropout/batch-norm module(s) run in eval mode while your step trains: {_names(bad)}; {why}")
-        advice.append("Call model.train() before the training steps (after every validation pass that called model.eval()); "
-                      "tropt.standard_step does not switch modes. To freeze a part on purpose, set requires_grad=False on it "
-                      "too, and it is listed instead.")
+        summary = (f"{len(bad)} dropout/batch-norm module(s) run in eval mode while your step trains: "
+                   f"{_names(bad)}; {why}")
+        advice.append("Call model.train() before the training steps (after every validation pass that called "
+                      "model.eval()); tropt.standard_step does not switch modes. To freeze a part on purpose, set "
+                      "requires_grad=False on it too, and it is listed instead.")
     else:
         ran = sum(v is not None for v in o.during.values()) - len(listed)
-        status, summary = Status.PASS, f"the {ran} trainable dropout/batch-norm module(s) run in train mode during your step"
+        status = Status.PASS
+        summary = f"the {ran} trainable dropout/batch-norm module(s) run in train mode during your step"
     status, summary = _metric_finding(o, status, summary, metrics, notes, advice)
     if o.metric_note:
         notes.append(o.metric_note)
@@ -228,18 +233,20 @@ def _metric_finding(o: _Observed, status: Status, summary: str, metrics: dict, n
     metrics["train_in_metric"] = len(in_train)
     differ = scores is not None and abs(scores[0] - scores[1]) > 1e-12 * max(1.0, abs(scores[0]))
     if in_train:
-        effect = (f"two evaluations of the same model differ ({scores[0]:.6g} vs {scores[1]:.6g})" if differ
+        effect = (f"two evaluations of the same model differ ({scores[0]:.6g} vs {scores[1]:.6g})"
+                  if differ and scores is not None
                   else "batch norm updates its running statistics and uses batch statistics")
-        sentence = (f"the metric runs {_names(in_train)} in train mode: {effect}; the metric switches the model to train mode")
+        sentence = (f"the metric runs {_names(in_train)} in train mode: {effect}; the metric switches the model to "
+                    "train mode")
         if status is Status.PASS:
             status, summary = Status.WARN, sentence
         else:
             summary += f"; {sentence}"
-        advice.append("Evaluate in eval mode: call model.eval() (and torch.no_grad()) in the metric, and never model.train() "
-                      "inside it.")
-    elif differ:
-        notes.append(f"two evaluations of the metric differ ({scores[0]:.6g} vs {scores[1]:.6g}) with every module in eval "
-                     "mode: randomness in the validation data (see data.eval_transforms) or in the model")
+        advice.append("Evaluate in eval mode: call model.eval() (and torch.no_grad()) in the metric, and never "
+                      "model.train() inside it.")
+    elif differ and scores is not None:
+        notes.append(f"two evaluations of the metric differ ({scores[0]:.6g} vs {scores[1]:.6g}) with every module in "
+                     "eval mode: randomness in the validation data (see data.eval_transforms) or in the model")
     return status, summary
 
 

@@ -24,7 +24,8 @@ from ._verdicts import defer_multi_step, nonfinite_result, require_steps, tolera
 @register(
     "loop.zero_grad",
     title="Gradients cleared every step",
-    description="step t's gradient equals the gradient of the same step rerun from the same state with gradients cleared",
+    description="step t's gradient equals the gradient of the same step rerun from the same state with gradients "
+                "cleared",
 )
 def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progress: bool = True) -> CheckResult:
     """FAIL when gradients of earlier steps leak into step ``t`` (missing or misplaced ``zero_grad``).
@@ -46,7 +47,8 @@ def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progr
         earlier, calls = run_steps(setup, ctx, steps[:-1])
         require_steps(setup, calls, f"the first {t - 1} step(s)")
         state = TrainingState(ctx)  # the step's own attributes on ctx (counters, hidden state) too
-        leftover = {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in ctx.model.named_parameters()}
+        leftover = {n: (None if p.grad is None else p.grad.detach().float().clone())
+                    for n, p in ctx.model.named_parameters()}
         rec_a, calls_a = run_steps(setup, ctx, [steps[-1]])
         state.restore()
         for p in ctx.model.parameters():
@@ -71,7 +73,8 @@ def _zero_grad_verdict(t: int, tol: float, earlier: list, rec_a: list, rec_b: li
     worst = float(table["rel_error"].max())
     leftover_norm = norm_of(leftover)
     metrics = {"t": t, "max_rel_error": worst, "global_rel_error": global_rel_error(a, b), "tolerance": tol,
-               "grad_norm_step_t": norm_of(a), "grad_norm_fresh": norm_of(b), "leftover_grad_norm_before_step_t": leftover_norm,
+               "grad_norm_step_t": norm_of(a), "grad_norm_fresh": norm_of(b),
+               "leftover_grad_norm_before_step_t": leftover_norm,
                "observed_at": where}
     tables = {"parameters": table}
     if norm_of(a) == 0.0 and norm_of(b) == 0.0:
@@ -80,14 +83,16 @@ def _zero_grad_verdict(t: int, tol: float, earlier: list, rec_a: list, rec_b: li
             "the step changes no parameter: every gradient is zero or None when it updates" if by_hand else
             "no gradient reaches optimizer.step(): every gradient is zero or None when the optimizer steps",
             metrics, tables,
-            advice=["Call optimizer.zero_grad() after optimizer.step() (or before the first backward of the next step), "
-                    "never between backward() and step().", STANDARD_STEP_ADVICE])
+            advice=["Call optimizer.zero_grad() after optimizer.step() (or before the first backward of the next "
+                    "step), never between backward() and step().", STANDARD_STEP_ADVICE])
     if worst <= tol:
         return CheckResult("loop.zero_grad", Status.PASS,
-                           f"step {t}'s {what} equals a fresh one (max relative error {worst:.1e} ≤ {tol:.0e})", metrics, tables)
+                           f"step {t}'s {what} equals a fresh one (max relative error {worst:.1e} ≤ {tol:.0e})",
+                           metrics, tables)
     # Evidence: is the extra exactly what the earlier step left behind?
-    expected = {n: (b[n] if b.get(n) is not None else 0) + (leftover[n] if leftover.get(n) is not None else 0) for n in b}
-    expected = {n: (v if isinstance(v, torch.Tensor) else None) for n, v in expected.items()}
+    summed = {n: (b[n] if b.get(n) is not None else 0) + (leftover[n] if leftover.get(n) is not None else 0)
+              for n in b}
+    expected = {n: (v if isinstance(v, torch.Tensor) else None) for n, v in summed.items()}
     explained = global_rel_error(a, expected) <= max(tol, 1e-4) if leftover_norm > 0 and not by_hand else False
     metrics["leak_equals_leftover_gradient"] = bool(explained)
     last = earlier[-1].grads if earlier else {}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import math
 import re
 import warnings
 from dataclasses import dataclass, field

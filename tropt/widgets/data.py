@@ -12,10 +12,11 @@ _STYLE = {"description_width": "60px"}
 
 def split_columns(splits: Any) -> list | None:
     """The first split's column names (read by tropt's own data reader), or None for arrays / Datasets."""
-    from ..data.sources import Options, _Reader, validate_splits
+    from ..data.load import Options, validate_splits
+    from ..data.readers import Reader
 
     name, obj = validate_splits(splits, 1)[0]
-    return _Reader(obj, name, Options.make()).columns
+    return Reader(obj, name, Options.make()).columns
 
 
 def _parse(value: str) -> Any:
@@ -92,7 +93,8 @@ class DataPanel(W.VBox):
         return [s for s in self.specs if self.boxes[s.id].value]
 
     def _job(self, action: Action) -> None:
-        from ..data.sources import Options, load_splits, session
+        from ..data.cache import session
+        from ..data.load import Options, load_splits
         from ..diagnosis import run_check
         from ..errors import DataError
 

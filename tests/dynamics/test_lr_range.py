@@ -1,119 +1,19 @@
-"""dynamics.loss_curve and dynamics.lr_range on Setups with known answers; the user's objects are never touched."""
+"""dynamics.lr_range on Setups with known answers: the suggested range brackets the LR known to work, and the
+user's objects are never touched; the suggestion methods on textbook curves."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from setup_factory import KNOWN_GOOD_LR, MAX_STABLE_LR, linreg_setup
 from torch import nn
 from torch.nn import functional as F
 
 import tropt
-from tropt.dynamics import check_loss_curve
 from tropt.dynamics.lr_range import centred_median, check_lr_range, ema_smooth, suggest
 from tropt.result import CheckResult, Status
 from tropt.testing import untouched
-
-MAX_STABLE_LR = 1.0  # SGD on this least-squares problem: 2 / (largest Hessian eigenvalue ≈ 2) — above it, divergence
-KNOWN_GOOD_LR = 0.1  # converges within the probe (asserted below)
-
-
-def linreg_setup(lr, *, seed=0, scheduler=None, step=None, accumulation_steps=1, val=False):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(1024, 16, generator=g)
-    w = torch.randn(16, 1, generator=g)
-    y = x @ w + 0.1 * torch.randn(1024, 1, generator=g)
-    ds = torch.utils.data.TensorDataset(x, y)
-    dl = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True)
-    torch.manual_seed(seed)
-    model = nn.Linear(16, 1)
-    return tropt.Setup(model, lambda m, b: F.mse_loss(m(b[0]), b[1]), lambda m: torch.optim.SGD(m.parameters(), lr=lr), dl,
-                       val_data=torch.utils.data.DataLoader(ds, batch_size=256) if val else None,
-                       scheduler=scheduler, step=step, accumulation_steps=accumulation_steps, seed=seed)
-
-
-def test_known_good_lr_is_healthy():
-    s = linreg_setup(KNOWN_GOOD_LR, val=True)
-    with untouched(s):
-        r = check_loss_curve(s, steps=100, progress=False)
-    assert r.status == Status.PASS, r.summary
-    assert r.metrics["loss_from"] == "step return" and r.metrics["val_points"] >= 10
-
-
-@pytest.mark.parametrize("lr", [1.5, 50.0])
-def test_far_too_high_lr_is_diverging(lr):
-    s = linreg_setup(lr)
-    with untouched(s):
-        r = check_loss_curve(s, steps=100, progress=False)
-    assert r.status == Status.FAIL
-    assert r.metrics["class"] in ("non_finite", "diverging")  # the issue: diverging = rising or non-finite
-    assert any("Lower the learning rate" in a for a in r.advice)
-    assert any("Clip gradients at about" in a for a in r.advice)  # the norms were observed
-    r.plot()
-
-
-def test_sample_setup_diverges_with_a_far_too_high_lr(sample_module):
-    s = sample_module.make_setup()
-    bad = s.replace(optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=1e4), grad_clip=None, scheduler=None)
-    with untouched(bad):
-        r = check_loss_curve(bad, steps=60, progress=False)
-    assert r.status == Status.FAIL and r.metrics["class"] in ("non_finite", "diverging")
-
-
-def sgdr_like_step(n=300, period=60):
-    """Trains with the standard step but returns a loss that doubles after each warm restart of a
-    CosineAnnealingWarmRestarts(T_0=period) schedule (the loss of step t reflects the LR of update t-1)."""
-    rng = np.random.default_rng(0)
-    t = np.arange(n)
-    lr_share = 0.5 * (1 + np.cos(np.pi * (np.maximum(t - 1, 0) % period) / period))
-    losses = (0.3 + 2.0 * np.exp(-t / 100)) * (1 + lr_share) * np.exp(rng.normal(0, 0.03, n))
-    calls = iter(range(n))
-
-    def step(ctx, micro):
-        tropt.standard_step(ctx, micro)
-        return float(losses[next(calls)])
-
-    return step
-
-
-def test_loss_jumps_right_after_a_warm_restart_are_not_instability():
-    restarts = lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=60)
-    s = linreg_setup(KNOWN_GOOD_LR, scheduler=restarts, step=sgdr_like_step())
-    with untouched(s):
-        r = check_loss_curve(s, steps=300, progress=False)
-    assert "unstable" not in r.metrics["classes"] and r.status == Status.PASS, r.summary
-    assert r.metrics["spikes"] == 0 and r.metrics["spikes_after_lr_increase"] == 4
-    assert list(r.tables["spikes"]["step"]) == [61, 121, 181, 241] and r.tables["spikes"]["after_lr_increase"].all()
-    assert np.isclose(r.series["lr"][60], KNOWN_GOOD_LR) and r.series["lr"][59] < 0.01 * KNOWN_GOOD_LR
-    # the same jumps under a constant learning rate have no schedule to explain them
-    r = check_loss_curve(linreg_setup(KNOWN_GOOD_LR, step=sgdr_like_step()), steps=300, progress=False)
-    assert r.metrics["class"] == "unstable" and r.metrics["spikes"] == 4, r.summary
-
-
-def test_a_one_cycle_schedule_shorter_than_the_probe_is_a_clear_skip():
-    sched = lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=50)  # noqa: E731
-    s = linreg_setup(KNOWN_GOOD_LR, scheduler=sched)
-    with untouched(s):
-        r = check_loss_curve(s, steps=300, progress=False)
-    assert r.status == Status.SKIP, r.summary
-    assert "total_steps (50)" in r.summary and "300-step probe" in r.summary
-    assert "steps=50" in r.advice[0] and "longer schedule" in r.advice[0]
-    assert r.metrics["scheduler_total_steps"] == 50
-    r = check_loss_curve(s, steps=50, progress=False)  # the advised probe runs
-    assert r.status in (Status.PASS, Status.WARN) and r.metrics["steps_run"] == 50, r.summary
-
-
-def test_step_returning_none_reads_the_loss_from_loss_fn_calls():
-    def my_step(ctx, micro):
-        for mb in micro:
-            ctx.loss_fn(ctx.model, mb).backward()
-        ctx.optimizer.step()
-        ctx.optimizer.zero_grad()
-
-    s = linreg_setup(KNOWN_GOOD_LR, step=my_step)
-    with untouched(s):
-        r = check_loss_curve(s, steps=60, progress=False)
-    assert r.metrics["loss_from"] == "loss_fn calls" and r.metrics["steps_run"] == 60
 
 
 def test_lr_range_brackets_the_lr_known_to_work_and_restores_the_setup():
@@ -244,14 +144,6 @@ def test_suggestions_orders_of_magnitude_apart_are_inconclusive():
     r = _result(linreg_setup(KNOWN_GOOD_LR), [sweep], [0.1], 60, 10.0, 100.0, 0.05, 4.0, "step return")
     assert r.status is Status.WARN and r.summary.startswith("inconclusive: the suggestions span 33333×")
     assert "too noisy" in r.advice[0]
-
-
-def test_registered_and_run_by_diagnose(sample_module):
-    s = sample_module.make_setup()
-    with untouched(s):
-        rep = tropt.diagnose(s, checks=["dynamics"], progress=False)
-    assert rep.checks == ["dynamics.loss_curve", "dynamics.lr_range"]
-    assert all(r.status in (Status.PASS, Status.WARN) for r in rep), [r.summary for r in rep]
 
 
 def test_a_sweep_whose_loss_barely_moves_gives_no_range():

@@ -1,0 +1,162 @@
+"""The interventions of an :class:`~tropt.experiments.plan.OptimizationPlan`, one dict each: a blocking correctness
+fix, a compared candidate (with its acceptance test, limitations and rollback) or a hypothesis never compared; and
+the few formatters the plan's text uses.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..result import Report
+from .budget import Budget, Guardrails
+from .candidates import BASELINE
+from .stats import ADOPT, ESCALATE, INCONCLUSIVE, MIN_SEEDS
+
+NOT_COMPARED = "hypothesis — not yet compared"
+
+
+def fmt(x: Any) -> str:
+    return f"{x:.4g}" if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else "n/a"
+
+
+def finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def show(v: Any) -> str:
+    if isinstance(v, float):
+        return fmt(v)
+    if isinstance(v, dict):
+        return "; ".join(f"{k}={show(x)}" for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return "; ".join(show(x) for x in v)
+    return str(v)
+
+
+def blocking_fix(r: Any, rep: Report) -> dict[str, Any]:
+    ident = {k: rep.identity.get(k) for k in ("config_hash", "data_fingerprint", "git_commit", "seed")
+             if rep.identity.get(k) is not None}
+    evidence = ""
+    for name, df in r.tables.items():
+        if len(df):
+            evidence = f"{name}: {len(df)} rows, e.g. " + "; ".join(
+                ", ".join(f"{c}={show(v)}" for c, v in row.items()) for row in df.head(3).to_dict("records"))
+            break
+    return {
+        "kind": "blocking fix", "name": f"fix {r.check}", "finding": r.check, "verdict": "blocking",
+        "hypothesis": f"a correctness defect, not a tuning choice: {r.summary}",
+        "changed": r.advice[0] if r.advice else "the code or data the finding points at",
+        "fix": r.advice[0] if r.advice else "see the check's documentation",
+        "evidence": evidence or r.summary,
+        "acceptance": f"{r.check} passes when tropt diagnose runs again (no FAIL), and no other check newly fails",
+        "budget": "one diagnosis run; no training comparison until it passes",
+        "identity": ident or "the findings carry no run identity",
+        "observed": f"FAIL: {r.summary}" + (f" Evidence: {evidence}" if evidence else ""),
+        "limitations": "the finding is as strong as the check's evidence; a fix can uncover the next defect, so "
+                       "diagnose again",
+        "rollback": "none: a correctness fix is kept; when it changes the metrics, re-measure the baseline before "
+                    "comparing anything",
+    }
+
+
+SPEEDUP = 1.1  # a speed candidate is adopted when its samples/s is this much higher at a score within seed noise
+
+
+def acceptance(metric: str, g: Guardrails, goal: str = "quality") -> str:
+    if goal == "speed":
+        return (f"samples/s ≥ {SPEEDUP:g}× the baseline's over the same seeds, with {metric} not worse "
+                f"beyond seed noise (quality drop ≤ {fmt(g.max_quality_drop)}{' relative' if g.relative else ''}) and "
+                f"unstable runs ≤ the baseline's + {g.max_instability_increase}")
+    parts = [f"{metric} better than the baseline beyond seed noise (paired t-test p < 0.05 and |gain| > the baseline's "
+             f"std over seeds, ≥ {MIN_SEEDS} seeds)",
+             f"quality drop ≤ {fmt(g.max_quality_drop)}{' (relative)' if g.relative else ''}",
+             f"unstable runs ≤ the baseline's + {g.max_instability_increase}"]
+    if g.max_seconds is not None:
+        parts.append(f"≤ {fmt(g.max_seconds)} s per run")
+    return "; ".join(parts)
+
+
+def budget_text(budget: Budget | None, comp: Any = None) -> str:
+    if budget is None:
+        return "not set: give budget=tropt.Budget(steps=...) to compare it"
+    text = ", ".join(f"{k}={v}" for k, v in budget.to_dict().items() if v is not None)
+    if comp is not None:
+        seeds = comp.meta.get("seeds", [])
+        text += f" per run × {len(seeds)} seeds {seeds}, the same for the baseline"
+    return text
+
+
+def compared_candidate(row: dict, table: Any, comp: Any, g: Guardrails, budget: Budget | None,
+                       s: Any) -> dict[str, Any]:
+    name = row["candidate"]
+    over = comp.meta.get("candidates", {}).get(name, {})
+    changed = (s.changed if s is not None else None) or [f"{k}={v}" for k, v in over.items()] or ["(no overrides)"]
+    hyp = (s.hypothesis if s is not None
+           else f"{name} ({', '.join(f'{k}={v}' for k, v in over.items())}) beats the baseline on {comp.metric}")
+    finding = s.finding if s is not None else "given by the user"
+    ident = comp.meta.get("identity") or {}
+    seeds = comp.meta.get("seeds", [])
+    ident = {**{k: ident.get(k) for k in ("config_hash", "data_fingerprint", "git_commit") if ident.get(k) is not None},
+             "seeds": seeds, "comparison_id": comp.meta.get("comparison_id")}
+    noise, n = row.get("noise"), row.get("seeds")
+    lim = [f"{n} paired seeds (seed noise {fmt(noise)})",
+           f"budget {budget_text(budget)}: a longer run can rank candidates differently"]
+    if isinstance(n, int) and n < MIN_SEEDS:
+        lim.append(f"fewer than {MIN_SEEDS} seeds cannot tell a difference from noise")
+    if "cpu" in str(ident.get("device", comp.meta.get("identity", {}).get("device", "cpu"))):
+        lim.append("CPU timings shift with machine load: compare times within one comparison only")
+    lim += [n_ for n_ in comp.notes if "test" in n_]
+    allowed = g.allowed_drop(row["baseline_mean"]) if finite(row.get("baseline_mean")) else g.max_quality_drop
+    tol = max(allowed, noise if finite(noise) else 0.0)
+    worse = "below" if comp.higher_is_better else "above"
+    slow = row["baseline_seconds"] * 1.5 if finite(row.get("baseline_seconds")) else math.nan
+    rollback = (f"revert to the baseline if, in use, {comp.metric} goes {worse} the baseline's "
+                f"{fmt(row['baseline_mean'])} by more than {fmt(tol)} (the larger of seed noise and the guardrail), if "
+                f"non-finite or spiking losses appear, or if a run takes longer than {fmt(slow)} s (1.5× the baseline)")
+    secs = row.get("seconds")
+    goal = getattr(s, "goal", "quality")
+    verdict, observed = row["verdict"], f"{row['verdict']}: {row['reason']}"
+    sps = table.loc[name, "samples_per_s"] if name in table.index else math.nan
+    base_sps = table.loc[BASELINE, "samples_per_s"] if BASELINE in table.index else math.nan
+    if (goal == "speed" and verdict == INCONCLUSIVE and row.get("failed_runs", 0) == 0 and finite(sps)
+            and finite(base_sps) and sps >= SPEEDUP * base_sps):
+        # compare decides on quality; a speed candidate's gain is throughput at an unchanged score
+        verdict = ADOPT
+        observed = (f"adopt (speed): {sps / base_sps:.2f}× the baseline's samples/s ({fmt(sps)} vs {fmt(base_sps)}) "
+                    f"with the score within seed noise ({row['reason']})")
+    cost = row.get("cost_per_run")  # a price per run when the budget has cost_per_hour, else seconds per run
+    per = cost if finite(cost) and cost > 0 else secs
+    gpc = row["gain"] / per if finite(row.get("gain")) and finite(per) and per > 0 else math.nan
+    if goal == "speed":
+        lim.append("compare judges the score; the speed is read from wall time per run, which machine load moves")
+    return {
+        "kind": "compared candidate", "name": name, "finding": finding, "verdict": verdict,
+        "hypothesis": hyp, "changed": changed, "acceptance": acceptance(comp.metric, g, goal),
+        "budget": budget_text(budget, comp), "identity": ident,
+        "observed": observed, "limitations": lim, "rollback": rollback,
+        "gain": row.get("gain"), "gain_per_cost": gpc, "seconds": secs,
+    }
+
+
+VERDICT_ORDER = {ADOPT: 0, INCONCLUSIVE: 1, ESCALATE: 2}
+
+
+def priority(iv: dict) -> tuple:
+    """Adopted first by gain per cost (highest first), then inconclusive, escalated, rejected."""
+    gpc = iv.get("gain_per_cost")
+    return (VERDICT_ORDER.get(iv["verdict"], 3), -(gpc if finite(gpc) else -math.inf))
+
+
+def hypothesis(s: Any, budget: Budget | None, g: Guardrails, why: str) -> dict[str, Any]:
+    return {
+        "kind": "hypothesis", "name": s.name, "finding": s.finding, "verdict": "not compared",
+        "hypothesis": s.hypothesis, "changed": s.changed or ["(not expressible as Setup overrides)"],
+        "acceptance": acceptance("the selection metric", g, getattr(s, "goal", "quality")),
+        "budget": budget_text(budget),
+        "identity": "none yet: it gets one when compared",
+        "observed": f"{NOT_COMPARED} ({why})" if why else NOT_COMPARED,
+        "limitations": [f"derived from one diagnosis ({s.finding}: {s.evidence})", "no seeds, no budget: untested"],
+        "rollback": "not applicable until adopted; once compared, revert when the acceptance metric falls back "
+                    "within seed noise of the baseline",
+    }
