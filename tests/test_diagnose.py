@@ -30,9 +30,8 @@ def fake_checks(monkeypatch):
     def bad_input(setup):
         raise TroptError("the thing is wrong", "do the other thing")
 
-    monkeypatch.setattr(registry, "_loaded", True)
+    registry.load_checks()  # import the real check modules now: one imported later would register over a fake
     monkeypatch.setattr(registry, "_REGISTRY", {})  # only the fakes: real checks would change the selections
-    monkeypatch.setattr(registry, "_REGISTRY", {})  # only the fakes, even when real checks were loaded earlier
     for cid, fn, needs in [("loop.zero_grad", ok, "setup"), ("loop.resume", crash, "setup"),
                            ("data.group_leakage", data, "splits"), ("loop.scheduler_cadence", bad_input, "setup")]:
         monkeypatch.setitem(registry._REGISTRY, cid, registry.CheckSpec(cid, registry.PUBLIC_IDS[cid], cid.title(), "test", fn, needs))

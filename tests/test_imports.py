@@ -20,9 +20,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "tropt"
 STAGES = ("data", "model", "loop", "dynamics", "perf")
 UPPER = ("experiments", "report", "widgets", "integrations")
-# Top-level modules that run or present things (they may import any package); every other top-level module is a
-# core type or core machinery.
-RUNNERS = {"tropt", "tropt.diagnosis", "tropt.cli"}
+# Top-level modules that span the stages (they may import any package): the public API, the runner, the CLI, and
+# the run identity (it fingerprints splits with stage 1's own scan, reusing the one the data checks made). Every
+# other top-level module is a core type or core machinery.
+RUNNERS = {"tropt", "tropt.diagnosis", "tropt.cli", "tropt.identity"}
 
 
 @dataclass(frozen=True)

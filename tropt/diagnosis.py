@@ -149,16 +149,7 @@ def diagnose(
     from .data.cache import scan_needs, session
     from .identity import run_identity
 
-    if setup is None and splits is None:
-        raise TroptError("diagnose needs something to check: no setup and no splits were given",
-                         "pass setup=tropt.Setup(...) and/or splits={'train': df_train, 'test': df_test}")
-    if setup is not None and not isinstance(setup, Setup):
-        raise SetupError(f"diagnose: setup is a {type(setup).__name__}, expected a tropt.Setup", "wrap your objects: tropt.Setup(model, loss_fn, optimizer, train_data)")
-    if splits is not None and not isinstance(splits, Mapping):
-        raise TroptError(f"diagnose: splits is a {type(splits).__name__}, expected a mapping of split name to data",
-                         "pass e.g. {'train': df_train, 'test': df_test}")
-    if task not in (None, "classification", "regression"):
-        raise TroptError(f"diagnose: task={task!r} is not 'classification' or 'regression'", "pass one of those, or None to infer it from the labels")
+    _refuse_bad_inputs(setup, splits, task)
     specs = select(checks)
     budget_options(budget, "")  # refuses an unknown budget before any check runs
     per_check = _check_options(options, specs)
@@ -187,6 +178,20 @@ def diagnose(
     if splits_error is not None:
         identity["data_fingerprint_error"] = str(splits_error)
     return Report(link_findings(results), identity)
+
+
+def _refuse_bad_inputs(setup: Any, splits: Any, task: str | None) -> None:
+    """Refuse what :func:`diagnose` cannot run on, before any check runs."""
+    if setup is None and splits is None:
+        raise TroptError("diagnose needs something to check: no setup and no splits were given",
+                         "pass setup=tropt.Setup(...) and/or splits={'train': df_train, 'test': df_test}")
+    if setup is not None and not isinstance(setup, Setup):
+        raise SetupError(f"diagnose: setup is a {type(setup).__name__}, expected a tropt.Setup", "wrap your objects: tropt.Setup(model, loss_fn, optimizer, train_data)")
+    if splits is not None and not isinstance(splits, Mapping):
+        raise TroptError(f"diagnose: splits is a {type(splits).__name__}, expected a mapping of split name to data",
+                         "pass e.g. {'train': df_train, 'test': df_test}")
+    if task not in (None, "classification", "regression"):
+        raise TroptError(f"diagnose: task={task!r} is not 'classification' or 'regression'", "pass one of those, or None to infer it from the labels")
 
 
 def _run_specs(specs, setup, splits, setup_error, options, results, progress, callback, on_result,

@@ -160,6 +160,16 @@ class Setup:
 
     # ------------------------------------------------------------------ construction-time validation
     def __post_init__(self) -> None:
+        # Validation in this order: the first problem found is the one reported.
+        self._validate_model()
+        self._validate_optimizer()
+        self._validate_callables()
+        self._validate_numbers()
+        self._validate_device()
+        self._validate_options()
+
+    def _validate_model(self) -> None:
+        """Validate the model and loss_fn."""
         err = SetupError
         if not isinstance(self.model, nn.Module):
             raise err(
@@ -178,6 +188,10 @@ class Setup:
                 f"Setup: loss_fn {_describe_callable(self.loss_fn)} cannot be called as loss_fn(model, batch)",
                 "give it exactly two positional parameters: (model, batch)",
             )
+
+    def _validate_optimizer(self) -> None:
+        """Validate the optimizer: a factory, an instance (copied into a factory), or None with a step of one's own."""
+        err = SetupError
         opt = self.optimizer
         if opt is None:
             if self.step is None:
@@ -199,6 +213,10 @@ class Setup:
                 f"Setup: optimizer is a {type(opt).__name__}, expected a factory optimizer(model) -> Optimizer",
                 "pass lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3)",
             )
+
+    def _validate_callables(self) -> None:
+        """Validate the data, the scheduler factory and the step function."""
+        err = SetupError
         self._check_data("train_data", self.train_data, required=True)
         self._check_data("val_data", self.val_data, required=False)
         if self.scheduler is not None:
@@ -217,6 +235,10 @@ class Setup:
                     f"Setup: step {_describe_callable(self.step)} cannot be called as step(ctx, micro_batches)",
                     "define it as def step(ctx, micro_batches): ... (ctx is a tropt.StepContext, micro_batches a list of batches)",
                 )
+
+    def _validate_numbers(self) -> None:
+        """Validate accumulation, clipping, precision and the batch layout."""
+        err = SetupError
         k = self.accumulation_steps
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise err(f"Setup: accumulation_steps={k!r}; it must be an integer >= 1", "use 1 for no accumulation")
@@ -239,6 +261,10 @@ class Setup:
             if fn is not None and (not callable(fn) or not _positional_arity_ok(fn, 2 if name == "split_fn" else 1)):
                 sig = "split_fn(batch, sizes) -> list" if name == "split_fn" else "size_fn(batch) -> int"
                 raise err(f"Setup: {name} cannot be called as {sig}", f"define it as {sig}")
+
+    def _validate_device(self) -> None:
+        """Validate the device (normalised to a torch.device)."""
+        err = SetupError
         try:
             device = torch.device(self.device)
         except (RuntimeError, TypeError) as exc:
@@ -248,6 +274,10 @@ class Setup:
         if device.type == "mps" and not torch.backends.mps.is_available():
             raise err(f"Setup: device={self.device!r} but MPS is not available here", "use device='cpu'")
         object.__setattr__(self, "device", device)
+
+    def _validate_options(self) -> None:
+        """Validate the remaining options: classes, checkpoint hooks, seed, metric, flags, batch size."""
+        err = SetupError
         if self.num_classes is not None and (isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 2):
             raise err(f"Setup: num_classes={self.num_classes!r}; it must be an integer >= 2 or None", "pass the number of output classes, or None for non-classification")
         if (self.save_state is None) != (self.load_state is None):
