@@ -105,8 +105,6 @@ class CheckSpec:
 
 
 _REGISTRY: dict[str, CheckSpec] = {}
-# Transitional: the stage packages that still hold checks outside their own module.
-_LEGACY_MODULES: tuple[str, ...] = ("tropt.data", "tropt.loop", "tropt.model")
 _loaded = False
 
 
@@ -141,7 +139,7 @@ def load_checks() -> None:
     global _loaded
     if not _loaded:
         _loaded = True  # first: a check module's import may ask for the budgets, which load the checks
-        for module in (*check_modules(), *_LEGACY_MODULES):
+        for module in check_modules():
             importlib.import_module(module)
 
 

@@ -13,7 +13,8 @@ from ._common import _counts_table, _labels, _load, _skip, infer_task, regressio
 
 
 @register("data.class_coverage", title="Class coverage",
-          description="classes missing from a split, and classes below a minimum count", needs="splits")
+          description="classes missing from a split, and classes below a minimum count", needs="splits",
+          plot="tropt.plots.data")
 def check_class_coverage(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
                          min_count: int = 5, task: str | None = None, progress: bool = True) -> CheckResult:
     """Classes present in one split and absent in another, and classes with fewer than ``min_count`` rows.

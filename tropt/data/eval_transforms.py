@@ -346,7 +346,8 @@ def _judge_features(df: pd.DataFrame, fail_effect: float, fail_std_ratio: float,
 
 
 @register(CHECK, title="Evaluation data prepared like training data",
-          description="train vs val per-feature/channel mean and std; random transforms in evaluation")
+          description="train vs val per-feature/channel mean and std; random transforms in evaluation",
+          plot="tropt.plots.contract")
 def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float = 1.0, fail_std_ratio: float = 3.0,
                           warn_effect: float = 0.5, warn_std_ratio: float = 1.5, z: float = 6.0,
                           progress: bool = True) -> CheckResult:

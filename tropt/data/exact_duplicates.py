@@ -102,7 +102,8 @@ def _words(datas: list, stats: dict, metrics: dict, pair_rows: list, chance: boo
 
 
 @register("data.exact_duplicates", title="Exact duplicates across splits",
-          description="rows of a later split with an exact copy (same features) in an earlier split", needs="splits")
+          description="rows of a later split with an exact copy (same features) in an earlier split", needs="splits",
+          plot="tropt.plots.data")
 def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
                            max_fraction: float = 0.01, small_space: float = 10.0, max_evidence: int = MAX_EVIDENCE,
                            progress: bool = True) -> CheckResult:

@@ -14,7 +14,8 @@ from ._common import MAX_EVIDENCE, _canon_hashes, _load, _pct, _pkey, _skip
 
 
 @register("data.group_leakage", title="Group (entity) leakage",
-          description="entity ids (group=) present in more than one split", needs="splits")
+          description="entity ids (group=) present in more than one split", needs="splits",
+          plot="tropt.plots.data")
 def check_group_leakage(splits: Mapping[str, Any], *, group=None, label=None, time=None, features=None,
                         max_fraction: float = 0.01, max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:
     """Entities (``group=`` column: user, patient, document id) that appear in more than one split.

@@ -118,7 +118,8 @@ def _verdict(pairs: pd.DataFrame, metrics: dict, time: Any, warn_effect: float, 
 
 
 @register("data.label_shift", title="Label distribution shift",
-          description="label distribution distance between splits (effect size, not p-value alone)", needs="splits")
+          description="label distribution distance between splits (effect size, not p-value alone)", needs="splits",
+          plot="tropt.plots.data")
 def check_label_shift(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
                       warn_effect: float = 0.1, fail_effect: float = 0.3, alpha: float = 0.01, task: str | None = None,
                       progress: bool = True) -> CheckResult:

@@ -154,7 +154,8 @@ def _judged(splits: Mapping[str, Any], datas: list, s: NearSearch, o: NearDuplic
 
 
 @register("data.near_duplicates", title="Near duplicates across splits",
-          description="rows/samples of a later split nearly identical (cosine) to one in an earlier split", needs="splits")
+          description="rows/samples of a later split nearly identical (cosine) to one in an earlier split", needs="splits",
+          plot="tropt.plots.data")
 def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
                           enabled: bool | str = "auto", threshold: float | None = None, calibration: float = 0.05,
                           min_similarity: float = 0.95, phash_max_distance: int = 10,

@@ -292,7 +292,8 @@ def _verdict(found: _Found, missing: str | None, is_list: bool, per_pass: int | 
 
 
 @register(CHECK, title="Training order and sampling",
-          description="class mix of the first batches vs shuffling, a new order every pass, tiny last batch with BatchNorm, sampler weights")
+          description="class mix of the first batches vs shuffling, a new order every pass, tiny last batch with BatchNorm, sampler weights",
+          plot="tropt.plots.contract")
 def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, fail_one_class: float = 0.5,
                    warn_entropy_ratio: float = 0.5, tiny_last: int = 3, set_epoch: bool = False,
                    progress: bool = True) -> CheckResult:

@@ -374,7 +374,9 @@ def _verdict(table: pd.DataFrame, leaky: pd.DataFrame, strong: pd.DataFrame, gap
 
 
 @register("data.target_leakage", title="Target leakage (single-feature power)",
-          description="a single feature that predicts the label almost perfectly, or far better in one split", needs="splits")
+          description="a single feature that predicts the label almost perfectly, or far better in one split", needs="splits",
+          budgets={'quick': {'bootstrap': 50}, 'thorough': {'bootstrap': 500}},
+          plot="tropt.plots.data")
 def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
                          max_power: float = 0.995, warn_power: float = 0.98, max_gap: float = 0.15, min_power_for_gap: float = 0.6,
                          gap_alpha: float = 0.01, task: str | None = None, bins: int = 64, rows_per_bin: int = 10,

@@ -125,7 +125,8 @@ def _timeline(datas: list, stats: list[dict]) -> dict[str, Any]:
 
 
 @register("data.temporal_leakage", title="Temporal leakage",
-          description="rows of a later split dated before the end of an earlier split", needs="splits")
+          description="rows of a later split dated before the end of an earlier split", needs="splits",
+          plot="tropt.plots.data")
 def check_temporal_leakage(splits: Mapping[str, Any], *, time=None, label=None, group=None, features=None,
                            max_fraction: float = 0.01, random_split_fraction: float = 0.5,
                            max_evidence: int = MAX_EVIDENCE, progress: bool = True) -> CheckResult:

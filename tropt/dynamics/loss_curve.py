@@ -293,7 +293,9 @@ def _run_probe(setup: Any, ctx: Any, runner: Any, probe: _Probe, steps: int, eve
 
 @register(CHECK_ID, title="Loss-curve diagnosis",
           description="Run a few hundred steps on a copy and classify the curve: diverging, flat, unstable, noisy, "
-                      "overfitting, budget-bound or healthy.")
+                      "overfitting, budget-bound or healthy.",
+          budgets={'quick': {'steps': 150}, 'thorough': {'steps': 1000}},
+          plot="tropt.plots.dynamics")
 def check_loss_curve(
     setup: Any,
     *,

@@ -218,7 +218,9 @@ def _sweep(setup: Any, sweep_setup: Any, plan: _Plan, r: int,
 
 @register(CHECK_ID, title="Learning-rate range test",
           description="Sweep the LR exponentially on a copy; suggest a range (steepest, valley, min/10 over seeds) "
-                      "and compare the Setup's LR.")
+                      "and compare the Setup's LR.",
+          budgets={'quick': {'num_steps': 60, 'repeats': 1}, 'thorough': {'num_steps': 200, 'repeats': 3}},
+          plot="tropt.plots.dynamics")
 def check_lr_range(
     setup: Any,
     *,

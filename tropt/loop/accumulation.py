@@ -44,6 +44,7 @@ _HIDDEN_EXACT = 1e-4
     "loop.accumulation",
     title="Gradient accumulation equivalence",
     description="one batch as 1 micro-batch vs as K micro-batches (even and uneven) gives the same gradient",
+    plot="tropt.plots.loop",
 )
 def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None = None,
                        progress: bool = True) -> CheckResult:

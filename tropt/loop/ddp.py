@@ -282,6 +282,7 @@ def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: 
     title="DistributedDataParallel equivalence",
     description="1 process on the full batch vs 2 gloo DDP processes on half each: same gradients, one all-reduce "
                 "per step",
+    plot="tropt.plots.loop",
 )
 def check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None, progress: bool = True) -> CheckResult:
     """FAIL when the step's gradients change under DDP; WARN when it all-reduces more than once per optimizer step.

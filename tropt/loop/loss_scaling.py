@@ -42,6 +42,7 @@ def _value_clip_signature(grads: dict, scale: float) -> tuple[float, float]:
     "loop.loss_scaling",
     title="AMP loss scaling and clipping order",
     description="GradScaler scale 1 vs 2^16 gives the same unscaled gradients and clipped norm",
+    plot="tropt.plots.loop",
 )
 def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | None = None,
                        progress: bool = True) -> CheckResult:

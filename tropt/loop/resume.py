@@ -161,6 +161,8 @@ def _through_disk(state: Any) -> Any:
     "loop.resume",
     title="Exact resume",
     description="N steps, save, fresh objects, load, N steps equals 2N steps straight",
+    budgets={'thorough': {'steps': 2}},
+    plot="tropt.plots.loop",
 )
 def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, progress: bool = True) -> CheckResult:
     """FAIL when stopping, saving and resuming changes training; names what diverged first.

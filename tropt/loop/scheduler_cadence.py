@@ -110,6 +110,7 @@ class _Cadence:
     "loop.scheduler_cadence",
     title="Scheduler steps once per optimizer step",
     description="learning rate and schedule position at each optimizer step are the same with K = 1 and K = 4",
+    plot="tropt.plots.loop",
 )
 def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 4,
                             progress: bool = True) -> CheckResult:

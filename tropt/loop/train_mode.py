@@ -114,7 +114,8 @@ def _names(names: list[str], limit: int = 5) -> str:
 
 @register(CHECK, title="Train mode in the step, eval mode in the metric",
           description="dropout/batch-norm modules run in train mode during the user's step (and in eval mode during "
-                      "the metric)")
+                      "the metric)",
+          plot="tropt.plots.contract")
 def check_train_mode(setup: Any, *, steps: int = 2, progress: bool = True) -> CheckResult:
     """Run the user's step ``steps`` times and the metric twice, recording the mode of every mode-dependent module.
 

@@ -26,6 +26,7 @@ from ._verdicts import defer_multi_step, nonfinite_result, require_steps, tolera
     title="Gradients cleared every step",
     description="step t's gradient equals the gradient of the same step rerun from the same state with gradients "
                 "cleared",
+    plot="tropt.plots.loop",
 )
 def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progress: bool = True) -> CheckResult:
     """FAIL when gradients of earlier steps leak into step ``t`` (missing or misplaced ``zero_grad``).

@@ -222,7 +222,9 @@ def _judge(stats: pd.DataFrame, metrics: dict[str, Any], tables: dict[str, pd.Da
 
 @register(CHECK, title="Activation statistics",
           description="Per-layer activation mean/std, dead units and saturation at init, during and after a short "
-                      "training.")
+                      "training.",
+          budgets={'quick': {'n_batches': 2, 'steps': 5}, 'thorough': {'n_batches': 8, 'steps': 50}},
+          plot="tropt.plots.model")
 def check_activation_stats(setup: Any, *, n_batches: int = 4, steps: int = 20, dead_fail: float = 0.7,
                            dead_warn: float = 0.4, saturation_warn: float = 0.3, seed: int | None = None,
                            progress: bool = True) -> CheckResult:

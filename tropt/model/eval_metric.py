@@ -366,7 +366,8 @@ def _judge(metric: Any, table: pd.DataFrame, metrics: dict[str, Any], objective:
 
 @register(CHECK, title="Validation metric represents the task",
           description="the Metric's score for trivial predictors (majority class, constant mean, shuffled) vs the "
-                      "perfect score")
+                      "perfect score",
+          plot="tropt.plots.contract")
 def check_eval_metric(setup: Any, *, margin: float = 0.1, progress: bool = True) -> CheckResult:
     """Score trivial predictors with the Setup's metric on the validation split.
 

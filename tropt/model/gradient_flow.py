@@ -104,7 +104,9 @@ class _HandUpdates:
 
 @register(CHECK, title="Gradient flow",
           description="Train a copy for a few steps under GradientMonitor: missing, unused, vanishing or exploding "
-                      "gradients.")
+                      "gradients.",
+          budgets={'quick': {'steps': 5}, 'thorough': {'steps': 50}},
+          plot="tropt.plots.model")
 def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e-3, vanish_rms: float = 1e-5,
                         explode_update_ratio: float = 1.0, explode_growth: float = 1e3,
                         explode_init_ratio: float = 1e3, explode_norm: float | None = None, seed: int | None = None,

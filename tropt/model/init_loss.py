@@ -137,7 +137,9 @@ def _too_high(got: _Probed, y: torch.Tensor, out_all: torch.Tensor | None, measu
 
 
 @register(CHECK, title="Loss at initialisation",
-          description="Mean loss at init vs what the objective implies (ln C, ln 2, label variance).")
+          description="Mean loss at init vs what the objective implies (ln C, ln 2, label variance).",
+          budgets={'quick': {'n_batches': 2}, 'thorough': {'n_batches': 8}},
+          plot="tropt.plots.model")
 def check_init_loss(setup: Any, *, n_batches: int = 4, warn_ratio: float = 1.5, fail_ratio: float = 3.0,
                     progress: bool = True) -> CheckResult:
     """Compare the mean loss over ``n_batches`` at initialisation with the objective's chance level.

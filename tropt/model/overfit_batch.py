@@ -336,7 +336,9 @@ def _not_memorised(c: _Case) -> CheckResult:
 
 
 @register(CHECK, title="Overfit one small batch",
-          description="Train a copy on one fixed small batch; it must memorise it and beat a zeroed-input baseline.")
+          description="Train a copy on one fixed small batch; it must memorise it and beat a zeroed-input baseline.",
+          budgets={'quick': {'steps': 100}, 'thorough': {'steps': 500}},
+          plot="tropt.plots.model")
 def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, target_fraction: float = 0.1,
                         min_accuracy: float = 0.95, baseline_ratio: float = 0.9, diverge_ratio: float = 2.0,
                         seed: int | None = None,

@@ -77,7 +77,9 @@ def _mib(x: float) -> str:
 
 @register(CHECK_ID, title="Memory of one step and the strategy that fits",
           description="Measure one optimizer step's peak (parameters, gradients, optimizer state, activations, "
-                      "remainder), its growth over 10 steps, and which precision/checkpointing/sharding fits the limit.")
+                      "remainder), its growth over 10 steps, and which precision/checkpointing/sharding fits the limit.",
+          budgets={'quick': {'growth_steps': 4}, 'thorough': {'growth_steps': 20}},
+          plot="tropt.plots.perf")
 def check_memory(
     setup: Any,
     *,

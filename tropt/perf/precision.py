@@ -139,7 +139,9 @@ def choose(times: dict[str, np.ndarray], stable: dict[str, bool], current: str,
 
 
 @register(CHECK_ID, title="Precision: speed, memory and stability",
-          description="Run the same steps in fp32, bf16 (and fp16/TF32 on CUDA); recommend the fastest inside a stability guardrail.")
+          description="Run the same steps in fp32, bf16 (and fp16/TF32 on CUDA); recommend the fastest inside a stability guardrail.",
+          budgets={'quick': {'warmup': 1, 'steps': 6}, 'thorough': {'warmup': 5, 'steps': 50}},
+          plot="tropt.plots.perf")
 def check_precision(
     setup: Any,
     *,

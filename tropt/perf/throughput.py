@@ -172,7 +172,9 @@ def profile_ops(setup: Any, ctx: Any, batches: list, top: int = 15) -> pd.DataFr
 
 
 @register(CHECK_ID, title="Step time, data wait and memory",
-          description="Time steady-state steps on a copy: data wait vs compute, samples/s, peak memory, top profiler operators.")
+          description="Time steady-state steps on a copy: data wait vs compute, samples/s, peak memory, top profiler operators.",
+          budgets={'quick': {'warmup': 2, 'steps': 8, 'profile_steps': 1}, 'thorough': {'warmup': 10, 'steps': 100}},
+          plot="tropt.plots.perf")
 def check_throughput(
     setup: Any,
     *,

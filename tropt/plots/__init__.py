@@ -1,8 +1,8 @@
 """All drawing. Each function takes a result (and ``ax=None``) and returns the matplotlib Axes it drew on.
 
 matplotlib (and seaborn, where used) are imported inside the functions, never at ``import tropt``. A check id gets
-its own picture by registering a plotter with :func:`register_plot` in a module listed in :data:`PLOT_MODULES`;
-otherwise :func:`plot_series` draws the result's named series.
+its own picture by registering a plotter with :func:`register_plot` in the module its registration names
+(``@register(..., plot="tropt.plots.<module>")``); otherwise :func:`plot_series` draws the result's named series.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from typing import Any, Callable
 
 from ..errors import TroptError
 
-PLOT_MODULES: tuple[str, ...] = ("tropt.plots.data", "tropt.plots.loop", "tropt.plots.model", "tropt.plots.dynamics", "tropt.plots.perf",
-                                  "tropt.plots.contract")
 _PLOTTERS: dict[str, Callable] = {}
 _COLOURS = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "error": "#8250df", "skip": "#6e7781"}
 
@@ -89,6 +87,9 @@ def plot_series(result: Any, ax: Any = None) -> Any:
 
 def plot_result(result: Any, ax: Any = None) -> Any:
     """Draw ``result`` with the plotter registered for its check, or :func:`plot_series`."""
-    for module in PLOT_MODULES:
-        importlib.import_module(module)
+    from ..registry import find_spec
+
+    spec = find_spec(result.check)
+    if spec is not None and spec.plot is not None:
+        importlib.import_module(spec.plot)
     return _PLOTTERS.get(result.check, plot_series)(result, ax=ax)
