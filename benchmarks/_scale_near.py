@@ -154,7 +154,6 @@ def near(quick: bool = False, repeats: int = 3, sample: int = 100_000, rows: int
 # ---------------------------------------------------------------------------------------------------- text
 def text(quick: bool = False, repeats: int = 1, rows: int | None = None, audit: int = 1000) -> dict:
     """1M short texts (800k / 200k), 1,000 planted near-copies: found share and a false-pair audit."""
-    import numpy as np
     import pandas as pd
 
     from tropt.data import check_near_duplicates
@@ -324,7 +323,7 @@ def peers(quick: bool = False, repeats: int = 3, tmp: str | None = None, big: bo
     return out
 
 
-def _time_tropt(tr: "pd.DataFrame", te: "pd.DataFrame", src: "np.ndarray", k: int, searches: tuple, repeats: int) -> dict:
+def _time_tropt(tr: pd.DataFrame, te: pd.DataFrame, src: np.ndarray, k: int, searches: tuple, repeats: int) -> dict:
     """tropt's check on the peers' data with each ``search``: {search: (times, planted pairs found with the right row)}."""
     from tropt.data import check_near_duplicates
 

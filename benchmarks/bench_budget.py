@@ -15,8 +15,8 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import tropt  # noqa: E402
-from tropt.budgets import available_cores, busy_cores  # noqa: E402
+import tropt
+from tropt.budgets import available_cores, busy_cores
 
 
 def make_setup() -> tropt.Setup:

@@ -32,9 +32,9 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tropt from the source tree
 
-import torch  # noqa: E402
-from _common import LoadWatch, spread  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from _common import LoadWatch, spread
+from torch import nn
 
 
 # ---------------------------------------------------------------------------------------------- Lightning
@@ -151,7 +151,7 @@ class InTropt:
         self._saved.append((owner, name, fn))
         setattr(owner, name, timed)
 
-    def __enter__(self) -> "InTropt":
+    def __enter__(self) -> InTropt:
         from tropt.integrations import _hf_callback, _lightning_callback
         from tropt.model.monitor import GradientMonitor
 

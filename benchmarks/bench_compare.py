@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import tropt  # noqa: E402
+import tropt
 
 SEEDS = (0, 1, 2)
 LRS = {"baseline": 0.05, "lr_x2": 0.1}  # 2 candidates x 3 seeds = 6 runs

@@ -20,11 +20,11 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import tropt  # noqa: E402
-from tropt.data import check_eval_transforms, check_sampling  # noqa: E402
-from tropt.loop import check_train_mode  # noqa: E402
-from tropt.model import check_eval_metric  # noqa: E402
-from tropt.snapshot import preserved  # noqa: E402
+import tropt
+from tropt.data import check_eval_transforms, check_sampling
+from tropt.loop import check_train_mode
+from tropt.model import check_eval_metric
+from tropt.snapshot import preserved
 
 REPEATS = 5
 N_TRAIN, N_VAL, BATCH, D, C = 8192, 2048, 64, 256, 10

@@ -142,7 +142,7 @@ class RssPoller:
                     pass
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "RssPoller":
+    def __enter__(self) -> RssPoller:
         self._thread.start()
         return self
 
@@ -171,9 +171,8 @@ def raw_read(paths: list[str], columns: list[str]) -> tuple[float, int]:
 
 
 def bench_exact(rows: int, workers: int, tmp: str | None, repeats: int = 3) -> None:
-    from distributed import Client, LocalCluster
-
     import dask.dataframe  # noqa: F401 - imported before the clock starts: a Dask user has it
+    from distributed import Client, LocalCluster
 
     from tropt.data import check_exact_duplicates
 

@@ -18,15 +18,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tropt from the source tree
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
+import numpy as np
+import torch
+from _common import LoadWatch, spread
+from torch import nn
+from torch.nn import functional as F
 
-import tropt  # noqa: E402
-from _common import LoadWatch, spread  # noqa: E402
-from tropt.dynamics import diagnose_curves  # noqa: E402
-from tropt.dynamics.lr_range import check_lr_range  # noqa: E402
+import tropt
+from tropt.dynamics import diagnose_curves
+from tropt.dynamics.lr_range import check_lr_range
 
 ITERS, BATCH, PASSES = 100, 128, 5
 START, END = 1e-7, 1e-1

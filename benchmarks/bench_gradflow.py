@@ -25,12 +25,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tropt from the source tree
 
-import torch  # noqa: E402
-from _common import LoadWatch, spread  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
+import torch
+from _common import LoadWatch, spread
+from torch import nn
+from torch.nn import functional as F
 
-import tropt  # noqa: E402
+import tropt
 
 OPTIMIZERS = {
     "adamw": ("AdamW", lambda params: torch.optim.AdamW(params, lr=1e-4)),

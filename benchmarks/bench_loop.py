@@ -18,10 +18,18 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import tropt  # noqa: E402
-from _common import LoadWatch  # noqa: E402
-from tropt.loop import check_accumulation, check_ddp, check_loss_scaling, check_resume, check_scheduler_cadence, check_zero_grad  # noqa: E402
-from tropt.snapshot import preserved  # noqa: E402
+from _common import LoadWatch
+
+import tropt
+from tropt.loop import (
+    check_accumulation,
+    check_ddp,
+    check_loss_scaling,
+    check_resume,
+    check_scheduler_cadence,
+    check_zero_grad,
+)
+from tropt.snapshot import preserved
 
 REPEATS = 5
 CHECKS = [check_zero_grad, check_accumulation, check_loss_scaling, check_scheduler_cadence, check_resume, check_ddp]

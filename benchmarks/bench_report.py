@@ -8,7 +8,6 @@ Goal (issue #6): the demo report (kernel start, all checks on the sample, HTML) 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -16,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import LoadWatch, spread  # noqa: E402
+from _common import LoadWatch, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "data" / "samples"

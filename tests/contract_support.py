@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from contract_cases import CASES, NEW
+
 import tropt
 from tropt.result import Status
 from tropt.testing import untouched
-
-from contract_cases import CASES, NEW
 
 # Every check whose verdict does not depend on wall-clock time (perf.* measure it).
 DETERMINISTIC = ["data", "model", "loop", "dynamics"]

@@ -1,4 +1,4 @@
-from collections import namedtuple, UserDict
+from collections import UserDict, namedtuple
 
 import numpy as np
 import pytest

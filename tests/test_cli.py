@@ -4,12 +4,11 @@ import subprocess
 import sys
 
 import pytest
+from support import SAMPLES
 
 from tropt import registry
 from tropt.cli import main
 from tropt.result import CheckResult, Status
-
-from support import SAMPLES
 
 SAMPLE_SETUP = os.path.join(SAMPLES, "sample_setup.py")
 

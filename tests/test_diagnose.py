@@ -129,11 +129,11 @@ def test_diagnose_stays_the_function_after_submodule_imports():
 def test_options_reach_one_check_and_typos_are_errors():
     import pytest
     import torch
+    from support import ce_loss, make_classification
     from torch import nn
 
     import tropt
     from tropt.errors import TroptError
-    from support import ce_loss, make_classification
 
     x, y = make_classification(n=64, d=8, classes=3, seed=0)
     torch.manual_seed(0)

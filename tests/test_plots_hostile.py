@@ -6,14 +6,12 @@ import io
 
 import numpy as np
 import pandas as pd
-import pytest
 import torch
+from support import ce_loss
 from torch import nn
 
 import tropt
 from tropt.errors import TroptError
-
-from support import ce_loss
 
 DOLLAR = "cost_in_$_and_$"
 

@@ -7,14 +7,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
 
-from tropt.errors import TroptError  # noqa: E402
-from tropt.plots.perf import ms_text  # noqa: E402
-from tropt.result import CheckResult, _fmt  # noqa: E402
+from tropt.errors import TroptError
+from tropt.plots.perf import ms_text
+from tropt.result import CheckResult, _fmt
 
 
 def test_lr_range_clips_the_divergent_tail_and_marks_suggestions():

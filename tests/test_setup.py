@@ -2,14 +2,13 @@
 
 import pytest
 import torch
+from support import ce_loss, make_classification
 from torch import nn
 from torch.nn import functional as F
 
 import tropt
 from tropt.errors import SetupError, StepError
 from tropt.testing import untouched
-
-from support import ce_loss, make_classification
 
 
 def _parts():

@@ -55,9 +55,8 @@ def _train_a_bit(model, opt, sched):
 ])
 def test_untouched_detects_each_mutation(mutation, expected):
     model, opt, sched = _objects()
-    with pytest.raises(AssertionError, match="modified") as info:
-        with untouched(model, opt, sched):
-            mutation(model, opt, sched)
+    with pytest.raises(AssertionError, match="modified") as info, untouched(model, opt, sched):
+        mutation(model, opt, sched)
     assert expected in str(info.value)
 
 
@@ -71,13 +70,11 @@ def test_untouched_passes_when_nothing_changes():
 
 def test_untouched_watches_dataframes_and_arrays():
     df = pd.DataFrame({"a": [1, 2, 3], "b": ["x", "y", "z"]})
-    with pytest.raises(AssertionError, match="DataFrame changed"):
-        with untouched(df):
-            df.loc[0, "a"] = 9
+    with pytest.raises(AssertionError, match="DataFrame changed"), untouched(df):
+        df.loc[0, "a"] = 9
     arr = np.zeros(3)
-    with pytest.raises(AssertionError, match="ndarray of shape"):
-        with untouched(arr):
-            arr[1] = 1
+    with pytest.raises(AssertionError, match="ndarray of shape"), untouched(arr):
+        arr[1] = 1
     with untouched(df):
         df.sort_values("a").assign(c=1)  # copies are fine
 
@@ -85,20 +82,17 @@ def test_untouched_watches_dataframes_and_arrays():
 def test_preserved_restores_everything_even_on_exception():
     model, opt, sched = _objects()
     weight = model[0].weight
-    with untouched(model, opt, sched):
-        with pytest.raises(RuntimeError, match="boom"):
-            with preserved(model, opt, sched):
-                _train_a_bit(model, opt, sched)
-                model.double()
-                raise RuntimeError("boom")
+    with untouched(model, opt, sched), pytest.raises(RuntimeError, match="boom"), preserved(model, opt, sched):
+        _train_a_bit(model, opt, sched)
+        model.double()
+        raise RuntimeError("boom")
     assert model[0].weight is weight and torch.is_grad_enabled()
 
 
 def test_preserved_restores_dtype_change_and_replaced_parameter():
     model, opt, sched = _objects()
     original = model[0].weight
-    with untouched(model, opt):
-        with preserved(model, opt):
-            model[0].weight = nn.Parameter(torch.ones(4, 4))
-            model.half()
+    with untouched(model, opt), preserved(model, opt):
+        model[0].weight = nn.Parameter(torch.ones(4, 4))
+        model.half()
     assert model[0].weight is original and original.dtype == torch.float32

@@ -10,11 +10,11 @@ on first read. A check that declares none runs at its defaults in every budget (
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import TroptError
-
 
 
 class _Budgets(dict):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .errors import TroptError
+
 
 def result_line(result, width: int = 26) -> str:
     """One check's line: status, id, summary (what ``tropt diagnose`` prints as each check finishes)."""

@@ -81,7 +81,7 @@ def check_splits_readable(splits: Mapping[str, Any]) -> None:
                                 "pass a table with feature columns, or a directory of Parquet files")
         except TroptError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a reader's own exception (pyarrow, csv) names no split
+        except Exception as exc:
             raise DataError(f"split {name!r} cannot be read: {type(exc).__name__}: {exc}",
                             "pass a DataFrame, an array or tensor, a map-style Dataset, a .csv/.parquet file or a "
                             "directory of Parquet files") from exc
@@ -96,7 +96,7 @@ def diagnose(
     *,
     label: str | int | None = None,
     group: str | None = None,
-    time: str | None = None,  # noqa: A002 - the public parameter name is fixed
+    time: str | None = None,
     checks: str | list[str] | None = None,
     task: str | None = None,
     progress: bool = True,
@@ -180,7 +180,7 @@ def diagnose(
     return Report(link_findings(results), identity)
 
 
-def _refuse_bad_inputs(setup: Any, splits: Any, task: str | None) -> None:
+def _refuse_bad_inputs(setup: Setup, splits: Any, task: str | None) -> None:
     """Refuse what :func:`diagnose` cannot run on, before any check runs."""
     if setup is None and splits is None:
         raise TroptError("diagnose needs something to check: no setup and no splits were given",

@@ -8,9 +8,12 @@ import json
 import platform
 import subprocess
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .setup import Setup
 
 
 def _sha(payload: bytes) -> str:
@@ -43,7 +46,7 @@ def _tensor_bytes(x: Any, out: list[bytes]) -> None:
         out.append(repr(x).encode())
 
 
-def _split_parts(datas: list, h: "hashlib._Hash") -> None:
+def _split_parts(datas: list, h: hashlib._Hash) -> None:
     """Feed the scanned splits into ``h``: the row fingerprints the data checks computed, plus labels/group/time."""
     import pandas as pd
 
@@ -58,7 +61,7 @@ def _split_parts(datas: list, h: "hashlib._Hash") -> None:
                 h.update(memoryview(pd.util.hash_pandas_object(col, index=False).to_numpy()))
 
 
-def fingerprint(setup: Any = None, splits: Mapping | None = None, *, label=None, group=None, time=None,
+def fingerprint(setup: Setup = None, splits: Mapping | None = None, *, label=None, group=None, time=None,
                 features=None) -> tuple[str | None, str | None]:
     """``(data fingerprint, why it could not be taken)``: a short hash of the data a report was computed on.
 
@@ -96,12 +99,12 @@ def fingerprint(setup: Any = None, splits: Mapping | None = None, *, label=None,
     return (h.hexdigest()[:16] if used else None), ("; ".join(errors) or None)
 
 
-def data_fingerprint(setup: Any = None, splits: Mapping | None = None, **options: Any) -> str | None:
+def data_fingerprint(setup: Setup = None, splits: Mapping | None = None, **options: Any) -> str | None:
     """A short hash of the data a report was computed on (see :func:`fingerprint`; None when nothing was read)."""
     return fingerprint(setup, splits, **options)[0]
 
 
-def run_identity(setup: Any = None, splits: Mapping | None = None, *, checks: list[str] | None = None,
+def run_identity(setup: Setup = None, splits: Mapping | None = None, *, checks: list[str] | None = None,
                  label=None, group=None, time=None, features=None) -> dict[str, Any]:
     """Versions, device, seed, configuration hash, data fingerprint (and why it failed, if it did), git commit and
     time of a diagnosis. ``label``/``group``/``time``/``features`` are the data checks' options, so the scan they

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def lazy_attrs(module_name: str, names: dict[str, str], submodules: frozenset[str] | set[str] = frozenset(),

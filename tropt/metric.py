@@ -7,8 +7,9 @@ One object serves stage 2 (``model.eval_metric`` asks whether the metric represe
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -68,7 +69,7 @@ def as_score(value: Any, name: str = "metric") -> float:
             raise StepError(f"the metric {name} returned a tensor of shape {tuple(value.shape)}, expected one number",
                             "reduce it to a scalar (e.g. .mean()) and return .item()")
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+    if isinstance(value, bool) or (not isinstance(value, (int, float)) and not hasattr(value, "__float__")):
         raise StepError(f"the metric {name} returned a {type(value).__name__} ({value!r:.60}), expected a number",
                         "return a float, e.g. accuracy as correct / total")
     out = float(value)

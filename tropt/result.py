@@ -7,14 +7,14 @@ plain text formats of the same data, while drawing lives in :mod:`tropt.plots`.
 from __future__ import annotations
 
 import dataclasses
-
 import html
 import json
 import math
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -178,7 +178,7 @@ class CheckResult:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "CheckResult":
+    def from_dict(cls, d: Mapping) -> CheckResult:
         """Inverse of :meth:`to_dict`."""
         return cls(
             check=d["check"],
@@ -357,7 +357,7 @@ class Report:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Report":
+    def from_dict(cls, d: Mapping) -> Report:
         """Inverse of :meth:`to_dict`."""
         return cls(results=[CheckResult.from_dict(r) for r in d.get("results", [])], identity=dict(d.get("identity", {})))
 
@@ -366,7 +366,7 @@ class Report:
         return write_json(self.to_dict(), path, indent=indent)
 
     @classmethod
-    def from_json(cls, text_or_path: str) -> "Report":
+    def from_json(cls, text_or_path: str) -> Report:
         """Read a report written by :meth:`to_json` (a JSON string or a file path)."""
         return cls.from_dict(read_json(text_or_path))
 

@@ -13,8 +13,9 @@ import inspect
 import itertools
 import math
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -338,7 +339,7 @@ class Setup:
             raise SetupError(f"Setup: {name} is empty", "pass at least one batch")
 
     # ------------------------------------------------------------------ helpers for checks
-    def replace(self, **changes: Any) -> "Setup":
+    def replace(self, **changes: Any) -> Setup:
         """A new Setup with some fields changed (the original is unchanged)."""
         return dataclasses.replace(self, **changes)
 
@@ -520,7 +521,7 @@ class Setup:
             who = "tropt.standard_step" if self.uses_standard_step else f"your step function {_describe_callable(self.step)}"
             raise StepError(f"{who} raised {type(exc).__name__}: {exc}", "fix the step; it is called as step(ctx, micro_batches)") from exc
 
-    def validate(self) -> "Setup":
+    def validate(self) -> Setup:
         """First-use validation on copies: the factories, one batch, and a finite scalar loss with a gradient path.
 
         Cached: later calls return at once. Raises :class:`SetupError`/:class:`StepError` with the fix.

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from .errors import TroptError
 
@@ -112,9 +113,9 @@ class MlflowSink(Sink):
         self.run_id, self.client = run_id, client
 
     def scalars(self, values, step):
-        from mlflow.entities import Metric
-
         import time
+
+        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics = [Metric(_mlflow_key(k), float(v), now, int(step)) for k, v in values.items()]

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,7 +79,7 @@ class _ModuleState:
     names: dict[int, str] = field(default_factory=dict)
 
     @classmethod
-    def take(cls, module: nn.Module) -> "_ModuleState":
+    def take(cls, module: nn.Module) -> _ModuleState:
         s = cls(module)
         for prefix, m in module.named_modules(remove_duplicate=False):
             key = id(m)
@@ -133,7 +134,7 @@ class _ModuleState:
                     if t.requires_grad != self.requires_grad[id(t)] and (t.is_leaf or not self.requires_grad[id(t)]):
                         t.requires_grad_(self.requires_grad[id(t)])
 
-    def diff(self, other: "_ModuleState") -> list[str]:
+    def diff(self, other: _ModuleState) -> list[str]:
         out = []
         for key in self.params:
             name = self.names[key]
@@ -173,7 +174,7 @@ class RngState:
     python: tuple
 
     @classmethod
-    def take(cls) -> "RngState":
+    def take(cls) -> RngState:
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
         return cls(torch.get_rng_state(), cuda, np.random.get_state(), random.getstate())
 
@@ -184,7 +185,7 @@ class RngState:
         np.random.set_state(self.numpy)
         random.setstate(self.python)
 
-    def diff(self, other: "RngState") -> list[str]:
+    def diff(self, other: RngState) -> list[str]:
         out = []
         if not torch.equal(self.torch_cpu, other.torch_cpu):
             out.append("torch CPU RNG state advanced")
@@ -208,7 +209,7 @@ class Snapshot:
     default_dtype: torch.dtype
 
     @classmethod
-    def take(cls, objects: Iterable[Any] = (), rng: bool = True) -> "Snapshot":
+    def take(cls, objects: Iterable[Any] = (), rng: bool = True) -> Snapshot:
         """Snapshot ``objects``: modules, optimizers, LR schedulers, GradScalers (None entries are ignored)."""
         modules, stateful = [], []
         for obj in objects:
@@ -238,7 +239,7 @@ class Snapshot:
         torch.set_grad_enabled(self.grad_enabled)
         torch.set_default_dtype(self.default_dtype)
 
-    def diff(self, other: "Snapshot") -> list[str]:
+    def diff(self, other: Snapshot) -> list[str]:
         """Human-readable differences between this snapshot and a later one of the same objects."""
         out: list[str] = []
         for mine, theirs in zip(self.modules, other.modules):

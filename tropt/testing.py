@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -110,4 +111,4 @@ def assert_untouched(fn: Callable[..., Any], *objects: Any) -> Any:
         return fn()
 
 
-__all__ = ["untouched", "assert_untouched"]
+__all__ = ["assert_untouched", "untouched"]

@@ -13,10 +13,11 @@ from __future__ import annotations
 import html
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
-from .result import CheckResult, Report, Status, _COLOUR, _badge, _fmt
+from .result import _COLOUR, CheckResult, Report, Status, _badge, _fmt
 
 # Metrics that measure how bad a finding is, strongest evidence first, and how each maps to [0, 1].
 # fraction: already in [0, 1] (leaked rows, dead units); error: a relative error e -> e / (1 + e);

@@ -7,7 +7,6 @@ import re
 
 import pytest
 from playwright.sync_api import expect
-
 from test_browser_panels import PREAMBLE, click_run, open_and_run, set_slider, shot, wait_done
 
 pytestmark = pytest.mark.browser

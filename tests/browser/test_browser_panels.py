@@ -6,9 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from playwright.sync_api import Page, expect
-
 from lab_support import KERNEL_IDLE_JS, ROOT
+from playwright.sync_api import Page, expect
 
 pytestmark = pytest.mark.browser
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from lab_support import ROOT
 
 pytestmark = pytest.mark.browser

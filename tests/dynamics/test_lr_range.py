@@ -94,9 +94,8 @@ def test_lr_range_restores_on_error():
         return tropt.standard_step(ctx, micro)
 
     s = linreg_setup(KNOWN_GOOD_LR, step=exploding_step)
-    with untouched(s):
-        with pytest.raises(tropt.TroptError, match="boom"):
-            check_lr_range(s, progress=False)
+    with untouched(s), pytest.raises(tropt.TroptError, match="boom"):
+        check_lr_range(s, progress=False)
 
 
 def test_suggestions_on_a_textbook_curve():

@@ -103,8 +103,8 @@ def test_lr_override_must_be_positive():
 
 
 def test_lr_override_scales_every_param_group():
-    from torch import nn
     import torch
+    from torch import nn
 
     from tropt.experiments.candidates import ScaledLR
 

@@ -17,8 +17,8 @@ def test_exports_are_lazy_and_light():
 
 def test_compare_stays_the_function_after_submodule_imports():
     import tropt
-    import tropt.experiments.comparison  # noqa: F401
-    import tropt.experiments.orchestration  # noqa: F401
+    import tropt.experiments.comparison
+    import tropt.experiments.orchestration
 
     assert callable(tropt.compare) and callable(tropt.experiments.compare)
     assert tropt.compare.__module__ == "tropt.experiments.orchestration"

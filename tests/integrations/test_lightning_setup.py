@@ -11,13 +11,13 @@ from torch.nn import functional as F
 
 pl = pytest.importorskip("lightning.pytorch")
 
+from support import make_classification  # noqa: E402
+
 import tropt  # noqa: E402
 from tropt.errors import SetupError, StepError  # noqa: E402
 from tropt.integrations.lightning import setup_from_lightning  # noqa: E402
 from tropt.result import Status  # noqa: E402
 from tropt.testing import untouched  # noqa: E402
-
-from support import make_classification  # noqa: E402
 
 
 class LitClassifier(pl.LightningModule):

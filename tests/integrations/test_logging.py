@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support import mlflow_tracking_uri
 from torch import nn
 
 import tropt
-from support import mlflow_tracking_uri
 from tropt.dynamics import diagnose_curves, read_wandb
 from tropt.errors import TroptError
 

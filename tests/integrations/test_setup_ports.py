@@ -71,7 +71,7 @@ def test_run_clm_style_causal_lm_trainer(tmp_path):
     transformers = pytest.importorskip("transformers")
     from tropt.integrations.hf import setup_from_trainer
 
-    words = "the quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat".split()
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "the", "cat", "sleeps", "on", "the", "warm", "mat"]
     vocab = {w: i for i, w in enumerate(sorted(set(words)))}
     tokenized = [{"input_ids": [vocab[w] for w in words[i:] + words[:i]]} for i in range(len(words))] * 4
     block_size = 16

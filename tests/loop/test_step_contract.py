@@ -168,12 +168,11 @@ def test_fp32_with_a_scaler_is_accepted_and_warned_about():
 
 def test_scaler_watch_puts_gradscaler_back_even_on_error():
     original = torch.amp.GradScaler.__dict__["scale"]
-    with pytest.raises(RuntimeError):
-        with ScalerWatch(init_scale=4.0) as watch:
-            s = torch.amp.GradScaler("cpu")
-            s.scale(torch.ones(()))
-            assert watch.current is s and s.get_scale() == 4.0
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), ScalerWatch(init_scale=4.0) as watch:
+        s = torch.amp.GradScaler("cpu")
+        s.scale(torch.ones(()))
+        assert watch.current is s and s.get_scale() == 4.0
+        raise RuntimeError("boom")
     assert torch.amp.GradScaler.__dict__["scale"] is original
 
 

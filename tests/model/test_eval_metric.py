@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contract_cases as cc
 import pytest
 import torch
+from contract_support import caught_by_exactly
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -14,9 +16,6 @@ from tropt.model import check_eval_metric
 from tropt.model.eval_metric import ConstantPredictor, PerfectPredictor
 from tropt.result import Status
 from tropt.testing import untouched
-
-import contract_cases as cc
-from contract_support import caught_by_exactly
 
 METRIC_CASES = ["accuracy_on_imbalanced_labels", "balanced_accuracy_on_imbalanced_labels",
                 "metric_closing_over_the_original_model", "metric_that_raises"]

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from support import ROOT, SAMPLES
 
 import tropt
 from tropt.result import Report
-
-from support import ROOT, SAMPLES
 
 pytestmark = pytest.mark.slow  # each notebook run starts a kernel (about 10 s here)
 

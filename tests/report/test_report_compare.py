@@ -11,8 +11,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from support import ROOT, SAMPLES
+
 from tropt.experiments import Comparison
 
 pytestmark = pytest.mark.slow  # a notebook run starts a kernel

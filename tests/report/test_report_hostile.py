@@ -6,10 +6,9 @@ import json
 import os
 
 import pytest
+from support import SAMPLES
 
 from tropt.cli import main
-
-from support import SAMPLES
 
 SPLITS = json.dumps({"train": os.path.join(SAMPLES, "train.csv"), "test": os.path.join(SAMPLES, "test.csv")})
 

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support import ROOT, SAMPLES
+
 from tropt.experiments import Comparison, OptimizationPlan
 
 pytestmark = pytest.mark.slow  # a notebook run starts a kernel

@@ -8,14 +8,13 @@ import sys
 import threading
 
 import pytest
-import torch
 
 import tropt
 
 pytest.importorskip("ipywidgets")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
-from compare_factory import adam, make_setup  # noqa: E402
+from compare_factory import adam, make_setup
 
 
 def _html(box) -> str:

@@ -18,7 +18,7 @@ from tropt.errors import Cancelled
 
 pytest.importorskip("ipywidgets")
 
-from support import SAMPLES, ce_loss, make_classification  # noqa: E402
+from support import SAMPLES, ce_loss, make_classification
 
 TRAIN, TEST = os.path.join(SAMPLES, "train.csv"), os.path.join(SAMPLES, "test.csv")
 
@@ -36,7 +36,7 @@ def html_of(box) -> str:
     out = []
 
     def walk(w):
-        if hasattr(w, "value") and isinstance(getattr(w, "value"), str):
+        if hasattr(w, "value") and isinstance(w.value, str):
             out.append(w.value)
         for c in getattr(w, "children", ()):
             walk(c)
@@ -231,6 +231,7 @@ def test_loop_panel_options(tiny_setup):
 
 def test_protocol_panel_runs_the_setup_checks_of_stages_1_and_2():
     import contract_cases as cc
+
     from tropt.widgets import ProtocolPanel
 
     panel = ProtocolPanel(cc.class_sorted().replace(metric=tropt.Metric(cc.accuracy)))

@@ -14,9 +14,9 @@ size holds one value per sample (sequence lengths) and is split along it. Layout
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -185,7 +185,7 @@ def _slice(x: Any, start: int, stop: int, n: int, dim: int = 0, lead: tuple[int,
 
 
 def split_batch(batch: Any, k: int | None = None, *, sizes: Sequence[int] | None = None,
-                layout: "BatchLayout | None" = None) -> list[Any]:
+                layout: BatchLayout | None = None) -> list[Any]:
     """Split one batch into contiguous micro-batches of the same structure and type.
 
     Parameters

@@ -11,13 +11,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from .batch import Path, leaves
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 
 # ---------------------------------------------------------------------------------------------- model output
@@ -173,7 +176,7 @@ def identify_objective(loss: float, out: torch.Tensor | None, batch: Any, num_cl
     return None
 
 
-def probe(setup: Any, model: nn.Module, batch: Any,
+def probe(setup: Setup, model: nn.Module, batch: Any,
           ctx: Any = None) -> tuple[float, torch.Tensor | None, Objective | None, list[str]]:
     """Run ``loss_fn`` once under no_grad: (loss value, model output, identified objective, leaf call order)."""
     with torch.no_grad(), Capture(model, order=True) as cap:

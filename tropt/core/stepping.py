@@ -9,9 +9,12 @@ step of such a run then has no loss and is dropped).
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 
 class LossRecorder:
@@ -58,7 +61,7 @@ def as_loss(value: Any) -> torch.Tensor | None:
 class StepRunner:
     """Runs the Setup's step on a built context and reports each step's loss (a 0-d tensor; no sync per step)."""
 
-    def __init__(self, setup: Any, ctx: Any) -> None:
+    def __init__(self, setup: Setup, ctx: Any) -> None:
         self.setup, self.ctx = setup, ctx
         self.recorder = LossRecorder(ctx)
         self.source: str | None = None  # where losses come from: "step return", "loss_fn calls", "extra forward"
@@ -91,7 +94,7 @@ class StepRunner:
         return None
 
 
-def evaluate(setup: Any, ctx: Any, n_batches: int) -> float:
+def evaluate(setup: Setup, ctx: Any, n_batches: int) -> float:
     """Mean validation loss over the first ``n_batches`` of val_data, in eval mode without gradients.
 
     The global RNG state is put back afterwards so evaluating does not change the training run's randomness.

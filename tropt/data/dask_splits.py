@@ -75,7 +75,7 @@ def _dask():
     """The ``dask`` module (with dask.dataframe), or a DataError naming the extra to install."""
     try:
         import dask
-        import dask.dataframe  # noqa: F401
+        import dask.dataframe
     except ImportError as exc:
         raise DataError(f"a Dask split (a Dask DataFrame, a Parquet glob or URL) needs dask, which is not installed ({exc})",
                         f"install the extra: {_EXTRA}") from None
@@ -206,7 +206,7 @@ def check_schemas(path: str, name: str) -> None:
         try:
             with fs.open(f, "rb") as fh:
                 schemas.append(pq.read_schema(fh))
-        except Exception as exc:  # noqa: BLE001 - pyarrow's own reason is the useful part
+        except Exception as exc:
             raise DataError(f"split {name!r}: cannot read {f!r} as Parquet: {type(exc).__name__}: {exc}",
                             "remove or re-export that file (only Parquet files belong in the dataset's directory)") from exc
     base = {fld.name: fld.type for fld in schemas[0]}
@@ -230,7 +230,7 @@ def read_dataset(path: str, name: str) -> Any:
 
     try:
         return dd.read_parquet(path)
-    except Exception as exc:  # noqa: BLE001 - dask/pyarrow name the reason; the split and the path come from here
+    except Exception as exc:
         raise DataError(f"split {name!r}: cannot read {path!r} as a Parquet dataset: {type(exc).__name__}: {exc}",
                         "check that the path holds Parquet files with one schema") from exc
 

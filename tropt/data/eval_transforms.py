@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -27,6 +27,9 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
 from .pipeline import input_leaves, iter_pass, loader_state, path_name, sample_dim
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CHECK = "data.eval_transforms"
 MAX_ROWS = 200  # feature rows kept in the evidence table (worst first); metrics count all
@@ -177,7 +180,7 @@ def _items(ds: Any, indices: list[int]) -> Iterator[Any]:
         yield default_collate([ds[i]])
 
 
-def _training_inputs(setup: Any, n_batches: int) -> Iterator[Any]:
+def _training_inputs(setup: Setup, n_batches: int) -> Iterator[Any]:
     """Training batches drawn uniformly from the training dataset through the user's transform and collate: the
     split as it is prepared, not as a weighted sampler re-balances it (data.sampling reports that)."""
     loader = setup.loader("train")
@@ -213,7 +216,7 @@ def _population_shift(df: pd.DataFrame, bad: pd.DataFrame) -> bool:
     return not bool((scaled | far).any())
 
 
-def _train_moments(setup: Any, n_batches: int, dim: int | None) -> tuple[dict[tuple, Moments], int]:
+def _train_moments(setup: Setup, n_batches: int, dim: int | None) -> tuple[dict[tuple, Moments], int]:
     """Per input: the statistics of ``n_batches`` training batches (and how many were read)."""
     xt: dict[tuple, Moments] = {}
     n_train = 0
@@ -224,7 +227,7 @@ def _train_moments(setup: Any, n_batches: int, dim: int | None) -> tuple[dict[tu
     return xt, n_train
 
 
-def _val_reads(setup: Any, val_loader: Any, n_batches: int,
+def _val_reads(setup: Setup, val_loader: Any, n_batches: int,
                dim: int | None) -> tuple[dict[tuple, Moments], int, str | None, Any]:
     """Per input: the statistics of ``n_batches`` validation batches, how many were read, how the validation data
     was read twice (None: not), and the per-input differences between the two reads."""
@@ -259,7 +262,7 @@ def _val_reads(setup: Any, val_loader: Any, n_batches: int,
     return xv, n_val, how, diffs
 
 
-def _randomness(setup: Any, how: str | None, diffs: Any, metrics: dict, tables: dict, findings: list,
+def _randomness(setup: Setup, how: str | None, diffs: Any, metrics: dict, tables: dict, findings: list,
                 notes: list) -> None:
     """Two reads of the same validation samples that differ: WARN, unless test-time augmentation is declared."""
     if how is None:
@@ -348,7 +351,7 @@ def _judge_features(df: pd.DataFrame, fail_effect: float, fail_std_ratio: float,
 @register(CHECK, title="Evaluation data prepared like training data",
           description="train vs val per-feature/channel mean and std; random transforms in evaluation",
           plot="tropt.plots.contract")
-def check_eval_transforms(setup: Any, *, n_batches: int = 8, fail_effect: float = 1.0, fail_std_ratio: float = 3.0,
+def check_eval_transforms(setup: Setup, *, n_batches: int = 8, fail_effect: float = 1.0, fail_std_ratio: float = 3.0,
                           warn_effect: float = 0.5, warn_std_ratio: float = 1.5, z: float = 6.0,
                           progress: bool = True) -> CheckResult:
     """Compare the inputs of the Setup's training and validation data, and read the validation data twice.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -18,16 +18,19 @@ import torch
 from ..core.batch import batch_size, is_plain_sequence, leaves
 from ..errors import SetupError
 
+if TYPE_CHECKING:
+    from ..setup import Setup
+
 LABEL_KEYS = ("label", "labels", "y", "target", "targets")
 
 
-def samples_in(setup: Any, batch: Any) -> int:
+def samples_in(setup: Setup, batch: Any) -> int:
     """The number of samples in ``batch``, by the Setup's layout when it has one (``batch_dim``, ``size_fn``)."""
     size = getattr(setup, "size", None)
     return size(batch) if callable(size) else batch_size(batch)
 
 
-def sample_dim(setup: Any) -> int | None:
+def sample_dim(setup: Setup) -> int | None:
     """The dimension that holds samples (0 unless ``batch_dim`` says otherwise); None for a custom ``split_fn``."""
     if getattr(setup, "split_fn", None) is not None:
         return None

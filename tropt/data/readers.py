@@ -201,7 +201,7 @@ class Reader:
                                     engine="python" if self.path.lower().endswith(".tsv") else "c").columns)
         except DataError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the file's own parser message is the useful part
+        except Exception as exc:
             raise DataError(f"split {self.name!r}: cannot read {self.path!r} as {self.kind}: {type(exc).__name__}: {exc}",
                             "check that the file is a valid CSV/Parquet file") from exc
 

@@ -16,7 +16,7 @@ Labels follow the rule in :mod:`tropt.data.pipeline`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,9 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
 from .pipeline import class_labels, iter_pass, loader_state, sample_label, samples_in
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CHECK = "data.sampling"
 
@@ -59,7 +62,7 @@ def _set_epoch_owner(loader: Any) -> Any:
     return next((s for s in _samplers(loader) if callable(getattr(s, "set_epoch", None))), None)
 
 
-def _read(setup: Any, loader: Any, limit: int) -> list[tuple[str, int, torch.Tensor | None, str]]:
+def _read(setup: Setup, loader: Any, limit: int) -> list[tuple[str, int, torch.Tensor | None, str]]:
     """Per batch of one pass (streamed, never held): its fingerprint, size, class labels (or None and why)."""
     out = []
     for batch in iter_pass(loader, limit, "train_data"):
@@ -68,7 +71,7 @@ def _read(setup: Any, loader: Any, limit: int) -> list[tuple[str, int, torch.Ten
     return out
 
 
-def _last_batch(setup: Any, loader: Any, read: list[tuple]) -> tuple[int | None, int | None, bool]:
+def _last_batch(setup: Setup, loader: Any, read: list[tuple]) -> tuple[int | None, int | None, bool]:
     """(last batch size, full batch size, drop_last) of one pass, without loading samples where possible."""
     data = setup.train_data
     if isinstance(data, (list, tuple)):
@@ -294,7 +297,7 @@ def _verdict(found: _Found, missing: str | None, is_list: bool, per_pass: int | 
 @register(CHECK, title="Training order and sampling",
           description="class mix of the first batches vs shuffling, a new order every pass, tiny last batch with BatchNorm, sampler weights",
           plot="tropt.plots.contract")
-def check_sampling(setup: Any, *, n_batches: int = 20, max_samples: int = 2000, fail_one_class: float = 0.5,
+def check_sampling(setup: Setup, *, n_batches: int = 20, max_samples: int = 2000, fail_one_class: float = 0.5,
                    warn_entropy_ratio: float = 0.5, tiny_last: int = 3, set_epoch: bool = False,
                    progress: bool = True) -> CheckResult:
     """Check the order and class mix of the batches the Setup's training loader yields.

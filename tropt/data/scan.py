@@ -292,7 +292,7 @@ def _scan_dataset(reader: Reader, progress: bool) -> SplitData:
     for i in tqdm(range(n), desc=f"tropt: reading {name}", disable=not progress, leave=False):
         try:
             sample = ds[i]
-        except Exception as exc:  # noqa: BLE001 - the user's Dataset raised
+        except Exception as exc:
             raise DataError(f"split {name!r}: reading sample {i} raised {type(exc).__name__}: {exc}", "fix the Dataset's __getitem__") from exc
         parts, y = _sample_parts(sample, label, name, i)
         flat = np.concatenate([p.reshape(-1).astype(np.float64) for p in parts]) if parts else np.zeros(0)

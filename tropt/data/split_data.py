@@ -30,7 +30,7 @@ class Options:
     features: tuple | None = None
 
     @classmethod
-    def make(cls, label=None, group=None, time=None, features=None) -> "Options":
+    def make(cls, label=None, group=None, time=None, features=None) -> Options:
         if features is not None:
             if isinstance(features, (str, int)):
                 features = [features]

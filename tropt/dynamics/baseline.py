@@ -11,7 +11,7 @@ does not recognise there is no baseline and no judgement.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ import torch
 from ..core.batch import get_leaf
 from ..core.objective import probe
 from ..snapshot import preserved
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 
 def _constant_loss(kind: str, train: torch.Tensor, val: torch.Tensor, classes: int | None) -> float | None:
@@ -42,7 +45,7 @@ def _constant_loss(kind: str, train: torch.Tensor, val: torch.Tensor, classes: i
     return None
 
 
-def input_independent_baseline(setup: Any, ctx: Any, val_batches: int, train_batches: int = 16) -> dict | None:
+def input_independent_baseline(setup: Setup, ctx: Any, val_batches: int, train_batches: int = 16) -> dict | None:
     """``{"value", "kind", "basis"}``: the validation loss of the best input-independent prediction, over the same
     ``val_batches`` batches (weighted by batch size) that the loss-curve evaluation reads; None when the objective is
     not one of the standard losses. Leaves the model, its modes and every RNG as they were."""

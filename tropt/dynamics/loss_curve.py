@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -18,6 +18,9 @@ from ..registry import register
 from ..result import CheckResult, Status
 from .curves import FAIL_CLASSES, CurveDiagnosis, CurveThresholds, classify_curve
 from .logs import read_curve
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CHECK_ID = "dynamics.loss_curve"
 
@@ -260,7 +263,7 @@ def _horizon_skip(ctx: Any, steps: int) -> CheckResult | None:
                 f"(total_steps >= {steps}, e.g. the length of your real run)."])
 
 
-def _run_probe(setup: Any, ctx: Any, runner: Any, probe: _Probe, steps: int, every: int, val_batches: int,
+def _run_probe(setup: Setup, ctx: Any, runner: Any, probe: _Probe, steps: int, every: int, val_batches: int,
                progress: bool, callback: Any) -> None:
     """Step the copy ``steps`` times (stopping at the first non-finite loss), evaluating every ``every`` steps."""
     from tqdm.auto import tqdm
@@ -297,7 +300,7 @@ def _run_probe(setup: Any, ctx: Any, runner: Any, probe: _Probe, steps: int, eve
           budgets={'quick': {'steps': 150}, 'thorough': {'steps': 1000}},
           plot="tropt.plots.dynamics")
 def check_loss_curve(
-    setup: Any,
+    setup: Setup,
     *,
     steps: int = 300,
     eval_every: int | None = None,
@@ -363,7 +366,7 @@ def check_loss_curve(
                           np.asarray(probe.val_at, dtype=np.float64) if has_val else None,
                           probe.norms or None, thresholds, lrs=lrs,
                           val_baseline=baseline["value"] if baseline else None)
-    extra = {"source": "setup run", "steps_run": int(len(probe.loss_steps)), "loss_from": runner.source or "none"}
+    extra = {"source": "setup run", "steps_run": len(probe.loss_steps), "loss_from": runner.source or "none"}
     if per_epoch:
         extra["points"] = f"epoch means ({per_epoch} batches each)"
     if baseline:
@@ -373,7 +376,7 @@ def check_loss_curve(
     return curve_result(diag, probe_steps=steps, extra_metrics=extra)
 
 
-def _epoch_length(setup: Any, n: int) -> int | None:
+def _epoch_length(setup: Setup, n: int) -> int | None:
     """Batches per pass over the training data when the probe cycles it many times (>= 20 passes), else None.
 
     A probe that cycles a few fixed batches sees each batch's own difficulty as a periodic swing in the per-step loss
@@ -384,7 +387,7 @@ def _epoch_length(setup: Any, n: int) -> int | None:
         length = len(setup.loader("train"))
     except TypeError:
         return None
-    return int(length) if 2 <= length and n // length >= 20 else None
+    return int(length) if length >= 2 and n // length >= 20 else None
 
 
 def _epoch_means(values: np.ndarray, x: np.ndarray, lrs: np.ndarray, e: int) -> tuple[np.ndarray, np.ndarray, list]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -21,6 +21,9 @@ import pandas as pd
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CHECK_ID = "dynamics.lr_range"
 METHODS = ("steepest", "valley", "min_div_10")
@@ -183,7 +186,7 @@ def _ramp(plan: _Plan, sweep_setup: Any, ctx: Any, runner: Any, ratios: list[flo
     return raw, used
 
 
-def _sweep(setup: Any, sweep_setup: Any, plan: _Plan, r: int,
+def _sweep(setup: Setup, sweep_setup: Any, plan: _Plan, r: int,
            bar: Any) -> tuple[dict[str, Any], list[float], str | None] | CheckResult:
     """Sweep ``r`` on a fresh copy: (its record, the copy's group LRs, where its losses came from), or a SKIP."""
     from ..core.stepping import StepRunner
@@ -222,7 +225,7 @@ def _sweep(setup: Any, sweep_setup: Any, plan: _Plan, r: int,
           budgets={'quick': {'num_steps': 60, 'repeats': 1}, 'thorough': {'num_steps': 200, 'repeats': 3}},
           plot="tropt.plots.dynamics")
 def check_lr_range(
-    setup: Any,
+    setup: Setup,
     *,
     start_lr: float = 1e-7,
     end_lr: float = 10.0,
@@ -324,7 +327,7 @@ def _suggestion_tables(sweeps: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame, 
     return table, pd.DataFrame(agg_rows, columns=["method", "lr", "seed_spread_x", "sweeps"]), per_method
 
 
-def _evidence(setup: Any, sweeps: list[dict], setup_lr: float, num_steps: int, stop_factor: float,
+def _evidence(setup: Setup, sweeps: list[dict], setup_lr: float, num_steps: int, stop_factor: float,
               loss_from: str | None, per_method: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metrics, series) of a run's sweeps."""
     metrics: dict[str, Any] = {
@@ -352,7 +355,7 @@ def _methods_text(per_method: dict[str, float]) -> str:
             f"min/10 {per_method.get('min_div_10', math.nan):.2g}")
 
 
-def _result(setup: Any, sweeps: list[dict], group_lrs: list[float], num_steps: int, tolerance: float,
+def _result(setup: Setup, sweeps: list[dict], group_lrs: list[float], num_steps: int, tolerance: float,
             inconclusive: float, min_drop: float, stop_factor: float, loss_from: str | None) -> CheckResult:
     table, suggestions, per_method = _suggestion_tables(sweeps)
     setup_lr = float(group_lrs[0]) if group_lrs else math.nan

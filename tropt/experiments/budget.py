@@ -84,7 +84,7 @@ class EarlyStopping:
             raise TroptError(f"EarlyStopping: min_delta={self.min_delta!r}; it must be a number >= 0", "e.g. EarlyStopping(patience=3, min_delta=1e-4)")
 
     @classmethod
-    def coerce(cls, value: Any) -> "EarlyStopping | None":
+    def coerce(cls, value: Any) -> EarlyStopping | None:
         """None, an EarlyStopping, a patience (int) or a dict of its fields."""
         if value is None or isinstance(value, cls):
             return value
@@ -155,5 +155,5 @@ class Guardrails:
                 "max_instability_increase": self.max_instability_increase, "max_seconds": self.max_seconds}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Guardrails":
+    def from_dict(cls, d: dict[str, Any]) -> Guardrails:
         return cls(d["max_quality_drop"], d["relative"], d["max_instability_increase"], d.get("max_seconds"))

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..errors import SetupError, TroptError
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 BASELINE = "baseline"
 # What a candidate may change: the training recipe. Everything else is the yardstick every run shares.
@@ -90,7 +93,7 @@ def validate_candidates(candidates: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def candidate_setup(setup: Any, name: str, overrides: Mapping[str, Any]) -> tuple[Any, Callable[[], nn.Module] | None]:
+def candidate_setup(setup: Setup, name: str, overrides: Mapping[str, Any]) -> tuple[Any, Callable[[], nn.Module] | None]:
     """The Setup of one candidate (Setup keywords applied, validated) and its model factory, if it has one.
 
     A bad value (e.g. ``accumulation_steps=0``) raises here, before any run, naming the candidate.
@@ -127,7 +130,7 @@ def describe_overrides(overrides: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def lr_candidates(setup: Any, factors: tuple[float, ...] = (0.3, 3.0)) -> dict[str, dict[str, Any]]:
+def lr_candidates(setup: Setup, factors: tuple[float, ...] = (0.3, 3.0)) -> dict[str, dict[str, Any]]:
     """Candidates that scale the Setup's learning rate (first param group) by each factor: ``{"lr_x3": {"lr": ...}}``.
 
     The base LR is read from an optimizer built on a copy of the model (the user's model is not touched).

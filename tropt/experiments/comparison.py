@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..result import read_json, write_json
 from ..errors import TroptError
+from ..result import read_json, write_json
 from .budget import Guardrails
 from .candidates import BASELINE
 from .stats import ADOPT, INCONCLUSIVE, REJECT_INSTABILITY, REJECT_QUALITY, Paired, decide, paired
@@ -168,14 +168,14 @@ class Comparison:
         return write_json(self.to_dict(), path, indent=1, allow_nan=True)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Comparison":
+    def from_dict(cls, d: dict[str, Any]) -> Comparison:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise TroptError(f"not a tropt comparison (format {d.get('format') if isinstance(d, dict) else type(d).__name__!r})",
                              f"pass what Comparison.to_dict() wrote (format {FORMAT!r})")
         return cls([_restore_nan(r) for r in d["records"]], d.get("meta", {}))
 
     @classmethod
-    def from_json(cls, text_or_path: str) -> "Comparison":
+    def from_json(cls, text_or_path: str) -> Comparison:
         return cls.from_dict(read_json(text_or_path))
 
     # ------------------------------------------------------------------ display

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..core.batch import batch_size, to_device
 from ..errors import StepError
 from ..metric import Metric, as_score
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 DEFAULT_METRIC = "val_loss"
 
@@ -44,7 +47,7 @@ class _EvalMode:
         torch.set_rng_state(self.rng)
 
 
-def _default_scores(setup: Any, ctx: Any, prefix: str, cache: dict | None = None) -> dict[str, float]:
+def _default_scores(setup: Setup, ctx: Any, prefix: str, cache: dict | None = None) -> dict[str, float]:
     """Sample-weighted mean loss over one pass of the split, and accuracy when ``num_classes`` is set and the
     loss is recognisably a classification objective of the model's output.
 
@@ -83,7 +86,7 @@ def _default_scores(setup: Any, ctx: Any, prefix: str, cache: dict | None = None
     return scores
 
 
-def score(setup: Any, ctx: Any, metric: Metric | None, data: Any = None, prefix: str = "val",
+def score(setup: Setup, ctx: Any, metric: Metric | None, data: Any = None, prefix: str = "val",
           cache: dict | None = None) -> dict[str, float]:
     """Scores of ``ctx.model`` on ``data`` (default: the Setup's val_data). The first key is the selection metric.
     ``cache``: a dict kept for one run and one split, so what the first evaluation learnt is not redone.

@@ -22,10 +22,10 @@ class DaskExecutor(cf.Executor):
         self.client, self.cluster = client, cluster
         self._executor = client.get_executor(pure=False)  # every run is distinct work, even with equal inputs
 
-    def submit(self, fn, /, *args, **kwargs):  # noqa: D102 - concurrent.futures API
+    def submit(self, fn, /, *args, **kwargs):
         return self._executor.submit(fn, *args, **kwargs)
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:  # noqa: D102
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self._executor.shutdown(wait=wait)
         self.client.close()
         if self.cluster is not None:

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TroptError
 from .budget import Budget, Guardrails
 from .plan import OptimizationPlan, _baseline, _budget_exceeded
 from .suggest import suggest
 
+if TYPE_CHECKING:
+    from ..setup import Setup
+
 
 def optimize(
-    setup: Any,
+    setup: Setup,
     *,
     splits: Mapping[str, Any] | None = None,
     label: str | int | None = None,
     budget: Budget,
     group: str | None = None,
-    time: str | None = None,  # noqa: A002 - the same name as in tropt.diagnose
+    time: str | None = None,
     guardrails: Guardrails | None = None,
     seeds: Iterable[int] = (0, 1, 2),
     executor: Any = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Cancelled, SetupError, TroptError
 from ..metric import Metric
@@ -15,6 +15,9 @@ from .comparison import Comparison
 from .evaluation import higher_is_better, metric_name, score
 from .executors import check_executor, executor_label
 from .runner import RunSpec, _Run, run_one, run_pickled
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 SELECT = ("final", "best")
 
@@ -37,7 +40,7 @@ def _is_test_name(name: str) -> bool:
     return "test" in str(name).lower()
 
 
-def _selection(setup: Any, splits: Mapping | None, select_split: str) -> tuple[str, Any, dict[str, Any], list[str]]:
+def _selection(setup: Setup, splits: Mapping | None, select_split: str) -> tuple[str, Any, dict[str, Any], list[str]]:
     """(selection split name, its data or None for Setup.val_data, splits evaluated only at the end, notes)."""
     splits = dict(splits or {})
     notes = []
@@ -65,7 +68,7 @@ def _selection(setup: Any, splits: Mapping | None, select_split: str) -> tuple[s
     return select_split, data, splits, notes
 
 
-def _default_eval_every(setup: Any, budget: Budget) -> int:
+def _default_eval_every(setup: Setup, budget: Budget) -> int:
     steps = budget.steps
     if steps is None and budget.samples is not None:
         from ..core.batch import batch_size
@@ -75,7 +78,7 @@ def _default_eval_every(setup: Any, budget: Budget) -> int:
 
 
 def compare(
-    setup: Any,
+    setup: Setup,
     candidates: Mapping[str, Mapping[str, Any]],
     *,
     budget: Budget,
@@ -175,7 +178,7 @@ class _Options:
     executor: Any
 
 
-def _validated(setup: Any, candidates: Any, budget: Any, seeds: Any, metric: Any, eval_every: Any,
+def _validated(setup: Setup, candidates: Any, budget: Any, seeds: Any, metric: Any, eval_every: Any,
                early_stopping: Any, guardrails: Any, select: Any, reinit: Any, executor: Any,
                tracking: Any) -> _Options:
     """Check every keyword before any run (a bad one fails now, saying how to fix it), in the order given."""
@@ -212,7 +215,7 @@ def _validated(setup: Any, candidates: Any, budget: Any, seeds: Any, metric: Any
     return _Options(cands, budget, seed_list, metric, es, guardrails, select, reinit, executor)
 
 
-def _meta(setup: Any, opts: _Options, every: int, select_name: str, notes: list[str],
+def _meta(setup: Setup, opts: _Options, every: int, select_name: str, notes: list[str],
           records: list[dict[str, Any]]) -> dict[str, Any]:
     """What the comparison was: its metric, budget, seeds, rules, candidates and executor, and the Setup's identity."""
     from ..identity import run_identity
@@ -238,7 +241,7 @@ def _meta(setup: Any, opts: _Options, every: int, select_name: str, notes: list[
     return meta
 
 
-def _probe_metric(setup: Any, metric: Metric, data: Any, prefix: str) -> None:
+def _probe_metric(setup: Setup, metric: Metric, data: Any, prefix: str) -> None:
     """Score the untrained baseline once: a metric that fails or returns a non-number is bad input, found before
     any run (it raises :class:`tropt.errors.StepError` naming what came back)."""
     from ..snapshot import preserved
@@ -292,7 +295,7 @@ def _execute(specs: list[RunSpec], executor: Any, progress: bool, callback: Call
                     rec = fut.result()
                 except Cancelled:
                     raise
-                except BaseException as exc:  # noqa: BLE001 - a dead worker is a failed run, not a crash
+                except BaseException as exc:
                     if isinstance(exc, KeyboardInterrupt):
                         raise
                     rec = _lost(specs[i], exc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TroptError
 from ..result import Report, Status, read_json, write_json
@@ -28,6 +28,9 @@ from .interventions import (
 )
 from .stats import ADOPT, ESCALATE, MIN_SEEDS
 from .suggest import CORRECTNESS, FindingsError, blocking_findings, load_report, suggest
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 FORMAT = "tropt.plan/1"
 BLOCKED, ESCALATED, ADOPTED, KEEP, UNCOMPARED = "blocked", "escalate", "adopt", "keep the baseline", "not compared"
@@ -70,7 +73,7 @@ class OptimizationPlan:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_report(cls, report: Any, comparison: Any = None, *, budget: Budget | None = None,
-                    guardrails: Guardrails | None = None, suggestions: Any = None, setup: Any = None) -> OptimizationPlan:
+                    guardrails: Guardrails | None = None, suggestions: Any = None, setup: Setup = None) -> OptimizationPlan:
         """The plan from a diagnosis (a Report or findings.json) and, when it ran, the :class:`Comparison`.
 
         ``budget`` defaults to the comparison's; ``guardrails`` to the comparison's (else the defaults).

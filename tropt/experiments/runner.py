@@ -13,8 +13,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +25,9 @@ from ..metric import Metric
 from .budget import Budget, EarlyStopping
 from .evaluation import score
 
+if TYPE_CHECKING:
+    from ..setup import Setup
+
 MIN_CURVE_POINTS = 10
 
 
@@ -31,7 +35,7 @@ MIN_CURVE_POINTS = 10
 class RunSpec:
     """Everything one run needs; pickled whole when an executor runs it elsewhere."""
 
-    setup: Any
+    setup: Setup
     candidate: str
     seed: int
     budget: Budget
@@ -121,7 +125,7 @@ class _Run:
             return None
         return self.checked - len(pending) + int((~ok).nonzero()[0, 0]) + 1
 
-    def evaluate(self, setup: Any, ctx: Any) -> bool:
+    def evaluate(self, setup: Setup, ctx: Any) -> bool:
         """Score the model; True when early stopping says stop."""
         scores = score(setup, ctx, self.spec.metric, self.spec.select_data, prefix=self.spec.select_name,
                        cache=self.eval_cache)
@@ -232,7 +236,7 @@ class _Stepper:
     """Calls the Setup's step and reads its loss. The first step goes through :class:`StepRunner` (which finds where
     the loss comes from); once the step is seen to return its loss, later steps call it with no wrapper at all."""
 
-    def __init__(self, setup: Any, ctx: Any) -> None:
+    def __init__(self, setup: Setup, ctx: Any) -> None:
         from ..core.stepping import StepRunner
 
         self.setup, self.ctx = setup, ctx
@@ -252,7 +256,7 @@ class _Stepper:
         return loss
 
 
-def _checkpoint(spec: RunSpec, run: _Run, setup: Any, ctx: Any, callback: Callable | None) -> bool | None:
+def _checkpoint(spec: RunSpec, run: _Run, setup: Setup, ctx: Any, callback: Callable | None) -> bool | None:
     """At an evaluation point: None when the loss went non-finite (the run failed), else whether early stopping
     says stop. Records the scores and the memory high-water mark."""
     bad = run.nonfinite_step()

@@ -11,12 +11,15 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import TroptError
 from ..result import CheckResult, Report, Status
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CORRECTNESS = ("data.", "model.", "loop.")
 UNSTABLE = ("unstable", "noisy_late", "diverging", "non_finite")
@@ -138,7 +141,7 @@ def _num(m: dict, key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def _setup_optimizer(setup: Any) -> torch.optim.Optimizer | None:
+def _setup_optimizer(setup: Setup) -> torch.optim.Optimizer | None:
     """An optimizer built on a copy of the model (the user's model is untouched), or None."""
     if setup is None or setup.optimizer is None:
         return None
@@ -148,7 +151,7 @@ def _setup_optimizer(setup: Any) -> torch.optim.Optimizer | None:
         return setup.build().optimizer
 
 
-def _setup_lr(report: Report, setup: Any) -> float | None:
+def _setup_lr(report: Report, setup: Setup) -> float | None:
     r = _get(report, "dynamics.lr_range")
     lr = _num(r.metrics, "setup_lr") if r is not None else None
     if lr is None:
@@ -191,7 +194,7 @@ class WithWeightDecay:
 
 
 # ---------------------------------------------------------------------------------------------- rules
-def _from_lr_range(report: Report, setup: Any) -> list[Suggestion]:
+def _from_lr_range(report: Report, setup: Setup) -> list[Suggestion]:
     r = _get(report, "dynamics.lr_range")
     if r is None or r.status not in (Status.PASS, Status.WARN):
         return []
@@ -208,7 +211,7 @@ def _from_lr_range(report: Report, setup: Any) -> list[Suggestion]:
         r.check, r.summary, [f"learning rate {cur:.3g} → {mid:.3g} (every param group scaled alike)"])]
 
 
-def _from_precision(report: Report, setup: Any) -> list[Suggestion]:
+def _from_precision(report: Report, setup: Setup) -> list[Suggestion]:
     r = _get(report, "perf.precision")
     if r is None or r.status is not Status.WARN:
         return []
@@ -223,7 +226,7 @@ def _from_precision(report: Report, setup: Any) -> list[Suggestion]:
         "beyond seed noise", r.check, r.summary, [f"precision {cur} → {rec}"], goal="speed")]
 
 
-def _from_throughput(report: Report, setup: Any) -> list[Suggestion]:
+def _from_throughput(report: Report, setup: Setup) -> list[Suggestion]:
     r = _get(report, "perf.throughput")
     if r is None or r.status is Status.ERROR or r.metrics.get("limited_by") != "data loading":
         return []
@@ -252,7 +255,7 @@ def _from_throughput(report: Report, setup: Any) -> list[Suggestion]:
     return [Suggestion("loader_workers", {"train_data": loader}, hyp, r.check, r.summary, words, goal="speed")]
 
 
-def _from_loss_curve(report: Report, setup: Any) -> list[Suggestion]:
+def _from_loss_curve(report: Report, setup: Setup) -> list[Suggestion]:
     r = _get(report, "dynamics.loss_curve")
     if r is None or r.status not in (Status.WARN, Status.FAIL):
         return []
@@ -267,7 +270,7 @@ def _from_loss_curve(report: Report, setup: Any) -> list[Suggestion]:
         out.append(Suggestion(
             "grad_clip", {"grad_clip": float(f"{clip:.3g}")},
             f"the loss curve is {what}: clipping the gradient norm at {clip:.3g}"
-            + (f" (the 90th percentile of the measured norms)" if p90 and not current else "")
+            + (" (the 90th percentile of the measured norms)" if p90 and not current else "")
             + " should bound the steps that cause it and give fewer unstable runs", r.check, r.summary,
             [f"gradient clipping {current or 'none'} → {clip:.3g}"]))
         lr = _setup_lr(report, setup)
@@ -305,7 +308,7 @@ def _from_loss_curve(report: Report, setup: Any) -> list[Suggestion]:
     return out
 
 
-def _from_batch(report: Report, setup: Any) -> list[Suggestion]:
+def _from_batch(report: Report, setup: Setup) -> list[Suggestion]:
     thr = _get(report, "perf.throughput")
     if thr is None or thr.status is not Status.PASS or thr.metrics.get("limited_by") == "data loading":
         return []
@@ -338,7 +341,7 @@ def _from_batch(report: Report, setup: Any) -> list[Suggestion]:
 RULES = (_from_lr_range, _from_loss_curve, _from_precision, _from_throughput, _from_batch)
 
 
-def suggest(report: Any, setup: Any = None) -> Suggestions:
+def suggest(report: Any, setup: Setup = None) -> Suggestions:
     """Candidate interventions derived from the findings, ready for :func:`tropt.compare`.
 
     Parameters

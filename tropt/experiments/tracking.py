@@ -47,7 +47,7 @@ def _str(v: Any, limit: int = 500) -> str:
 def log_comparison(comparison: Any, tracking: Any, *, experiment: str = EXPERIMENT) -> dict[str, Any]:
     """Log every run of ``comparison``; returns ``{"uri", "experiment_id", "run_ids"}`` (run ids by candidate/seed)."""
     require("mlflow", "experiments")
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri(tracking)

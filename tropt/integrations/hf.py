@@ -1,5 +1,5 @@
 """Hugging Face transformers: a Setup from a ``Trainer``, and a ``TrainerCallback`` that watches ``train()`` live."""
 from ..lazy import lazy_attrs
 
-__all__ = ["setup_from_trainer", "TroptTrainerCallback"]
+__all__ = ["TroptTrainerCallback", "setup_from_trainer"]
 __getattr__, __dir__ = lazy_attrs(__name__, {"setup_from_trainer": "._hf_setup", "TroptTrainerCallback": "._hf_callback"})

@@ -1,5 +1,5 @@
 """PyTorch Lightning: a Setup from a LightningModule, and a callback that watches ``Trainer.fit`` live."""
 from ..lazy import lazy_attrs
 
-__all__ = ["setup_from_lightning", "TroptCallback"]
+__all__ = ["TroptCallback", "setup_from_lightning"]
 __getattr__, __dir__ = lazy_attrs(__name__, {"setup_from_lightning": "._lightning_setup", "TroptCallback": "._lightning_callback"})

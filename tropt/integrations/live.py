@@ -19,8 +19,9 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -152,7 +153,7 @@ class LiveMonitor:
         self.judgements = 0
 
     # ------------------------------------------------------------------ lifecycle
-    def attach(self, model: torch.nn.Module) -> "LiveMonitor":
+    def attach(self, model: torch.nn.Module) -> LiveMonitor:
         """Start watching ``model`` (hooks only; the model itself is not changed)."""
         # Import what the checks use now, at the start of training: a first import inside the step loop (tens of
         # milliseconds of module loading) would land in the step time of whichever step runs the first check.

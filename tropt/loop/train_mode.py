@@ -19,7 +19,7 @@ Cost: ``steps`` (2) calls of the user's step and two evaluations of the metric.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -31,6 +31,9 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
 from ._verdicts import require_steps
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CHECK = "loop.train_mode"
 
@@ -116,7 +119,7 @@ def _names(names: list[str], limit: int = 5) -> str:
           description="dropout/batch-norm modules run in train mode during the user's step (and in eval mode during "
                       "the metric)",
           plot="tropt.plots.contract")
-def check_train_mode(setup: Any, *, steps: int = 2, progress: bool = True) -> CheckResult:
+def check_train_mode(setup: Setup, *, steps: int = 2, progress: bool = True) -> CheckResult:
     """Run the user's step ``steps`` times and the metric twice, recording the mode of every mode-dependent module.
 
     Parameters
@@ -152,7 +155,7 @@ class _Observed:
     metric_note: str
 
 
-def _observe_modes(setup: Any, steps: int) -> CheckResult | _Observed:
+def _observe_modes(setup: Setup, steps: int) -> CheckResult | _Observed:
     """Run the user's step ``steps`` times on a fresh copy and the metric twice, recording every module's mode."""
     k = setup.accumulation_steps
     ctx = setup.build()
@@ -251,7 +254,7 @@ def _metric_finding(o: _Observed, status: Status, summary: str, metrics: dict, n
     return status, summary
 
 
-def _metric_modes(setup: Any) -> tuple[dict[str, bool | None] | None, tuple[float, float] | None, str]:
+def _metric_modes(setup: Setup) -> tuple[dict[str, bool | None] | None, tuple[float, float] | None, str]:
     """Two evaluations of the metric on one fresh copy in eval mode: the modules' modes during them and the scores."""
     if setup.metric is None or setup.val_data is None:
         return None, None, ""

@@ -7,7 +7,7 @@ The objective and its identification live in :mod:`tropt.core.objective`, the mo
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -17,6 +17,9 @@ from ..core.batch import batch_size, get_leaf, leaves, map_leaves, split_batch
 from ..core.modes import dropout_off
 from ..core.objective import Capture
 from ..errors import TroptError
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 
 def zero_inputs(batch: Any, inputs: set) -> Any:
@@ -64,7 +67,7 @@ def input_scale(batch: Any, inputs: set, low: float = 0.1, high: float = 10.0) -
     return pd.DataFrame(rows, columns=["input", "shape", "mean", "std", "rms"]), notes
 
 
-def _loss_output(setup: Any, model: nn.Module, batch: Any, ctx: Any = None,
+def _loss_output(setup: Setup, model: nn.Module, batch: Any, ctx: Any = None,
                  zero: frozenset = frozenset()) -> torch.Tensor | None:
     """The model's output while ``loss_fn`` runs on ``batch`` (no grad, dropout off, seeded), with the root model's
     arguments at ``zero`` positions zeroed."""
@@ -82,7 +85,7 @@ def _changes(out: torch.Tensor | None, ref: torch.Tensor | None) -> bool:
     return ref is None or out is None or out.shape != ref.shape or not torch.equal(out, ref)
 
 
-def input_paths(setup: Any, model: nn.Module, batch: Any, ctx: Any = None) -> set:
+def input_paths(setup: Setup, model: nn.Module, batch: Any, ctx: Any = None) -> set:
     """Paths of the batch tensors the model reads: those whose zeroing changes its output (a target only reaches the
     loss). Runs the loss once per tensor; a tensor whose zeroing breaks the forward counts as an input."""
     ref = _loss_output(setup, model, batch, ctx)
@@ -99,7 +102,7 @@ def input_paths(setup: Any, model: nn.Module, batch: Any, ctx: Any = None) -> se
     return found
 
 
-def argument_positions(setup: Any, model: nn.Module, batch: Any, ctx: Any = None) -> frozenset | None:
+def argument_positions(setup: Setup, model: nn.Module, batch: Any, ctx: Any = None) -> frozenset | None:
     """The root model's tensor arguments (``("arg", i)`` / ``("kwarg", name)``) whose zeroing changes its output:
     what the input-independent baseline zeroes. Zeroing the model's arguments, not the batch, keeps targets that
     the loss derives from the inputs (a language model's shifted tokens) and labels passed into the model

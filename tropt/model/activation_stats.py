@@ -12,7 +12,7 @@ Linear/Conv outputs.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -22,6 +22,9 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
 from ._common import require_samples
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CHECK = "model.activation_stats"
 
@@ -136,7 +139,7 @@ class _Hooks:
             h.remove()
 
 
-def _record(setup: Any, ctx: Any, hooks: _Hooks, batches: list, steps: int, seed: int,
+def _record(setup: Setup, ctx: Any, hooks: _Hooks, batches: list, steps: int, seed: int,
             progress: bool) -> list[dict[str, Any]]:
     """Layer statistics on the sampled batches at initialisation, over ``steps`` training steps, and after."""
     from tqdm.auto import tqdm
@@ -225,7 +228,7 @@ def _judge(stats: pd.DataFrame, metrics: dict[str, Any], tables: dict[str, pd.Da
                       "training.",
           budgets={'quick': {'n_batches': 2, 'steps': 5}, 'thorough': {'n_batches': 8, 'steps': 50}},
           plot="tropt.plots.model")
-def check_activation_stats(setup: Any, *, n_batches: int = 4, steps: int = 20, dead_fail: float = 0.7,
+def check_activation_stats(setup: Setup, *, n_batches: int = 4, steps: int = 20, dead_fail: float = 0.7,
                            dead_warn: float = 0.4, saturation_warn: float = 0.3, seed: int | None = None,
                            progress: bool = True) -> CheckResult:
     """Hook the activations of a copy and judge dead and saturated units.

@@ -17,7 +17,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from torch import nn
 from ..core.batch import leaves
 from ..core.modes import dropout_off
 from ..core.objective import output_tensor
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 # Autograd nodes that only move or relabel values: skipped when looking for what feeds a loss.
 _SHAPE_NODES = frozenset({"View", "Reshape", "ReshapeAlias", "UnsafeView", "Squeeze", "Unsqueeze", "Transpose",
@@ -159,7 +162,7 @@ def _model_squash_site(model: nn.Module, node: Any, squash: str, seen: dict) -> 
     return f"the model's last operation ({squash})"
 
 
-def loss_findings(setup: Any, model: nn.Module, batch: Any, ctx: Any = None) -> list[LossFinding]:
+def loss_findings(setup: Setup, model: nn.Module, batch: Any, ctx: Any = None) -> list[LossFinding]:
     """Run ``loss_fn`` once with gradients on and name double squashing and broadcasting in it (see module doc)."""
     outputs: list[torch.Tensor] = []
     squash_out: dict[str, Any] = {}
@@ -201,7 +204,7 @@ def loss_findings(setup: Any, model: nn.Module, batch: Any, ctx: Any = None) -> 
     return found
 
 
-def _squash_finding(setup: Any, model: nn.Module, out: torch.Tensor | None, squash: tuple, seen: dict) -> LossFinding:
+def _squash_finding(setup: Setup, model: nn.Module, out: torch.Tensor | None, squash: tuple, seen: dict) -> LossFinding:
     loss_name, what, node = squash
     in_model = out is not None and out.grad_fn is not None and _reaches(out.grad_fn, node)
     expects = {"cross_entropy": "applies log_softmax itself and expects raw logits",
@@ -271,7 +274,7 @@ def _broadcast_shapes(loss: torch.Tensor, out: torch.Tensor | None, batch: Any) 
     return None
 
 
-def _broadcast(setup: Any, loss: torch.Tensor, out: torch.Tensor | None, batch: Any, caught: list) -> LossFinding | None:
+def _broadcast(setup: Setup, loss: torch.Tensor, out: torch.Tensor | None, batch: Any, caught: list) -> LossFinding | None:
     """A regression loss whose output and target shapes differ and broadcast (PyTorch's warning, or the value)."""
     message = next((w for w in caught if issubclass(w.category, UserWarning) and "target size" in str(w.message)
                     and "input size" in str(w.message)), None)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -38,6 +38,9 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
 from ._common import fmt
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CHECK = "model.eval_metric"
 LOGIT = 10.0  # a confident logit: softmax/sigmoid of it is 0.99995
@@ -182,7 +185,7 @@ class PerfectPredictor(TrivialPredictor):
 
 
 # ---------------------------------------------------------------------------------------------- reading the split
-def _read_targets(setup: Any, model: nn.Module) -> tuple[Objective | None, torch.Tensor | None, dict, str]:
+def _read_targets(setup: Setup, model: nn.Module) -> tuple[Objective | None, torch.Tensor | None, dict, str]:
     """One pass of the validation data through ``loss_fn``: the objective, every target, and input-row -> target."""
     objective, targets, lookup, why = None, [], {}, ""
     seen: list = []
@@ -368,7 +371,7 @@ def _judge(metric: Any, table: pd.DataFrame, metrics: dict[str, Any], objective:
           description="the Metric's score for trivial predictors (majority class, constant mean, shuffled) vs the "
                       "perfect score",
           plot="tropt.plots.contract")
-def check_eval_metric(setup: Any, *, margin: float = 0.1, progress: bool = True) -> CheckResult:
+def check_eval_metric(setup: Setup, *, margin: float = 0.1, progress: bool = True) -> CheckResult:
     """Score trivial predictors with the Setup's metric on the validation split.
 
     Parameters

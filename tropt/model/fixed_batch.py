@@ -5,7 +5,7 @@ parameters got a gradient and which changed, whether an optimizer or a hand-writ
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -15,10 +15,13 @@ from ..core.modes import dropout_off
 from ..core.objective import Capture
 from ._common import zeroed_arguments
 
+if TYPE_CHECKING:
+    from ..setup import Setup
+
 CHECK = "model.overfit_batch"
 
 
-def _evaluate(setup: Any, ctx: Any, batch: Any, objective: Any) -> tuple[float, float | None, torch.Tensor | None]:
+def _evaluate(setup: Setup, ctx: Any, batch: Any, objective: Any) -> tuple[float, float | None, torch.Tensor | None]:
     """Loss and accuracy on the batch as trained (train mode so BatchNorm uses batch statistics; dropout off)."""
     with torch.no_grad(), dropout_off(ctx.model), Capture(ctx.model) as cap, ctx.autocast():
         loss = float(setup.loss(ctx.model, batch).detach().float())
@@ -31,7 +34,7 @@ def _evaluate(setup: Any, ctx: Any, batch: Any, objective: Any) -> tuple[float, 
     return loss, acc, out
 
 
-def train_on_batch(setup: Any, batch: Any, objective: Any, steps: int, target_fraction: float, seed: int,
+def train_on_batch(setup: Setup, batch: Any, objective: Any, steps: int, target_fraction: float, seed: int,
            stop_early: bool, desc: str, progress: bool, fixed_steps: int | None = None,
            callback: Any = None, phase: str = "model", zero_args: frozenset = frozenset(),
            min_accuracy: float = 1.0) -> dict[str, Any]:
@@ -41,7 +44,7 @@ def train_on_batch(setup: Any, batch: Any, objective: Any, steps: int, target_fr
                           fixed_steps, callback, phase, min_accuracy)
 
 
-def _train_ctx(ctx: Any, setup: Any, batch: Any, objective: Any, steps: int, target_fraction: float, stop_early: bool,
+def _train_ctx(ctx: Any, setup: Setup, batch: Any, objective: Any, steps: int, target_fraction: float, stop_early: bool,
                desc: str, progress: bool, fixed_steps: int | None, callback: Any, phase: str,
                min_accuracy: float) -> dict[str, Any]:
     from tqdm.auto import tqdm

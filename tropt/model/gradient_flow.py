@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,12 +20,15 @@ from ..snapshot import preserved
 from .gradient_verdict import judge_gradient_flow
 from .monitor import GradientMonitor
 
+if TYPE_CHECKING:
+    from ..setup import Setup
+
 __all__ = ["check_gradient_flow", "init_reference", "judge_gradient_flow"]
 
 CHECK = "model.gradient_flow"
 
 
-def init_reference(setup: Any, ctx: Any, batch: Any) -> tuple[float, float] | None:
+def init_reference(setup: Setup, ctx: Any, batch: Any) -> tuple[float, float] | None:
     """(global gradient norm at the model's own initialisation, at PyTorch's default initialisation of the same
     architecture) on one batch: every module with ``reset_parameters`` re-initialised on a copy. None when no module
     can be re-initialised or a norm is not finite. The model's gradients are cleared afterwards; RNGs are restored."""
@@ -67,7 +70,7 @@ class _HandUpdates:
         self.handles: list = []
         self.recorded = 0  # hand-written updates recorded
 
-    def __enter__(self) -> "_HandUpdates":
+    def __enter__(self) -> _HandUpdates:
         for i, p in enumerate(self.params):
             self.handles.append(p.register_post_accumulate_grad_hook(lambda t, i=i: self.last.__setitem__(i, t.grad)))
         return self
@@ -107,7 +110,7 @@ class _HandUpdates:
                       "gradients.",
           budgets={'quick': {'steps': 5}, 'thorough': {'steps': 50}},
           plot="tropt.plots.model")
-def check_gradient_flow(setup: Any, *, steps: int = 20, vanish_ratio: float = 1e-3, vanish_rms: float = 1e-5,
+def check_gradient_flow(setup: Setup, *, steps: int = 20, vanish_ratio: float = 1e-3, vanish_rms: float = 1e-5,
                         explode_update_ratio: float = 1.0, explode_growth: float = 1e3,
                         explode_init_ratio: float = 1e3, explode_norm: float | None = None, seed: int | None = None,
                         progress: bool = True, callback: Any = None) -> CheckResult:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -23,6 +23,9 @@ from ..result import CheckResult, Status
 from ..snapshot import preserved
 from ._common import fmt, input_paths, input_scale
 from .composition import LossFinding, loss_findings
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CHECK = "model.init_loss"
 
@@ -54,7 +57,7 @@ class _Probed:
     findings: list[LossFinding] = field(default_factory=list)
 
 
-def _probe_batches(setup: Any, n_batches: int) -> _Probed:
+def _probe_batches(setup: Setup, n_batches: int) -> _Probed:
     """Run ``loss_fn`` on ``n_batches`` batches of a fresh copy (train mode, no gradients)."""
     got = _Probed()
     with preserved(setup.model):
@@ -140,7 +143,7 @@ def _too_high(got: _Probed, y: torch.Tensor, out_all: torch.Tensor | None, measu
           description="Mean loss at init vs what the objective implies (ln C, ln 2, label variance).",
           budgets={'quick': {'n_batches': 2}, 'thorough': {'n_batches': 8}},
           plot="tropt.plots.model")
-def check_init_loss(setup: Any, *, n_batches: int = 4, warn_ratio: float = 1.5, fail_ratio: float = 3.0,
+def check_init_loss(setup: Setup, *, n_batches: int = 4, warn_ratio: float = 1.5, fail_ratio: float = 3.0,
                     progress: bool = True) -> CheckResult:
     """Compare the mean loss over ``n_batches`` at initialisation with the objective's chance level.
 

@@ -133,7 +133,7 @@ class GradientMonitor:
         self.logged_rows = 0  # recorded steps whose global gradient norm log_to has written
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> "GradientMonitor":
+    def __enter__(self) -> GradientMonitor:
         if self._active:
             raise TroptError("GradientMonitor is already active", "enter it once: with GradientMonitor(model) as mon: ...")
         named = [(n, p) for n, p in self.model.named_parameters()]

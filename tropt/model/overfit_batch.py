@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -32,6 +32,9 @@ from ._common import (
 )
 from .composition import loss_findings
 from .fixed_batch import train_on_batch
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CHECK = "model.overfit_batch"
 
@@ -126,7 +129,7 @@ class _Case:
                            self.series)
 
 
-def _train_both(setup: Any, samples: int, opts: _Options, seed: int, progress: bool,
+def _train_both(setup: Setup, samples: int, opts: _Options, seed: int, progress: bool,
                 callback: Any) -> tuple[Any, int, Any, frozenset | None, set, list, dict, dict]:
     """Train a copy on one small batch, then the zeroed-input baseline: (batch, samples, objective, zeroed
     argument positions, input paths, loss-composition findings, model run, baseline run)."""
@@ -155,7 +158,7 @@ def _train_both(setup: Any, samples: int, opts: _Options, seed: int, progress: b
     return batch, n, objective, positions, inputs, composition, real, base
 
 
-def _case(setup: Any, opts: _Options, batch: Any, n: int, objective: Any, positions: frozenset | None, inputs: set,
+def _case(setup: Setup, opts: _Options, batch: Any, n: int, objective: Any, positions: frozenset | None, inputs: set,
           composition: list, real: dict, base: dict) -> _Case:
     """The metrics, series and tables every verdict shares."""
     losses, base_losses = real["losses"], base["losses"]
@@ -339,7 +342,7 @@ def _not_memorised(c: _Case) -> CheckResult:
           description="Train a copy on one fixed small batch; it must memorise it and beat a zeroed-input baseline.",
           budgets={'quick': {'steps': 100}, 'thorough': {'steps': 500}},
           plot="tropt.plots.model")
-def check_overfit_batch(setup: Any, *, samples: int = 32, steps: int = 200, target_fraction: float = 0.1,
+def check_overfit_batch(setup: Setup, *, samples: int = 32, steps: int = 200, target_fraction: float = 0.1,
                         min_accuracy: float = 0.95, baseline_ratio: float = 0.9, diverge_ratio: float = 2.0,
                         seed: int | None = None,
                         progress: bool = True, callback: Any = None) -> CheckResult:

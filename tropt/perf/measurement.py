@@ -10,13 +10,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..core.batch import leaves
 from .meters import CudaMeter, Meter, ProfilerMeter, StepMemory, Tracker, ptr, unique_bytes
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 
 def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -91,7 +94,7 @@ def factored_bytes(model: nn.Module) -> int:
     return total
 
 
-def smaller_batch(setup: Any, batch: Any, k: int) -> tuple[Any, int] | None:
+def smaller_batch(setup: Setup, batch: Any, k: int) -> tuple[Any, int] | None:
     """About half the batch (keeping at least ``k`` samples, one per micro-batch), or None when it cannot shrink.
 
     Sizes and splits follow the Setup's batch layout (time-major batches, split_fn/size_fn)."""
@@ -133,7 +136,7 @@ def _attach(model: nn.Module, opt: Any, tracker: Tracker, meter: Meter) -> list[
     return handles
 
 
-def measure(setup: Any, growth_steps: int, bf16: bool, progress: bool) -> Measurement:
+def measure(setup: Setup, growth_steps: int, bf16: bool, progress: bool) -> Measurement:
     """Run the Setup's step on a copy under the meter: ``growth_steps`` steps, one at half the batch, one in bf16."""
     from tqdm.auto import tqdm
 

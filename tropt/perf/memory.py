@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,9 @@ from ..result import CheckResult, Status
 from .measurement import Measurement, measure
 from .meters import GIB, MIB, StepMemory
 from .strategies import SHARDS, Plan, plan
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CHECK_ID = "perf.memory"
 Finding = tuple  # (status, text for the summary, advice or None)
@@ -81,7 +84,7 @@ def _mib(x: float) -> str:
           budgets={'quick': {'growth_steps': 4}, 'thorough': {'growth_steps': 20}},
           plot="tropt.plots.perf")
 def check_memory(
-    setup: Any,
+    setup: Setup,
     *,
     memory_limit: float | None = None,
     headroom: float = 0.1,
@@ -152,7 +155,7 @@ def _check_options(growth_steps: int, headroom: float, growth_threshold: float, 
             raise TroptError(f"perf.memory: {name}={share!r} is out of range", f"use the default {name}")
 
 
-def _model_parallel_skip(setup: Any) -> CheckResult | None:
+def _model_parallel_skip(setup: Setup) -> CheckResult | None:
     """A SKIP when the model's parameters sit on several devices (a layout this check cannot measure)."""
     devices = _devices(setup.model)
     if len(devices) <= 1:
@@ -166,7 +169,7 @@ def _model_parallel_skip(setup: Any) -> CheckResult | None:
          f"Setup.device={setup.device})."])
 
 
-def _bf16_note(setup: Any, meas: Measurement, precision_result: Any, bf16_why: str) -> str:
+def _bf16_note(setup: Setup, meas: Measurement, precision_result: Any, bf16_why: str) -> str:
     """What the bf16 option's cost says: perf.precision's verdict when bf16 was measured, else why it was not."""
     if meas.bf16_step is not None:
         return _bf16_verdict(precision_result)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -25,6 +25,9 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ._timing import machine_load, oversubscription, oversubscription_advice, thread_probe
 from .precision_runs import PrecisionRun, batch_search
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CHECK_ID = "perf.precision"
 PRECISIONS = ("fp32", "bf16", "fp16", "tf32")
@@ -62,7 +65,7 @@ def support(precision: str, device: torch.device) -> tuple[bool, str]:
 
 
 
-def _measure(setup: Any, order: list[str], steps: int, warmup: int, seed: int,
+def _measure(setup: Setup, order: list[str], steps: int, warmup: int, seed: int,
              clock: Any = time.perf_counter) -> tuple[dict[str, dict], dict[str, str], Any]:
     """Run every supported precision of ``order`` on the same seeded batches, timed steps interleaved.
 
@@ -143,7 +146,7 @@ def choose(times: dict[str, np.ndarray], stable: dict[str, bool], current: str,
           budgets={'quick': {'warmup': 1, 'steps': 6}, 'thorough': {'warmup': 5, 'steps': 50}},
           plot="tropt.plots.perf")
 def check_precision(
-    setup: Any,
+    setup: Setup,
     *,
     precisions: tuple[str, ...] = PRECISIONS,
     steps: int = 20,
@@ -289,7 +292,7 @@ def _table(rows: list[dict], decision: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _metrics(table: pd.DataFrame, decision: dict[str, Any], setup: Any, opts: _Options, machine: dict[str, Any],
+def _metrics(table: pd.DataFrame, decision: dict[str, Any], setup: Setup, opts: _Options, machine: dict[str, Any],
              probe: tuple | None, over: list[str]) -> dict[str, Any]:
     """The recommendation, the timing verdict and each precision's step time, deviation and speed-up."""
     metrics: dict[str, Any] = {"recommended": decision["recommended"], "setup_precision": setup.precision,
@@ -348,7 +351,7 @@ def _summary(table: pd.DataFrame, decision: dict[str, Any], current: str, order:
     return summary
 
 
-def _verdict(table: pd.DataFrame, decision: dict[str, Any], setup: Any, reasons: dict[str, str], opts: _Options,
+def _verdict(table: pd.DataFrame, decision: dict[str, Any], setup: Setup, reasons: dict[str, str], opts: _Options,
              over: list[str], machine: dict[str, Any]) -> tuple[Status, list[str]]:
     """The status and the advice: about the Setup's own precision, the recommendation, and the timings."""
     measured = table[table["status"] == "measured"]

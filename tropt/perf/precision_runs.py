@@ -11,11 +11,14 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import torch
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 
 @contextlib.contextmanager
@@ -74,7 +77,7 @@ class PrecisionRun:
     Each run keeps its own torch RNG stream: interleaved with other runs it draws the same dropout masks it would
     draw alone, so its losses do not depend on the order the steps ran in."""
 
-    def __init__(self, setup: Any, precision: str, seed: int, source: list, clock: Any = time.perf_counter) -> None:
+    def __init__(self, setup: Setup, precision: str, seed: int, source: list, clock: Any = time.perf_counter) -> None:
         from ..core.stepping import StepRunner
 
         self.precision, self.source, self.clock = precision, source, clock
@@ -150,7 +153,7 @@ class PrecisionRun:
                 "batch_size": self.setup.size(self.source[0]), "loss_from": self.runner.source}
 
 
-def run_precision(setup: Any, precision: str, steps: int, warmup: int, seed: int,
+def run_precision(setup: Setup, precision: str, steps: int, warmup: int, seed: int,
                   batches: list | None = None) -> dict[str, Any]:
     """Train a fresh copy for ``warmup + steps`` steps in ``precision``; losses of every step, times of the timed
     ones."""
@@ -166,7 +169,7 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-def batch_search(setup: Any, precision: str, seed: int, max_doublings: int, memory_budget_mb: float | None,
+def batch_search(setup: Setup, precision: str, seed: int, max_doublings: int, memory_budget_mb: float | None,
                   steps: int = 3) -> pd.DataFrame:
     """Double the batch (by concatenating the Setup's batches) until OOM, a memory budget or ``max_doublings``."""
     rows = []

@@ -10,7 +10,7 @@ import resource
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -20,6 +20,9 @@ from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ._timing import machine_load, median_interval, oversubscription, oversubscription_advice, thread_probe
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 CHECK_ID = "perf.throughput"
 
@@ -51,7 +54,7 @@ def state_mb(ctx: Any) -> dict[str, float]:
     return {"params_mb": params / 2**20, "grads_mb": grads / 2**20, "optimizer_state_mb": opt / 2**20}
 
 
-def _loader_advice(setup: Any, device: torch.device) -> list[str]:
+def _loader_advice(setup: Setup, device: torch.device) -> list[str]:
     """DataLoader settings that hide data loading behind compute, named from the user's loader."""
     data = setup.train_data
     cores = os.cpu_count() or 1
@@ -79,7 +82,7 @@ def _loader_advice(setup: Any, device: torch.device) -> list[str]:
     return advice
 
 
-def _cheap_batches_advice(setup: Any) -> str:
+def _cheap_batches_advice(setup: Setup) -> str:
     data = setup.train_data
     workers = isinstance(data, torch.utils.data.DataLoader) and data.num_workers > 0
     return ("Waiting is under a millisecond per batch, so worker processes may cost more than they save"
@@ -113,7 +116,7 @@ def _native_stderr_muted() -> Iterator[None]:
 MAX_PROFILED_OPS = 50_000  # operator calls profiled in all: a step above it is profiled alone
 
 
-def _profile_one(setup: Any, ctx: Any, batch: Any, activities: list, cuda: bool) -> tuple[list[dict], int]:
+def _profile_one(setup: Setup, ctx: Any, batch: Any, activities: list, cuda: bool) -> tuple[list[dict], int]:
     """One step under ``torch.profiler``: per-operator rows and the number of operator calls. One session per step
     keeps the profiler's events (a Python object each) to one step's worth: an LBFGS step over an unrolled RNN makes
     ~70,000, and three in one session grew the process by a gigabyte that it kept."""
@@ -140,7 +143,7 @@ def _profile_one(setup: Any, ctx: Any, batch: Any, activities: list, cuda: bool)
     return rows, calls
 
 
-def profile_ops(setup: Any, ctx: Any, batches: list, top: int = 15) -> pd.DataFrame:
+def profile_ops(setup: Setup, ctx: Any, batches: list, top: int = 15) -> pd.DataFrame:
     """``torch.profiler`` over a few steps, one profiler session each (summed): the top operators by self time (CPU,
     plus CUDA on GPU). Steps after the first are skipped once the operator calls would pass ``MAX_PROFILED_OPS``;
     ``df.attrs["profiled_steps"]`` says how many were profiled."""
@@ -176,7 +179,7 @@ def profile_ops(setup: Any, ctx: Any, batches: list, top: int = 15) -> pd.DataFr
           budgets={'quick': {'warmup': 2, 'steps': 8, 'profile_steps': 1}, 'thorough': {'warmup': 10, 'steps': 100}},
           plot="tropt.plots.perf")
 def check_throughput(
-    setup: Any,
+    setup: Setup,
     *,
     warmup: int = 5,
     steps: int = 30,
@@ -274,7 +277,7 @@ def _tables(wait: np.ndarray, comp: np.ndarray, warmup: int, ops: pd.DataFrame |
     return tables
 
 
-def _timed_steps(setup: Any, ctx: Any, it: Iterator, warmup: int, total: int,
+def _timed_steps(setup: Setup, ctx: Any, it: Iterator, warmup: int, total: int,
                  bar: Any) -> tuple[list[float], list[float], list[int], Any]:
     """Run ``total`` steps, timing the wait for each batch apart from the step (device synchronised around both);
     the waits, step times and batch sizes of the steps after ``warmup``, and the last step's micro-batches."""
@@ -313,7 +316,7 @@ def _memory(ctx: Any, device: torch.device, rss_before: float) -> dict[str, floa
     return memory
 
 
-def _metrics(wait: np.ndarray, comp: np.ndarray, sizes: list[int], warmup: int, steps: int, setup: Any,
+def _metrics(wait: np.ndarray, comp: np.ndarray, sizes: list[int], warmup: int, steps: int, setup: Setup,
              memory: dict[str, float]) -> dict[str, Any]:
     """Median step, wait and compute times, the spread of the step time, samples/s and the memory."""
     step = wait + comp
@@ -340,7 +343,7 @@ def _metrics(wait: np.ndarray, comp: np.ndarray, sizes: list[int], warmup: int, 
     }
 
 
-def _result(setup: Any, metrics: dict[str, Any], tables: dict[str, pd.DataFrame], series: dict[str, np.ndarray],
+def _result(setup: Setup, metrics: dict[str, Any], tables: dict[str, pd.DataFrame], series: dict[str, np.ndarray],
             verdict: dict[str, Any], over: list[str], machine: dict[str, Any], data_threshold: float) -> CheckResult:
     """The summary and the advice: WARN when waiting for data limits the step beyond noise."""
     device = setup.device

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _COLOURS, new_axes, register_plot, titled
 from ..errors import TroptError
+from . import _COLOURS, new_axes, register_plot, titled
 
 _VERDICT = {"fail": _COLOURS["fail"], "warn": _COLOURS["warn"], "ok": _COLOURS["pass"]}
 

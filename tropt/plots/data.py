@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from . import new_axes, plain, register_plot, titled
 from ..errors import TroptError
+from . import new_axes, plain, register_plot, titled
 
 
 def _splits_from(result: Any, prefix: str) -> list[str]:

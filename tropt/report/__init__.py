@@ -2,4 +2,4 @@
 
 from .runner import ReportOutcome, notebook_path, run_report
 
-__all__ = ["run_report", "notebook_path", "ReportOutcome"]
+__all__ = ["ReportOutcome", "notebook_path", "run_report"]

@@ -12,11 +12,12 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from ..errors import TroptError, require
 from ..result import Report

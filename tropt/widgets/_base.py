@@ -14,7 +14,8 @@ import html
 import io
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import Cancelled, TroptError, require
 
@@ -114,7 +115,7 @@ class Action:
 
     threaded = True
 
-    def __init__(self, label: str, job: Callable[["Action"], Any], *, icon: str = "play") -> None:
+    def __init__(self, label: str, job: Callable[[Action], Any], *, icon: str = "play") -> None:
         self.job = job
         self.label = label
         self.run_button = W.Button(description=label, button_style="primary", icon=icon,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import W, Action, describe_error, error_html, header, result_widget
+from ._base import Action, W, describe_error, error_html, header, result_widget
 
 NONE = "(none)"
 _STYLE = {"description_width": "60px"}

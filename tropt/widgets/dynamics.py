@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import html
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._base import W, Action, header, result_widget
+from ._base import Action, W, header, result_widget
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 _STYLE = {"description_width": "110px"}
 _WIDE = W.Layout(width="380px")
@@ -29,7 +32,7 @@ class DynamicsPanel(W.VBox):
         The :class:`tropt.Setup`; None for a panel that only diagnoses uploaded logs.
     """
 
-    def __init__(self, setup: Any = None) -> None:
+    def __init__(self, setup: Setup = None) -> None:
         self.setup = setup
         self.result_lr: Any = None
         self.result_curve: Any = None

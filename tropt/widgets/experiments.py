@@ -4,9 +4,12 @@ and the decision table. The panel calls :func:`tropt.compare` and draws with :mo
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._base import W, Action, Throttle, figure_png, header, image
+from ._base import Action, Throttle, W, figure_png, header, image
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 _STYLE = {"description_width": "110px"}
 _WIDE = W.Layout(width="380px")
@@ -28,7 +31,7 @@ class ComparePanel(W.VBox):
         Passed to :func:`tropt.compare` (e.g. ``reinit=True``, ``guardrails=...``, ``early_stopping=3``).
     """
 
-    def __init__(self, setup: Any, candidates: dict | None = None, *, steps: int = 200, **compare_kwargs: Any) -> None:
+    def __init__(self, setup: Setup, candidates: dict | None = None, *, steps: int = 200, **compare_kwargs: Any) -> None:
         from ..experiments.candidates import lr_candidates, validate_candidates
 
         self.setup = setup

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._base import W, Action, header, result_widget
+from ._base import Action, W, header, result_widget
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 _STYLE = {"description_width": "150px"}
 
@@ -22,7 +25,7 @@ class LoopPanel(W.VBox):
         ``accumulation_steps`` when above 1, else 4).
     """
 
-    def __init__(self, setup: Any, *, k: int | None = None) -> None:
+    def __init__(self, setup: Setup, *, k: int | None = None) -> None:
         from ..registry import specs
 
         self.setup = setup

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..result import CheckResult, Status
-from ._base import W, Action, Throttle, figure_png, header, image, result_html, result_widget, spec_text
+from ._base import Action, Throttle, W, figure_png, header, image, result_html, result_widget, spec_text
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 _LAYOUT = W.Layout(width="420px")
 _STYLE = {"description_width": "150px"}
@@ -28,7 +31,7 @@ class OverfitPanel(W.VBox):
         Initial slider values (the check's defaults).
     """
 
-    def __init__(self, setup: Any, *, samples: int = 32, steps: int = 200) -> None:
+    def __init__(self, setup: Setup, *, samples: int = 32, steps: int = 200) -> None:
         self.setup = setup
         self.samples = _slider("batch size (samples)", samples, 2, 256)
         self.steps = _slider("max steps", steps, 10, 2000, 10)
@@ -100,7 +103,7 @@ class GradientFlowPanel(W.VBox):
         Redraw the live charts every this many steps.
     """
 
-    def __init__(self, setup: Any = None, *, steps: int = 20, every: int = 5) -> None:
+    def __init__(self, setup: Setup = None, *, steps: int = 20, every: int = 5) -> None:
         self.setup = setup
         self.steps = _slider("steps", steps, 2, 500)
         self.every = _slider("refresh every N steps", every, 1, 100)
@@ -164,7 +167,7 @@ class GradientFlowPanel(W.VBox):
 
     # ------------------------------------------------------------------ your own loop
     @classmethod
-    def attach(cls, monitor: Any, *, every: int = 20) -> "GradientFlowPanel":
+    def attach(cls, monitor: Any, *, every: int = 20) -> GradientFlowPanel:
         """A panel that follows ``monitor`` (a :class:`tropt.GradientMonitor` in your own loop), redrawing every
         ``every`` recorded steps; call :meth:`refresh` after the loop for the final picture.
 
@@ -180,7 +183,7 @@ class GradientFlowPanel(W.VBox):
         panel.watch(monitor, every=every)
         return panel
 
-    def watch(self, monitor: Any, *, every: int | None = None) -> "GradientFlowPanel":
+    def watch(self, monitor: Any, *, every: int | None = None) -> GradientFlowPanel:
         """Follow ``monitor``: chain onto its ``callback`` and redraw every ``every`` recorded steps."""
         from ..errors import TroptError
 

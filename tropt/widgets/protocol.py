@@ -3,9 +3,12 @@ data.eval_transforms, model.init_loss, model.eval_metric — tick, Run; a badge,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._base import W, Action, header, result_widget
+from ._base import Action, W, header, result_widget
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 
 class ProtocolPanel(W.VBox):
@@ -18,7 +21,7 @@ class ProtocolPanel(W.VBox):
         The :class:`tropt.Setup` whose loaders, loss and ``metric`` are checked.
     """
 
-    def __init__(self, setup: Any) -> None:
+    def __init__(self, setup: Setup) -> None:
         from ..registry import specs
 
         self.setup = setup
