@@ -31,6 +31,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -103,7 +108,8 @@ def near(quick: bool = False, repeats: int = 3, sample: int = 100_000, rows: int
     watch = LoadWatch("near")
     train, test, src = vectors(n_train, n_test, k=k)
     tr, te = pd.DataFrame(train), pd.DataFrame(test)
-    print(f"## near duplicates: {n:,} rows x 64 float32 ({n_train:,} train / {n_test:,} test, {k:,} planted near-copies)")
+    print(f"## near duplicates: {n:,} rows x 64 float32 ({n_train:,} train / {n_test:,} test, "
+          f"{k:,} planted near-copies)")
     times, r = [], None
     for _ in range(repeats):
         t = time.perf_counter()
@@ -113,10 +119,12 @@ def near(quick: bool = False, repeats: int = 3, sample: int = 100_000, rows: int
     pairs = dict(zip(ev["row"].astype(int), ev["earlier_row"].astype(int)))
     correct = sum(pairs.get(i) == int(s) for i, s in enumerate(src))
     false = len(set(pairs) - set(range(k)))
-    print(f"  tropt check (search='auto'): {spread(times, 1, ' s')}  status={r.status.value}  method: {r.metrics.get('method')}")
+    print(f"  tropt check (search='auto'): {spread(times, 1, ' s')}  status={r.status.value}  "
+          f"method: {r.metrics.get('method')}")
     print(f"  found {correct} of {k} planted pairs (right earlier row), {false} other rows flagged; "
           f"threshold {r.metrics['threshold']:.6f}; the check's own recall {r.metrics.get('recall', float('nan')):.4f} "
-          f"({r.metrics.get('recall_sample.test_in_train')} sampled rows + {r.metrics.get('recall_probes.test_in_train')} probes at the threshold)")
+          f"({r.metrics.get('recall_sample.test_in_train')} sampled rows + "
+          f"{r.metrics.get('recall_probes.test_in_train')} probes at the threshold)")
 
     # the same prepared vectors as the check (first split's finite mean/std, a constant component of 1)
     mean, std = nb.finite_mean_std(train)
@@ -176,11 +184,13 @@ def text(quick: bool = False, repeats: int = 1, rows: int | None = None, audit: 
     kinds = ["re-cased", "re-punctuated", "one word changed"]
     found = {kind: sum(pairs.get(i) == int(src[i]) for i in range(k) if i % 3 == j) for j, kind in enumerate(kinds)}
     total = sum(found.values())
-    print(f"  tropt check (search='auto'): {spread(times, 1, ' s')}  status={r.status.value}  method: {r.metrics.get('method')}")
+    print(f"  tropt check (search='auto'): {spread(times, 1, ' s')}  status={r.status.value}  "
+          f"method: {r.metrics.get('method')}")
     print(f"  found {total} of {k} = {100 * total / k:.1f}% (goal >= 99%): "
           + ", ".join(f"{kind} {found[kind]}/{len(range(j, k, 3))}" for j, kind in enumerate(kinds)))
     print(f"  LSH candidates {r.metrics.get('lsh_candidates.test_in_train')}, verified exactly "
-          f"{r.metrics.get('lsh_verified.test_in_train')}, left out of oversized buckets {r.metrics.get('lsh_bucket_capped.test_in_train')}")
+          f"{r.metrics.get('lsh_verified.test_in_train')}, left out of oversized buckets "
+          f"{r.metrics.get('lsh_bucket_capped.test_in_train')}")
 
     def norm_words(s: str) -> list[str]:
         import re
@@ -256,7 +266,8 @@ def _peer_worker(kind: str, folder: str) -> dict:
     train = pd.read_parquet(os.path.join(folder, "train.parquet"))["text"].tolist()
     test = pd.read_parquet(os.path.join(folder, "test.parquet"))["text"].tolist()
     t = time.perf_counter()
-    res = TrainTestSamplesMix().run(TextData(raw_text=train, task_type="other"), TextData(raw_text=test, task_type="other"))
+    res = TrainTestSamplesMix().run(TextData(raw_text=train, task_type="other"),
+                                    TextData(raw_text=test, task_type="other"))
     elapsed = time.perf_counter() - t
     dup = res.value["duplicates"].reset_index()
     found = 0
@@ -269,13 +280,14 @@ def _peer_worker(kind: str, folder: str) -> dict:
             te_ids = set(g.loc[g["ds"] == "test", "id"].astype(int))
             found += sum(1 for i in te_ids if i < len(src) and int(src[i]) in tr_ids)
     return {"tool": "deepchecks NLP TrainTestSamplesMix", "s": elapsed, "found": found,
-            "flagged": int(round(res.value["ratio"] * len(test)))}
+            "flagged": round(float(res.value["ratio"] * len(test)))}
 
 
 def _run_peer(kind: str, folder: str) -> dict:
     if not os.path.exists(PEERS_PYTHON):
         return {"error": f"no peers' environment at {PEERS_PYTHON} (see shared/recipes/peer-benchmarks.md)"}
-    out = subprocess.run([PEERS_PYTHON, "-W", "ignore", __file__, "--peer-worker", kind, folder], capture_output=True, text=True)
+    out = subprocess.run([PEERS_PYTHON, "-W", "ignore", __file__, "--peer-worker", kind, folder],
+                         capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -324,7 +336,8 @@ def peers(quick: bool = False, repeats: int = 3, tmp: str | None = None, big: bo
 
 
 def _time_tropt(tr: pd.DataFrame, te: pd.DataFrame, src: np.ndarray, k: int, searches: tuple, repeats: int) -> dict:
-    """tropt's check on the peers' data with each ``search``: {search: (times, planted pairs found with the right row)}."""
+    """tropt's check on the peers' data with each ``search``: {search: (times, planted pairs found with the right
+    row)}."""
     from tropt.data import check_near_duplicates
 
     rows = {}
@@ -350,7 +363,8 @@ def _show_peer(peer: dict, rows: dict, k: int) -> None:
         return
     print(f"  {peer['tool']}: {peer['s']:.1f} s (1 run)  found {peer['found']}/{k}  flagged {peer['flagged']}")
     for search, (times, _) in rows.items():
-        print(f"  -> {peer['tool']} / tropt search={search!r}: {peer['s'] / statistics.median(times):.1f}x tropt's time")
+        print(f"  -> {peer['tool']} / tropt search={search!r}: "
+              f"{peer['s'] / statistics.median(times):.1f}x tropt's time")
 
 
 # ---------------------------------------------------------------------------------------------------- main
@@ -364,7 +378,8 @@ def main(args: argparse.Namespace | list[str] | None = None) -> None:
         p.add_argument("--sample", type=int, default=100_000, help="test rows searched exactly for recall and timing")
         p.add_argument("--rows", type=int, default=None, help="rows of the near/text sections (default 1M)")
         p.add_argument("--tmp", default=None)
-        p.add_argument("--big", action="store_true", help="peers: the larger sizes (cleanlab 100k vectors, deepchecks 1M texts)")
+        p.add_argument("--big", action="store_true",
+                       help="peers: the larger sizes (cleanlab 100k vectors, deepchecks 1M texts)")
         p.add_argument("--peer-worker", nargs=2, metavar=("KIND", "FOLDER"))
         args = p.parse_args(args)
         if args.peer_worker:

@@ -25,7 +25,8 @@ def make_setup() -> tropt.Setup:
     y = (x[:, :8].sum(1) > 0).long()
     batches = [(x[i:i + 128], y[i:i + 128]) for i in range(0, 4096, 128)]
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2))
-    return tropt.Setup(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]), lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3),
+    return tropt.Setup(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                       lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3),
                        batches, val_data=batches[:4], num_classes=2)
 
 
@@ -40,7 +41,8 @@ def main() -> None:
         times[budget] = time.perf_counter() - start
         bad = [(r.check, r.status.value) for r in report if r.status.value in ("fail", "error")]
         print(f"{budget:<9} {times[budget]:6.1f} s  threads {report.identity['threads']}  fail/error: {bad or 'none'}")
-    print(f"quick / standard = {times['quick'] / times['standard']:.2f}; thorough / standard = {times['thorough'] / times['standard']:.2f}")
+    print(f"quick / standard = {times['quick'] / times['standard']:.2f}; "
+          f"thorough / standard = {times['thorough'] / times['standard']:.2f}")
     for threads in (1, torch.get_num_threads()):
         start = time.perf_counter()
         tropt.diagnose(make_setup(), checks=["model.overfit_batch"], budget="standard", progress=False, threads=threads)

@@ -74,7 +74,7 @@ def lightning_run(steps: int, warmup: int, with_tropt: bool, every: int, sample_
     clock = Clock()
     with tempfile.TemporaryDirectory() as tmp:
         callbacks = [TroptCallback(every=every, sample_every=sample_every, out_dir=tmp)] if with_tropt else []
-        trainer = L.Trainer(max_steps=steps, callbacks=callbacks + [clock], logger=False, default_root_dir=tmp,
+        trainer = L.Trainer(max_steps=steps, callbacks=[*callbacks, clock], logger=False, default_root_dir=tmp,
                             enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                             accelerator="cpu", devices=1)
         trainer.fit(MLP(), loader)
@@ -121,7 +121,7 @@ def hf_run(steps: int, warmup: int, with_tropt: bool, every: int, sample_every: 
         callbacks = [TroptTrainerCallback(every=every, sample_every=sample_every, out_dir=tmp)] if with_tropt else []
         # Clock last: its on_train_end comes after tropt's report, so that time is measured apart from the steps
         transformers.Trainer(model=model, args=args, train_dataset=Tokens(steps * 8),
-                             callbacks=callbacks + [clock]).train()
+                             callbacks=[*callbacks, clock]).train()
     t = clock.times
     return (t[-1] - t[warmup]) / (len(t) - 1 - warmup), clock.end - t[-1]
 
@@ -216,7 +216,8 @@ def main() -> None:
         print(f"    plain step        {spread(plain, 1e3, ' ms')}")
         print(f"    with tropt        {spread(tropt_, 1e3, ' ms')}")
         print(f"    overhead          {spread([100 * (x - 1) for x in ratios], 1, '%', 1)}")
-        print(f"    control           {spread([100 * (x - 1) for x in control], 1, '%', 1)} (plain vs plain: the noise)")
+        print(f"    control           {spread([100 * (x - 1) for x in control], 1, '%', 1)} "
+              "(plain vs plain: the noise)")
         print(f"    inside tropt      {spread([100 * x for x in share], 1, '%', 1)} of the step (hooks + callback)")
         names = sorted({k for p in parts for k in p})
         print("    of which          " + ", ".join(f"{k} {100 * statistics.median([p.get(k, 0.0) for p in parts]):.1f}%"

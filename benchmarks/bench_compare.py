@@ -161,7 +161,8 @@ def main() -> None:
     print(f"plain loop, same step (6 runs): {spread(plain_t)}; CPU {spread(plain_c)}")
     print(f"tropt.compare sequential:       {spread(comp_t)}; CPU {spread(comp_c)}")
     print(f"minimal hand-written loop:      {spread(bare_t)}; CPU {spread(bare_c)}")
-    print(f"sequential overhead vs the plain loop calling the same step: wall {100 * (med(comp_t) / med(plain_t) - 1):+.1f}%, "
+    print("sequential overhead vs the plain loop calling the same step: "
+          f"wall {100 * (med(comp_t) / med(plain_t) - 1):+.1f}%, "
           f"CPU {100 * (med(comp_c) / med(plain_c) - 1):+.1f}%  (goal <= 5%)")
     pairs = sorted(c / p for c, p in zip(comp_t, plain_t))  # each compare against the plain loop timed just before it
     print(f"  per-repeat ratios (compare / the plain loop just before it): "
@@ -194,7 +195,8 @@ def main() -> None:
         print(f"dask (2 workers):          {spread(dask_t)}")
         print(f"dask speedup: {speedup:.2f}x  (goal >= 1.6x); identical results: {same}")
         print(f"inside the runs (last repeat, 6 runs summed): sequential {wall_s['seconds']:.2f} s wall / "
-              f"{wall_s['cpu_seconds']:.2f} s CPU; dask {cpu_s['seconds']:.2f} s wall / {cpu_s['cpu_seconds']:.2f} s CPU "
+              f"{wall_s['cpu_seconds']:.2f} s CPU; dask {cpu_s['seconds']:.2f} s wall / "
+              f"{cpu_s['cpu_seconds']:.2f} s CPU "
               "(wall well above CPU = the run waited for a core)")
         print(f"calibration: 2 plain processes vs 1 on the same work: {ceiling:.2f}x (the parallelism the machine "
               "gave just now; dask's ratio cannot exceed it)")

@@ -124,10 +124,10 @@ def work_exact(tool: str, n_train: int, n_test: int, repeats: int) -> dict:
             cat = [c for c in train.columns if c.startswith("s")]
             res = TrainTestSamplesMix().run(Dataset(train, cat_features=cat), Dataset(test, cat_features=cat))
             value = res.value
-            found = int(round(value["ratio"] * len(test))) if isinstance(value, dict) and "ratio" in value else value
+            found = round(float(value["ratio"] * len(test))) if isinstance(value, dict) and "ratio" in value else value
         times.append(time.perf_counter() - t)
-    return {"tool": tool, "median_s": float(np.median(times)), "min_s": min(times), "max_s": max(times), "n": len(times),
-            "found": found, "planted": k,
+    return {"tool": tool, "median_s": float(np.median(times)), "min_s": min(times), "max_s": max(times),
+            "n": len(times), "found": found, "planted": k,
             "peak_mb_over_data": peak_mb() - base, "peak_rss_mb": peak_mb()}
 
 
@@ -214,8 +214,8 @@ def work_near(tool: str, n_train: int, n_test: int, repeats: int) -> dict:
                         pairs[int(i - len(train))] = int(partners[0])
         times.append(time.perf_counter() - t)
     correct = sum(1 for i in planted if pairs.get(i) == int(src[i]))
-    return {"tool": tool, "median_s": float(np.median(times)), "min_s": min(times), "max_s": max(times), "n": len(times),
-            "found": len(flagged & planted), "correct_pairs": correct,
+    return {"tool": tool, "median_s": float(np.median(times)), "min_s": min(times), "max_s": max(times),
+            "n": len(times), "found": len(flagged & planted), "correct_pairs": correct,
             "false": len(flagged - planted), "planted": len(planted), "peak_mb_over_data": peak_mb() - base,
             "peak_rss_mb": peak_mb()}
 
@@ -258,7 +258,8 @@ def run_worker(kind: str, *args) -> dict:
     """Run one measurement in a fresh process (its own peak RSS) and return its JSON line."""
     out = subprocess.run([sys.executable, __file__, "--worker", kind, *map(str, args)], capture_output=True, text=True)
     if out.returncode != 0:
-        return {"tool": args[0] if args else kind, "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+        return {"tool": args[0] if args else kind,
+                "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -271,7 +272,8 @@ def show(title: str, rows: list[dict], ref: str) -> None:
             continue
         extra = "".join(f"  {k}={r[k]}" for k in ("found", "correct_pairs", "false", "planted") if k in r)
         ratio = f"  {r['median_s'] / base['median_s']:6.1f}x tropt's time" if base and r is not base else ""
-        mem = f"  peak +{r['peak_mb_over_data']:.0f} MB over data (RSS {r['peak_rss_mb']:.0f} MB)" if "peak_mb_over_data" in r else f"  peak RSS {r['peak_rss_mb']:.0f} MB"
+        mem = (f"  peak +{r['peak_mb_over_data']:.0f} MB over data (RSS {r['peak_rss_mb']:.0f} MB)"
+               if "peak_mb_over_data" in r else f"  peak RSS {r['peak_rss_mb']:.0f} MB")
         rng = f" (min {r['min_s']:.3f}, max {r['max_s']:.3f}, n={r['n']})" if "min_s" in r else ""
         print(f"  {r['tool']:<28} {r['median_s']:8.3f} s{rng}{ratio}{mem}{extra}")
 
@@ -283,21 +285,24 @@ def show_alternate(n_train: int, n_test: int, repeats: int) -> None:
         print(f"  -> alternating: ERROR {alt.get('error')}")
         return
     t = alt["times"]
-    print(f"  interleaved in one process, {repeats} repeats (found {alt['found']}, planted {alt['planted']}); the floor of "
-          "the old note is hash+isin (hash both frames, test membership); 'hash only' is hash_pandas_object alone:")
+    print(f"  interleaved in one process, {repeats} repeats (found {alt['found']}, planted {alt['planted']}); the "
+          "floor of the old note is hash+isin (hash both frames, test membership); 'hash only' is hash_pandas_object "
+          "alone:")
     for name in t:
         print(f"    {name:<10} {spread(t[name], 1, ' s')}")
     for floor in ("hash+isin", "hash only"):
         for name in ("check", "diagnose"):
             ratios = [a / b for a, b in zip(t[name], t[floor])]
             ok = statistics.median(ratios) <= 2.0
-            print(f"  -> {name:<8} / {floor:<9} floor: {spread(ratios, 1, 'x', 2)}  target <= 2x: {'met' if ok else 'NOT met'}")
+            print(f"  -> {name:<8} / {floor:<9} floor: {spread(ratios, 1, 'x', 2)}  "
+                  f"target <= 2x: {'met' if ok else 'NOT met'}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--exact", action="store_true", help="only the exact-leakage goal (interleaved floor/check/diagnose)")
+    p.add_argument("--exact", action="store_true",
+                   help="only the exact-leakage goal (interleaved floor/check/diagnose)")
     p.add_argument("--repeats", type=int, default=7, help="interleaved repeats of the exact-leakage goal")
     p.add_argument("--worker", nargs="+")
     p.add_argument("--skip", default="", help="comma list of tools to skip, e.g. deepchecks,cleanlab")
@@ -318,21 +323,24 @@ def main() -> None:
     n_train, n_test = (160_000, 40_000) if args.quick else (800_000, 200_000)
     watch = LoadWatch("bench_data")
     if args.exact:
-        print(f"## exact duplicates: {n_train + n_test:,} rows x 20 columns (10 float, 5 int, 3 string + 2 categorical)")
+        print(f"## exact duplicates: {n_train + n_test:,} rows x 20 columns "
+              "(10 float, 5 int, 3 string + 2 categorical)")
         show_alternate(n_train, n_test, args.repeats)
         watch.done()
         return
     rows = [run_worker("exact", "tropt", n_train, n_test, 3), run_worker("exact", "hash+isin", n_train, n_test, 3)]
     if "deepchecks" not in skip:
         rows.append(run_worker("exact", "deepchecks", n_train, n_test, 1))
-    show(f"exact duplicates: {n_train + n_test:,} rows x 20 columns ({n_train:,} train / {n_test:,} test, 1% of test copied; "
-         "10 float, 5 int, 3 string, 2 categorical)", rows, "tropt")
+    show(f"exact duplicates: {n_train + n_test:,} rows x 20 columns ({n_train:,} train / {n_test:,} test, "
+         "1% of test copied; 10 float, 5 int, 3 string, 2 categorical)", rows, "tropt")
     t = {r["tool"]: r for r in rows if "median_s" in r}
     if "tropt" in t and "hash+isin" in t:
-        print(f"  -> tropt / raw hash baseline time: {t['tropt']['median_s'] / t['hash+isin']['median_s']:.2f}x (target <= 2x)")
+        print(f"  -> tropt / raw hash baseline time: {t['tropt']['median_s'] / t['hash+isin']['median_s']:.2f}x "
+              "(target <= 2x)")
     show_alternate(n_train, n_test, 7)
     if "tropt" in t and "deepchecks" in t:
-        print(f"  -> deepchecks / tropt time: {t['deepchecks']['median_s'] / t['tropt']['median_s']:.0f}x faster (target >= 50x)")
+        print(f"  -> deepchecks / tropt time: {t['deepchecks']['median_s'] / t['tropt']['median_s']:.0f}x faster "
+              "(target >= 50x)")
     nt, nq = (16_000, 4_000) if args.quick else (40_000, 10_000)
     rows = [run_worker("near", "tropt", nt, nq, 3), run_worker("near", "sklearn NearestNeighbors", nt, nq, 1)]
     if "cleanlab" not in skip:
@@ -342,12 +350,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             a, b = os.path.join(tmp, "train.parquet"), os.path.join(tmp, "test.parquet")
             write_parquet(a, b, 10_000_000, 1_000_000)
-            print(f"\n## 10M-row Parquet ({os.path.getsize(a) / 2**20:.0f} MB on disk) + 1M-row test (1% copied = 10,000 rows)")
+            print(f"\n## 10M-row Parquet ({os.path.getsize(a) / 2**20:.0f} MB on disk) + 1M-row test "
+                  "(1% copied = 10,000 rows)")
             r = run_worker("parquet", a, b)
             if "error" in r:
                 print(f"  ERROR {r['error']}")
             else:
-                print(f"  {r['tool']:<28} {r['median_s']:8.1f} s  peak RSS {r['peak_rss_mb']:.0f} MB (target < 2048 MB)  found={r['found']}")
+                print(f"  {r['tool']:<28} {r['median_s']:8.1f} s  peak RSS {r['peak_rss_mb']:.0f} MB "
+                      f"(target < 2048 MB)  found={r['found']}")
     watch.done()
 
 

@@ -31,6 +31,7 @@ parsed arguments: ``args.only`` names the section(s), ``args.rows`` is None unle
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -136,10 +137,8 @@ class RssPoller:
     def _run(self) -> None:
         while not self._stop.is_set():
             for name, p in self.procs.items():
-                try:
+                with contextlib.suppress(Exception):  # a worker that restarted: keep its last peak
                     self.peak[name] = max(self.peak[name], p.memory_info().rss)
-                except Exception:  # noqa: BLE001 - a worker that restarted: keep its last peak
-                    pass
             self._stop.wait(self.interval)
 
     def __enter__(self) -> RssPoller:
@@ -183,8 +182,9 @@ def bench_exact(rows: int, workers: int, tmp: str | None, repeats: int = 3) -> N
         train, test, planted = generate(root, rows)
         gen_s = time.perf_counter() - t0
         print(f"[exact] generated {rows:,} rows x {len(FEATURES) + 1} columns ({du_gb(root):.2f} GB Parquet, "
-              f"{SHARDS} hive partitions per split, {CHUNK:,} rows per file) in {gen_s:.1f} s; planted copies: {planted:,}")
-        cols = FEATURES + ["y"]
+              f"{SHARDS} hive partitions per split, {CHUNK:,} rows per file) in {gen_s:.1f} s; "
+              f"planted copies: {planted:,}")
+        cols = [*FEATURES, "y"]
         raw1, got_rows = raw_read([train, test], cols)
         print(f"[exact] raw pyarrow read of the same {len(cols)} columns: {raw1:.1f} s ({got_rows:,} rows)")
         with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
@@ -203,23 +203,29 @@ def bench_exact(rows: int, workers: int, tmp: str | None, repeats: int = 3) -> N
             with RssPoller({**pids, "client": os.getpid()}) as poll:
                 for _ in range(repeats):
                     t0 = time.perf_counter()
-                    res = check_exact_duplicates({"train": train, "test": test}, label="y", features=FEATURES, progress=False)
+                    res = check_exact_duplicates({"train": train, "test": test}, label="y", features=FEATURES,
+                                                 progress=False)
                     times.append(time.perf_counter() - t0)
                     found = res.metrics["leaked_rows"]
                     print(f"[exact] tropt check_exact_duplicates on a LocalCluster of {workers} worker processes: "
-                          f"{times[-1]:.1f} s; status {res.status.value}; leaked rows found {found:,} / planted {planted:,} "
+                          f"{times[-1]:.1f} s; status {res.status.value}; leaked rows found {found:,} / "
+                          f"planted {planted:,} "
                           f"({'exact' if found == planted else 'MISMATCH'})")
         raw2, _ = raw_read([train, test], cols)
         print(f"[exact] raw pyarrow read again: {raw2:.1f} s")
-        print(f"[exact] cold: first check / first raw read = {times[0]:.1f} / {raw1:.1f} s = {times[0] / raw1:.2f}x (goal <= 3x)")
+        print(f"[exact] cold: first check / first raw read = {times[0]:.1f} / {raw1:.1f} s = "
+              f"{times[0] / raw1:.2f}x (goal <= 3x)")
         if len(times) > 1:
             warm = float(np.median(times[1:]))
-            print(f"[exact] warm: median of later checks / second raw read = {warm:.1f} / {raw2:.1f} s = {warm / raw2:.2f}x (goal <= 3x)")
+            print(f"[exact] warm: median of later checks / second raw read = {warm:.1f} / {raw2:.1f} s = "
+                  f"{warm / raw2:.2f}x (goal <= 3x)")
         for w, b in poll.peak.items():
             if w != "client":
                 print(f"[exact] peak RSS worker {w}: {b / 1024**3:.2f} GB (goal < 3 GB)")
-        print(f"[exact] client process RSS: {client_before / 1024**3:.2f} GB before the check, peak {poll.peak['client'] / 1024**3:.2f} GB "
-              "during it (it gathers 9 bytes per row, fingerprints and labels, and joins the fingerprints with one sort)")
+        print(f"[exact] client process RSS: {client_before / 1024**3:.2f} GB before the check, "
+              f"peak {poll.peak['client'] / 1024**3:.2f} GB "
+              "during it (it gathers 9 bytes per row, fingerprints and labels, and joins the fingerprints with one "
+              "sort)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
         watch.done()

@@ -102,7 +102,8 @@ def main() -> None:
     base = statistics.median(times["plain steps"])
     for name, ts in times.items():
         med = statistics.median(ts)
-        print(f"  {name:16s} median {med:6.3f} s  (min {min(ts):.3f}, max {max(ts):.3f})  ratio to plain steps {med / base:.2f}x")
+        print(f"  {name:16s} median {med:6.3f} s  (min {min(ts):.3f}, max {max(ts):.3f})  "
+              f"ratio to plain steps {med / base:.2f}x")
     ratios = [a / b for a, b in zip(times["tropt lr_range"], times["torch-lr-finder"])]
     print(f"  tropt / torch-lr-finder, per alternating pass: {spread(ratios, 1, 'x', 2)}")
 

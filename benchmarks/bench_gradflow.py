@@ -5,9 +5,10 @@ computes the same per-parameter statistics with ``.norm().item()`` (one host syn
 1024-wide MLP with batch 256 on CPU. Two identical copies train side by side, their steps alternating one by one
 (copy A plain, copy B under the variant), so load from other processes lands on both sides of each pair; each
 overhead is the median over repeats of B's time over A's, with its min and max, and a plain-vs-plain control row
-shows the measurement's own noise. The time spent inside the monitor's hooks is also measured. Goal: monitor overhead <= 5%
-of step time at every step, in the hooks and end to end, with update norms. Each configuration also prints the
-passes the monitor makes over gradient- and parameter-sized memory per recorded step (``GradientMonitor.passes``).
+shows the measurement's own noise. The time spent inside the monitor's hooks is also measured. Goal: monitor
+overhead <= 5% of step time at every step, in the hooks and end to end, with update norms. Each configuration also
+prints the passes the monitor makes over gradient- and parameter-sized memory per recorded step
+(``GradientMonitor.passes``).
 The load average is printed before and after; a result taken at load > 1.5 is marked.
 
     .venv/bin/python benchmarks/bench_gradflow.py [--repeats 9] [--steps 20] [--threads 1,2] [--optimizers adamw,sgd]
@@ -152,10 +153,12 @@ def bench(optimizer: str, threads: int, repeats: int, steps: int, batch: int) ->
 
 def report(optimizer: str, threads: int, res: dict, repeats: int, steps: int, batch: int) -> list[bool]:
     ratios, hooks = res["ratios"], res["hooks"]
-    print(f"\n## {OPTIMIZERS[optimizer][0]}, {threads} thread(s): 4-layer 1024-wide MLP ({res['params'] / 1e6:.2f}M params), "
+    print(f"\n## {OPTIMIZERS[optimizer][0]}, {threads} thread(s): 4-layer 1024-wide MLP "
+          f"({res['params'] / 1e6:.2f}M params), "
           f"batch {batch}, CPU; {repeats} repeats x {steps} paired steps per variant (steady state)")
     print(f"  plain step (copy A): {spread(res['plain'], 1e3, ' ms', 2)}")
-    print(f"  {'variant':<44} {'end-to-end overhead: median (min, max) over repeats':<58} {'in hooks, % of plain':<32} passes/step (grads, params)  memory")
+    print(f"  {'variant':<44} {'end-to-end overhead: median (min, max) over repeats':<58} "
+          f"{'in hooks, % of plain':<32} passes/step (grads, params)  memory")
     goals = []
     for k, (label, _) in VARIANTS.items():
         over = [100 * (q - 1) for q in ratios[k]]

@@ -149,7 +149,8 @@ def ground_truth_peak(setup: tropt.Setup, steps: int = 3) -> float:
     finally:
         with _native_stderr_muted():
             prof.stop()
-    events = sorted(((e.start_ns(), e.duration_ns(), e.name(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+    events = sorted(((e.start_ns(), e.duration_ns(), e.name(), e.nbytes())
+                     for e in prof.profiler.kineto_results.events()
                      if e.name() in ("[memory]", "bench::last_step")), key=lambda x: x[0])
     start, stop = next((t, t + d) for t, d, n, _ in events if n == "bench::last_step")
     live, peak = 0, 0
@@ -170,7 +171,8 @@ def main() -> None:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
     print(f"perf.memory accounting on {args.device}, torch {torch.__version__}, {args.threads} thread(s); "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print(f"{'setup':44s} {'check peak@B':>12s} {'truth@B':>9s} {'err':>6s} | {'est@2B':>8s} {'truth@2B':>9s} {'err':>6s} | "
+    print(f"{'setup':44s} {'check peak@B':>12s} {'truth@B':>9s} {'err':>6s} | {'est@2B':>8s} {'truth@2B':>9s} "
+          f"{'err':>6s} | "
           f"{'parts':>6s} {'naive':>7s} | {'steps':>5s}  phase / ground truth")
     worst = 0.0
     for name, (make, batch) in SETUPS.items():
@@ -182,11 +184,13 @@ def main() -> None:
         curve = r.tables["batch_curve"].set_index("batch_size")
         est2 = float(curve.loc[2 * batch, "peak_mib"]) * MIB
         peak = m["peak_mib"] * MIB
-        parts = (m["params_mib"] + m["grads_at_peak_mib"] + m["optimizer_state_mib"] + m["activations_at_peak_mib"]) * MIB
+        parts = (m["params_mib"] + m["grads_at_peak_mib"] + m["optimizer_state_mib"]
+                 + m["activations_at_peak_mib"]) * MIB
         naive = (m["params_mib"] + m["grads_mib"] + m["optimizer_state_mib"] + m["activations_mib"]) * MIB
         err, err2 = peak / truth - 1, est2 / truth2 - 1
         worst = max(worst, abs(err), abs(err2))
-        print(f"{name:44s} {peak / MIB:10.1f}Mi {truth / MIB:7.1f}Mi {err:+6.2%} | {est2 / MIB:6.1f}Mi {truth2 / MIB:7.1f}Mi "
+        print(f"{name:44s} {peak / MIB:10.1f}Mi {truth / MIB:7.1f}Mi {err:+6.2%} | {est2 / MIB:6.1f}Mi "
+              f"{truth2 / MIB:7.1f}Mi "
               f"{err2:+6.2%} | {parts / peak:6.1%} {naive / peak:7.1%} | {int(m['optimizer_steps']):5d}  "
               f"{m['peak_phase']} / {m['ground_truth']}")
     print(f"worst error {worst:.2%} (goal <= 10%); parts = share of the peak the named parts explain, "

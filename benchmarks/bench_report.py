@@ -91,7 +91,8 @@ def main() -> None:
     print(f"  plots to PNG            {plots_s:6.1f} s")
     print(f"  HTML conversion         {html_s:6.1f} s")
     print(f"  rest (papermill, notebook I/O) {total - kernel - imports - checks_s - plots_s - html_s:6.1f} s")
-    print("slowest checks: " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(checks.items(), key=lambda kv: -kv[1])[:5]))
+    print("slowest checks: "
+          + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(checks.items(), key=lambda kv: -kv[1])[:5]))
     watch.done()
 
 
@@ -100,9 +101,11 @@ def one_report() -> tuple[float, dict, float]:
     splits = json.dumps({"train": str(SAMPLES / "train.csv"), "test": str(SAMPLES / "test.csv")})
     with tempfile.TemporaryDirectory() as out:
         t = time.perf_counter()
-        proc = subprocess.run([str(TROPT), "report", "diagnose", "-p", "setup", f"{SAMPLES / 'sample_setup.py'}:make_setup",
+        proc = subprocess.run([str(TROPT), "report", "diagnose", "-p", "setup",
+                               f"{SAMPLES / 'sample_setup.py'}:make_setup",
                                "-p", "splits", splits, "-p", "label", "churned", "-p", "group", "customer_id",
-                               "-p", "time", "signup_date", "-o", out, "--fail-on", "never"], capture_output=True, text=True)
+                               "-p", "time", "signup_date", "-o", out, "--fail-on", "never"],
+                              capture_output=True, text=True)
         total = time.perf_counter() - t
         assert proc.returncode == 0, proc.stderr
         findings = json.loads(Path(out, "findings.json").read_text())

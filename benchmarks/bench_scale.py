@@ -111,11 +111,12 @@ def main() -> None:
     t = time.perf_counter()
     paths = generate(args.rows, args.cols, out)
     size = sum(os.path.getsize(p) for p in paths.values()) / 2**20
-    print(f"data: {args.rows:,} rows x {args.cols} columns, {size:.0f} MiB of Parquet in {out} ({time.perf_counter() - t:.1f} s)")
+    print(f"data: {args.rows:,} rows x {args.cols} columns, {size:.0f} MiB of Parquet in {out} "
+          f"({time.perf_counter() - t:.1f} s)")
     env = {**os.environ, "TROPT_SCALE_PATHS": json.dumps(paths), "PYTHONPATH": ROOT}
     for what in args.only or ["scan", *DATA_CHECKS, "all"]:
-        proc = subprocess.run([sys.executable, __file__, "--rows", str(args.rows), "--cols", str(args.cols), "--child", what],
-                              capture_output=True, text=True, env=env)
+        proc = subprocess.run([sys.executable, __file__, "--rows", str(args.rows), "--cols", str(args.cols),
+                               "--child", what], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             print(f"{what:<24} failed: {proc.stderr.strip().splitlines()[-1:]}")
             continue

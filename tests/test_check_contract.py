@@ -26,7 +26,7 @@ import json
 
 import matplotlib.axes
 import pytest
-from contract_suite_cases import CASES, Case
+from support.contract_suite_cases import CASES, Case
 
 import tropt
 from tropt import registry

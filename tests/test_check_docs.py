@@ -49,5 +49,5 @@ def test_docs_url_can_point_at_a_site(monkeypatch):
 
 def test_an_unknown_id_has_no_page_and_no_link():
     assert "what this means" not in CheckResult("custom.thing", "fail", "s")._repr_html_()
-    with pytest.raises(tropt.TroptError, match="no page for check 'custom.thing'"):
+    with pytest.raises(tropt.TroptError, match=r"no page for check 'custom\.thing'"):
         explain("custom.thing")

@@ -16,15 +16,18 @@ SAMPLE_SETUP = os.path.join(SAMPLES, "sample_setup.py")
 @pytest.fixture
 def one_failing_check(monkeypatch):
     def fails(setup):
-        return CheckResult("loop.zero_grad", Status.FAIL, "gradients leak from step 1 into step 2", advice=["Call optimizer.zero_grad() every step."])
+        return CheckResult("loop.zero_grad", Status.FAIL, "gradients leak from step 1 into step 2",
+                           advice=["Call optimizer.zero_grad() every step."])
 
     def warns(setup):
         return CheckResult("loop.resume", Status.WARN, "resume differs in RNG only")
 
     monkeypatch.setattr(registry, "_loaded", True)
     monkeypatch.setattr(registry, "_REGISTRY", {})  # only the fakes: real checks would change the selections
-    monkeypatch.setitem(registry._REGISTRY, "loop.zero_grad", registry.CheckSpec("loop.zero_grad", 4, "Zero grad", "t", fails, "setup"))
-    monkeypatch.setitem(registry._REGISTRY, "loop.resume", registry.CheckSpec("loop.resume", 4, "Resume", "t", warns, "setup"))
+    monkeypatch.setitem(registry._REGISTRY, "loop.zero_grad",
+                        registry.CheckSpec("loop.zero_grad", 4, "Zero grad", "t", fails, "setup"))
+    monkeypatch.setitem(registry._REGISTRY, "loop.resume",
+                        registry.CheckSpec("loop.resume", 4, "Resume", "t", warns, "setup"))
 
 
 def test_cli_diagnose_prints_table_writes_json_and_gates(one_failing_check, tmp_path, capsys):
@@ -37,8 +40,10 @@ def test_cli_diagnose_prints_table_writes_json_and_gates(one_failing_check, tmp_
     assert "→ Call optimizer.zero_grad() every step." in printed and "report status: FAIL" in printed
     data = json.loads(out.read_text())
     assert data["status"] == "fail" and [r["check"] for r in data["results"]] == ["loop.zero_grad", "loop.resume"]
-    assert main(["diagnose", "--setup", f"{SAMPLE_SETUP}:make_setup", "--checks", "loop.zero_grad", "--fail-on", "never", "--no-progress"]) == 0
-    assert main(["diagnose", "--setup", f"{SAMPLE_SETUP}:make_setup", "--checks", "loop.resume", "--fail-on", "warn", "--no-progress"]) == 1
+    assert main(["diagnose", "--setup", f"{SAMPLE_SETUP}:make_setup", "--checks", "loop.zero_grad", "--fail-on",
+                 "never", "--no-progress"]) == 0
+    assert main(["diagnose", "--setup", f"{SAMPLE_SETUP}:make_setup", "--checks", "loop.resume", "--fail-on", "warn",
+                 "--no-progress"]) == 1
     assert main(["diagnose", "--setup", f"{SAMPLE_SETUP}:make_setup", "--checks", "loop.resume", "--no-progress"]) == 0
 
 
@@ -97,6 +102,6 @@ def test_diagnose_prints_each_line_as_its_check_finishes(monkeypatch, capsys):
         return real(spec, subject, options)
 
     monkeypatch.setattr(D, "run_check", spy)
-    main(["diagnose", "--split", f"train={SAMPLES}/train.csv", "--split", f"test={SAMPLES}/test.csv", "--label", "churned",
-          "--checks", "data.exact_duplicates,data.label_sanity", "--fail-on", "never"])
+    main(["diagnose", "--split", f"train={SAMPLES}/train.csv", "--split", f"test={SAMPLES}/test.csv", "--label",
+          "churned", "--checks", "data.exact_duplicates,data.label_sanity", "--fail-on", "never"])
     assert "data.exact_duplicates" in printed_before[1]  # the first check's line was out before the second ran

@@ -22,7 +22,8 @@ def _splits():
 
 def test_systemexit_in_the_step_is_error_and_the_rest_run(tiny_setup):
     setup = tiny_setup.replace(step=_exiting_step)
-    report = tropt.diagnose(setup, _splits(), label="y", checks=["data.exact_duplicates", "loop.zero_grad", "loop.accumulation"],
+    report = tropt.diagnose(setup, _splits(), label="y",
+                            checks=["data.exact_duplicates", "loop.zero_grad", "loop.accumulation"],
                             progress=False)
     assert report["data.exact_duplicates"].status.value == "fail"
     for check in ("loop.zero_grad", "loop.accumulation"):
@@ -40,4 +41,5 @@ def test_keyboardinterrupt_still_stops_the_run(tiny_setup):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        tropt.diagnose(tiny_setup.replace(step=interrupted), checks=["loop.zero_grad", "loop.accumulation"], progress=False)
+        tropt.diagnose(tiny_setup.replace(step=interrupted), checks=["loop.zero_grad", "loop.accumulation"],
+                       progress=False)

@@ -38,7 +38,8 @@ def test_diagnose_fingerprint_reuses_the_checks_scan(monkeypatch):
 
     monkeypatch.setattr(load, "scan", counting_scan)
     monkeypatch.setattr(pd.util, "hash_pandas_object", no_frame_hash)
-    report = tropt.diagnose(splits={"train": train, "test": test}, label="y", checks=["data.exact_duplicates"], progress=False)
+    report = tropt.diagnose(splits={"train": train, "test": test}, label="y", checks=["data.exact_duplicates"],
+                            progress=False)
     assert sorted(scans) == ["test", "train"]
     assert report.identity["data_fingerprint"] and report.identity["data_fingerprint_error"] is None
     assert report["data.exact_duplicates"].status is tropt.Status.PASS
@@ -106,7 +107,8 @@ def test_partitioned_parquet_directory_is_fingerprinted(tmp_path):
 
 @pytest.mark.parametrize("make, words", [
     (lambda tmp: str(tmp), "has no columns"),                                          # an empty directory
-    (lambda tmp: (tmp / "notes.txt").write_text("hi") and str(tmp), "cannot read"),    # a directory of non-Parquet files
+    # a directory of non-Parquet files
+    (lambda tmp: (tmp / "notes.txt").write_text("hi") and str(tmp), "cannot read"),
     (lambda tmp: torch.empty(10, 3, device="meta"), "meta device"),                   # shapes without data
     (lambda tmp: (torch.empty(10, 3, device="meta"), torch.zeros(10)), "meta device"),  # inside (X, y)
 ])

@@ -43,6 +43,8 @@ def test_markdown_table_cells_stay_in_their_columns():
 
 
 def test_markdown_keeps_plain_text_readable():
-    md = Report([CheckResult("loop.zero_grad", "fail", "call optimizer.zero_grad() & retry", advice=["Use <= 3."])]).to_markdown()
+    md = Report([CheckResult("loop.zero_grad", "fail", "call optimizer.zero_grad() & retry",
+                             advice=["Use <= 3."])]).to_markdown()
     page = markdown2html_mistune(md)
-    assert "<code>loop.zero_grad</code>" in page and "call optimizer.zero_grad() &amp; retry" in page and "Use &lt;= 3." in page
+    assert ("<code>loop.zero_grad</code>" in page and "call optimizer.zero_grad() &amp; retry" in page
+            and "Use &lt;= 3." in page)

@@ -45,7 +45,8 @@ def _dollar_splits() -> dict[str, pd.DataFrame]:
 
 
 def test_data_plots_draw_dollar_names_and_values():
-    report = tropt.diagnose(splits=_dollar_splits(), label="label $y$", group="user_$id$", time="t $", checks="data", progress=False)
+    report = tropt.diagnose(splits=_dollar_splits(), label="label $y$", group="user_$id$", time="t $", checks="data",
+                            progress=False)
     assert report["data.target_leakage"].status.value in ("warn", "fail")  # the $-named feature is found and drawn
     drawn = _draw_all(report)
     assert {"data.label_shift", "data.target_leakage", "data.class_coverage"} <= set(drawn), drawn
@@ -64,9 +65,11 @@ def test_model_and_loop_plots_draw_dollar_layer_names():
             return self.blocks["out$2$"](torch.relu(self.blocks["in_$_and_$"](x)))
 
     x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
-    setup = tropt.Setup(Net(), ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)],
+    setup = tropt.Setup(Net(), ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                        [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)],
                         num_classes=3)
-    report = tropt.diagnose(setup, checks=["model.gradient_flow", "model.activation_stats", "loop.accumulation"], progress=False)
+    report = tropt.diagnose(setup, checks=["model.gradient_flow", "model.activation_stats", "loop.accumulation"],
+                            progress=False)
     assert all(r.status.value != "error" for r in report), report.to_frame()
     assert {"model.gradient_flow", "loop.accumulation"} <= set(_draw_all(report))
 
@@ -98,7 +101,8 @@ def test_layers_are_labelled_by_module_class_not_sequential_index():
     torch.manual_seed(0)
     x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
-    setup = tropt.Setup(model, ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(x[:16], y[:16]), (x[16:], y[16:])])
+    setup = tropt.Setup(model, ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                        [(x[:16], y[:16]), (x[16:], y[16:])])
     result = tropt.diagnose(setup, checks=["model.gradient_flow"], progress=False)["model.gradient_flow"]
     assert list(result.tables["layers"]["type"]) == ["Linear", "Linear"]
     from tropt.plots.model import plot_gradient_bars

@@ -20,7 +20,8 @@ from tropt.result import CheckResult, _fmt
 def test_lr_range_clips_the_divergent_tail_and_marks_suggestions():
     lr = np.logspace(-7, 1, 100)
     smoothed = np.r_[np.full(60, 0.75), np.linspace(0.75, 0.5, 25), np.geomspace(0.5, 125.0, 15)]  # blows up at the top
-    r = CheckResult("dynamics.lr_range", "pass", "s", {"suggested_steepest": 1e-3, "suggested_valley": 3e-3, "setup_lr": 2e-3},
+    r = CheckResult("dynamics.lr_range", "pass", "s",
+                    {"suggested_steepest": 1e-3, "suggested_valley": 3e-3, "setup_lr": 2e-3},
                     series={"lr_seed0": lr, "loss_seed0": smoothed, "smoothed_seed0": smoothed})
     ax = r.plot()
     low, high = ax.get_ylim()
@@ -32,11 +33,13 @@ def test_lr_range_clips_the_divergent_tail_and_marks_suggestions():
 
 
 def test_cadence_draws_learning_rate_against_whole_steps_from_zero():
-    r = CheckResult("loop.scheduler_cadence", "pass", "s", series={"lr_k1": np.array([0.003]), "lr_k4": np.array([0.003])})
+    r = CheckResult("loop.scheduler_cadence", "pass", "s",
+                    series={"lr_k1": np.array([0.003]), "lr_k4": np.array([0.003])})
     ax = r.plot()
     assert ax.get_ylim()[0] == 0 and [t.get_text() for t in ax.get_xticklabels()] == ["1"]
     plt.close(ax.figure)
-    r = CheckResult("loop.scheduler_cadence", "fail", "s", series={"lr_k1": np.linspace(1, 0.5, 4), "lr_k4": np.linspace(1, 0.1, 4)})
+    r = CheckResult("loop.scheduler_cadence", "fail", "s",
+                    series={"lr_k1": np.linspace(1, 0.5, 4), "lr_k4": np.linspace(1, 0.1, 4)})
     ax = r.plot()
     assert len([line for line in ax.lines if len(line.get_xdata()) == 4]) == 2  # both runs drawn
     plt.close(ax.figure)

@@ -13,7 +13,8 @@ def _results():
         CheckResult("data.exact_duplicates", Status.WARN, "25 test rows copied from train",
                     metrics={"leaked_rows": 25, "leaked_fraction": 0.025, "note": "x"}, tables={"leaked": leaked},
                     advice=["Drop the copied rows from test."], series={"curve": np.array([1.0, 0.5, 0.25])}),
-        CheckResult("loop.accumulation", Status.FAIL, "gradients differ by 50%", metrics={"rel_error": 0.5, "nan": float("nan")}),
+        CheckResult("loop.accumulation", Status.FAIL, "gradients differ by 50%",
+                    metrics={"rel_error": 0.5, "nan": float("nan")}),
         CheckResult("loop.resume", Status.PASS, "resume is exact"),
         CheckResult("loop.ddp", Status.SKIP, "single process"),
     ]
@@ -30,7 +31,7 @@ def test_report_status_is_worst_and_lookup():
     assert r.status is Status.FAIL
     assert r["loop.resume"].status is Status.PASS
     assert "loop.ddp" in r and "loop.zero_grad" not in r
-    with pytest.raises(KeyError, match="loop.accumulation"):
+    with pytest.raises(KeyError, match=r"loop\.accumulation"):
         r["loop.zero_grad"]
     assert Report([]).status is Status.SKIP
     assert Report(_results()[2:]).status is Status.PASS

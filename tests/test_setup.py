@@ -87,12 +87,17 @@ def test_optimizer_instance_becomes_factory_with_groups():
 @pytest.mark.parametrize(
     "changes, exc, what, fix",
     [
-        ({"loss_fn": lambda m, b: F.cross_entropy(m(b[0]), b[1], reduction="none")}, StepError, "shape (32,), expected a scalar", ".mean() or .sum()"),
-        ({"loss_fn": lambda m, b: F.cross_entropy(m(b[0]), b[1]).item()}, StepError, "returned a float", "not loss.item()"),
-        ({"loss_fn": lambda m, b: F.cross_entropy(m(b[0]), b[1]) * float("nan")}, StepError, "non-finite loss", "NaN/inf"),
-        ({"loss_fn": lambda m, b: F.cross_entropy(m(b[0]).detach(), b[1])}, StepError, "does not depend on any parameter", ".detach()"),
+        ({"loss_fn": lambda m, b: F.cross_entropy(m(b[0]), b[1], reduction="none")}, StepError,
+         "shape (32,), expected a scalar", ".mean() or .sum()"),
+        ({"loss_fn": lambda m, b: F.cross_entropy(m(b[0]), b[1]).item()}, StepError, "returned a float",
+         "not loss.item()"),
+        ({"loss_fn": lambda m, b: F.cross_entropy(m(b[0]), b[1]) * float("nan")}, StepError, "non-finite loss",
+         "NaN/inf"),
+        ({"loss_fn": lambda m, b: F.cross_entropy(m(b[0]).detach(), b[1])}, StepError,
+         "does not depend on any parameter", ".detach()"),
         ({"loss_fn": lambda m, b: m(b)}, StepError, "loss_fn raised TypeError", "loss_fn(model, batch)"),
-        ({"optimizer": lambda m: "sgd"}, SetupError, "returned a str, expected a torch.optim.Optimizer", "return the optimizer"),
+        ({"optimizer": lambda m: "sgd"}, SetupError, "returned a str, expected a torch.optim.Optimizer",
+         "return the optimizer"),
         ({"scheduler": lambda opt: 5}, SetupError, "expected an LR scheduler", "StepLR"),
         ({"accumulation_steps": 64}, SetupError, "only 32 samples", "fewer accumulation steps"),
     ],
@@ -115,7 +120,8 @@ def test_optimizer_factory_closing_over_original_model_is_caught():
 @pytest.mark.parametrize("wrap", [tuple, list])
 def test_two_optimizers_say_one_per_setup_and_how_to_merge_them_into_param_groups(wrap):
     model, loss, _, data = _parts()
-    two = lambda m: wrap([torch.optim.SGD(m[0].parameters(), lr=0.1), torch.optim.Adam(m[2].parameters())])  # noqa: E731
+    two = lambda m: wrap([torch.optim.SGD(m[0].parameters(), lr=0.1),  # noqa: E731
+                          torch.optim.Adam(m[2].parameters())])
     setup = tropt.Setup(model, loss, two, data)
     with untouched(setup), pytest.raises(SetupError) as info:
         setup.validate()
@@ -168,7 +174,10 @@ def test_standard_step_accumulation_equals_full_batch(tiny_setup):
     grads = []
     for k in (1, 3):
         ctx = tiny_setup.build()
-        ctx.optimizer.register_step_pre_hook(lambda opt, *_: grads.append([p.grad.clone() for p in ctx.model.parameters()]))
+        # the hook runs inside this iteration's standard_step, so it sees this iteration's ctx
+        ctx.optimizer.register_step_pre_hook(
+            lambda opt, *_: grads.append([p.grad.clone() for p in ctx.model.parameters()])  # noqa: B023
+        )
         tropt.standard_step(ctx, tropt.split_batch(batch, k))
     for g1, g3 in zip(*grads):
         torch.testing.assert_close(g1, g3, rtol=1e-5, atol=1e-7)
@@ -179,7 +188,7 @@ def test_run_step_wraps_user_errors(tiny_setup):
         raise RuntimeError("shape mismatch in my loop")
 
     setup = tiny_setup.replace(step=broken)
-    with pytest.raises(StepError, match="your step function .*broken raised RuntimeError: shape mismatch"):
+    with pytest.raises(StepError, match=r"your step function .*broken raised RuntimeError: shape mismatch"):
         setup.run_step(setup.build(), [setup.sample_batch()])
 
 

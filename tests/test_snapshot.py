@@ -1,4 +1,5 @@
-"""The snapshot/restore guard and the shared no-mutation helper: they detect what they are shown and restore on errors."""
+"""The snapshot/restore guard and the shared no-mutation helper: they detect what they are shown and restore on
+errors."""
 
 import random
 
@@ -90,7 +91,7 @@ def test_preserved_restores_everything_even_on_exception():
 
 
 def test_preserved_restores_dtype_change_and_replaced_parameter():
-    model, opt, sched = _objects()
+    model, opt, _sched = _objects()
     original = model[0].weight
     with untouched(model, opt), preserved(model, opt):
         model[0].weight = nn.Parameter(torch.ones(4, 4))

@@ -15,22 +15,27 @@ from tropt.verdict import severity, summary_html, verdict
 # Contract order on purpose: the verdict must reorder it.
 RESULTS = [
     CheckResult("data.exact_duplicates", "warn", "2 leaked rows", {"leaked_fraction": 0.002}, advice=["Drop them."]),
-    CheckResult("data.group_leakage", "fail", "5% of test rows share a customer", {"affected_fraction": 0.05}, advice=["Re-split by customer."]),
-    CheckResult("data.near_duplicates", "fail", "30% of test rows are near copies", {"leaked_fraction": 0.3}, advice=["Group near copies."]),
+    CheckResult("data.group_leakage", "fail", "5% of test rows share a customer", {"affected_fraction": 0.05},
+                advice=["Re-split by customer."]),
+    CheckResult("data.near_duplicates", "fail", "30% of test rows are near copies", {"leaked_fraction": 0.3},
+                advice=["Group near copies."]),
     CheckResult("data.label_shift", "pass", "labels agree"),
     CheckResult("model.init_loss", "error", "could not run: bad loss", advice=["Return a scalar."]),
-    CheckResult("loop.accumulation", "fail", "gradient differs with K", {"max_rel_error": 3.0}, advice=["Divide the loss by K."]),
+    CheckResult("loop.accumulation", "fail", "gradient differs with K", {"max_rel_error": 3.0},
+                advice=["Divide the loss by K."]),
     CheckResult("loop.loss_scaling", "skip", "no scaler"),
     CheckResult("perf.precision", "warn", "bf16 is 2x faster", {"speedup_vs_fp32": 2.0}, advice=["Use bf16."]),
 ]
-ORDER = ["data.near_duplicates", "data.group_leakage", "loop.accumulation", "model.init_loss", "data.exact_duplicates", "perf.precision"]
+ORDER = ["data.near_duplicates", "data.group_leakage", "loop.accumulation", "model.init_loss", "data.exact_duplicates",
+         "perf.precision"]
 
 
 def test_fails_by_stage_then_errors_then_warns_with_severity_inside_a_stage():
     v = verdict(Report(RESULTS))
     assert [f.check for f in v.findings] == ORDER  # the larger leak first inside stage 1; a leak before the loop
     assert v.passed == ["data.label_shift"] and v.skipped == ["loop.loss_scaling"]
-    assert [f.first_fix for f in v.findings][:3] == ["Group near copies.", "Re-split by customer.", "Divide the loss by K."]
+    assert [f.first_fix for f in v.findings][:3] == ["Group near copies.", "Re-split by customer.",
+                                                     "Divide the loss by K."]
     assert v.status.value == "fail" and v.headline.startswith("3 FAIL, 1 ERROR, 2 WARN of 8 checks")
 
 
@@ -88,7 +93,8 @@ def test_budget_reaches_the_checks_it_names(monkeypatch):
         seen["max_evidence"] = max_evidence
         return CheckResult("data.label_sanity", "pass", "ok")
 
-    monkeypatch.setitem(registry._REGISTRY, "data.label_sanity", registry.CheckSpec(spec.id, spec.stage, spec.title, spec.description, fake, spec.needs))
+    monkeypatch.setitem(registry._REGISTRY, "data.label_sanity",
+                        registry.CheckSpec(spec.id, spec.stage, spec.title, spec.description, fake, spec.needs))
     monkeypatch.setitem(BUDGETS, "quick", {**BUDGETS["quick"], "data.label_sanity": {"max_evidence": 3}})
     import pandas as pd
 
@@ -114,7 +120,8 @@ def test_every_budget_option_is_accepted_by_its_check():
 
 
 def test_thread_count_is_chosen_and_restored():
-    assert choose_threads(cores=2, load=5.0) == 1 and choose_threads(cores=8, load=2.0) == 6 and choose_threads(cores=4, load=None) == 4
+    assert (choose_threads(cores=2, load=5.0) == 1 and choose_threads(cores=8, load=2.0) == 6
+            and choose_threads(cores=4, load=None) == 4)
     before = torch.get_num_threads()
     with tropt_threads(1) as used:
         assert used == 1 and torch.get_num_threads() == 1
@@ -133,7 +140,8 @@ def test_thread_count_is_chosen_and_restored():
 
 def test_diagnose_hands_each_result_over_as_it_finishes():
     seen = []
-    report = tropt.diagnose(splits={"train": [[1, 0]], "test": [[2, 1]]}, checks=["data.exact_duplicates", "data.group_leakage"],
+    report = tropt.diagnose(splits={"train": [[1, 0]], "test": [[2, 1]]},
+                            checks=["data.exact_duplicates", "data.group_leakage"],
                             progress=False, on_result=seen.append)
     assert [r.check for r in seen] == report.checks and report.identity["budget"] == "standard"
 
@@ -142,7 +150,8 @@ def test_checks_that_could_not_run_for_one_reason_are_one_finding():
     """A Setup every check rejects for one reason (a batch layout tropt cannot split) reads once, naming the checks,
     not as a wall of identical ERRORs; other ERRORs and the counts stay."""
     why, fix = "could not run: the tensors of this batch disagree on the batch dimension", "Pass Setup(split_fn=...)."
-    results = [CheckResult(cid, "error", why, advice=[fix]) for cid in ("model.init_loss", "loop.zero_grad", "perf.memory")]
+    results = [CheckResult(cid, "error", why, advice=[fix])
+               for cid in ("model.init_loss", "loop.zero_grad", "perf.memory")]
     results += [CheckResult("loop.resume", "error", "could not run: save_state failed", advice=["Fix save_state."]),
                 CheckResult("data.label_shift", "fail", "labels shifted", {"fraction": 0.4}, advice=["Re-split."])]
     v = verdict(Report(results))

@@ -11,26 +11,32 @@ from typing import TYPE_CHECKING
 from .lazy import lazy_attrs
 
 if TYPE_CHECKING:  # what type checkers see; at run time each name loads on first access
-    from tropt.checkdocs import explain
-    from tropt.core.batch import batch_size, split_batch, to_device
-    from tropt.diagnosis import diagnose
-    from tropt.errors import TroptError
-    from tropt.experiments.budget import Budget, Guardrails
-    from tropt.experiments.comparison import Comparison
-    from tropt.experiments.optimize import optimize
-    from tropt.experiments.orchestration import compare
-    from tropt.experiments.plan import OptimizationPlan
-    from tropt.experiments.suggest import suggest
-    from tropt.identity import run_identity
-    from tropt.metric import Metric
-    from tropt.model.monitor import GradientMonitor
-    from tropt.registry import list_checks
-    from tropt.result import CheckResult, Report, Status
-    from tropt.setup import Setup
-    from tropt.snapshot import preserved
-    from tropt.training import StepContext, standard_step
-    from tropt.verdict import verdict
-    from tropt.widgets import dashboard
+    from tropt.checkdocs import explain as explain
+    from tropt.core.batch import batch_size as batch_size
+    from tropt.core.batch import split_batch as split_batch
+    from tropt.core.batch import to_device as to_device
+    from tropt.diagnosis import diagnose as diagnose
+    from tropt.errors import TroptError as TroptError
+    from tropt.experiments.budget import Budget as Budget
+    from tropt.experiments.budget import Guardrails as Guardrails
+    from tropt.experiments.comparison import Comparison as Comparison
+    from tropt.experiments.optimize import optimize as optimize
+    from tropt.experiments.orchestration import compare as compare
+    from tropt.experiments.plan import OptimizationPlan as OptimizationPlan
+    from tropt.experiments.suggest import suggest as suggest
+    from tropt.identity import run_identity as run_identity
+    from tropt.metric import Metric as Metric
+    from tropt.model.monitor import GradientMonitor as GradientMonitor
+    from tropt.registry import list_checks as list_checks
+    from tropt.result import CheckResult as CheckResult
+    from tropt.result import Report as Report
+    from tropt.result import Status as Status
+    from tropt.setup import Setup as Setup
+    from tropt.snapshot import preserved as preserved
+    from tropt.training import StepContext as StepContext
+    from tropt.training import standard_step as standard_step
+    from tropt.verdict import verdict as verdict
+    from tropt.widgets import dashboard as dashboard
 
 __version__ = "0.1.0"
 
@@ -62,8 +68,9 @@ _LAZY = {
     "explain": "tropt.checkdocs",
     "verdict": "tropt.verdict",
 }
-_SUBMODULES = {"data", "model", "loop", "dynamics", "perf", "plots", "widgets", "report", "testing", "registry", "experiments"}
+_SUBMODULES = {"core", "data", "model", "loop", "dynamics", "perf", "plots", "widgets", "report", "testing", "registry",
+               "experiments"}
 
-__all__ = sorted(_LAZY) + ["__version__"]
+__all__ = [*sorted(_LAZY), "__version__"]
 
 __getattr__, __dir__ = lazy_attrs(__name__, _LAZY, _SUBMODULES)

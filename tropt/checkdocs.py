@@ -39,5 +39,6 @@ def explain(check: str) -> CheckDoc:
         from .registry import PUBLIC_IDS
 
         raise CheckSelectionError(f"no page for check {check!r}",
-                                  f"choose one of: {', '.join(PUBLIC_IDS)}" if check not in PUBLIC_IDS else "reinstall tropt")
+                                  f"choose one of: {', '.join(PUBLIC_IDS)}" if check not in PUBLIC_IDS
+                                  else "reinstall tropt")
     return CheckDoc(check, path.read_text(encoding="utf-8"))

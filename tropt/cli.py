@@ -22,7 +22,8 @@ def format_report(report) -> str:
     from .verdict import summary_lines
 
     counts = ", ".join(f"{n} {s}" for s, n in report.counts().items() if n)
-    return "\n".join([*summary_lines(report), f"\nreport status: {report.status.value.upper()} ({counts or 'no checks'})"])
+    return "\n".join([*summary_lines(report),
+                      f"\nreport status: {report.status.value.upper()} ({counts or 'no checks'})"])
 
 
 def _parse_splits(items: Sequence[str] | None) -> dict[str, str] | None:
@@ -32,7 +33,8 @@ def _parse_splits(items: Sequence[str] | None) -> dict[str, str] | None:
     for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise TroptError(f"--split {item!r} is not NAME=PATH", "e.g. --split train=data/train.csv --split test=data/test.csv")
+            raise TroptError(f"--split {item!r} is not NAME=PATH",
+                             "e.g. --split train=data/train.csv --split test=data/test.csv")
         out[name] = path
     return out
 
@@ -102,7 +104,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(format_report(outcome.report))
     if outcome.error:
         print(f"tropt: report failed: {outcome.error}", file=sys.stderr)
-    print(f"notebook: {outcome.notebook}\nhtml:     {outcome.html}" + (f"\nfindings: {outcome.findings}" if outcome.findings else ""))
+    print(f"notebook: {outcome.notebook}\nhtml:     {outcome.html}"
+          + (f"\nfindings: {outcome.findings}" if outcome.findings else ""))
     if outcome.comparison is not None:
         from .experiments.comparison import Comparison
 
@@ -119,7 +122,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     out = str(args.output)
     if not out.endswith((".md", ".html", ".htm", ".json")):
-        raise TroptError(f"-o {out}: the plan's format is chosen by the extension", "use -o plan.md, plan.html or plan.json")
+        raise TroptError(f"-o {out}: the plan's format is chosen by the extension",
+                         "use -o plan.md, plan.html or plan.json")
     check_output_file(out, "-o")
     plan = OptimizationPlan.from_report(args.findings, args.comparison)
     if out.endswith(".md"):
@@ -167,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="tropt", description="Diagnose PyTorch training setups.", formatter_class=raw,
-                                     epilog="example:\n  tropt diagnose --setup data/samples/sample_setup.py:make_setup\n"
+                                     epilog="example:\n"
+                                            "  tropt diagnose --setup data/samples/sample_setup.py:make_setup\n"
                                             "run `tropt COMMAND --help` for each command's options and examples")
     parser.add_argument("--version", action="version", version=f"tropt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -182,14 +187,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", help="group/entity id column of the splits")
     p.add_argument("--time", help="timestamp column of the splits")
     p.add_argument("--checks", help="comma-separated ids, prefixes (loop) or stage numbers; default all")
-    p.add_argument("--task", choices=["classification", "regression"], help="the label's task (default: inferred from the labels)")
+    p.add_argument("--task", choices=["classification", "regression"],
+                   help="the label's task (default: inferred from the labels)")
     p.add_argument("--budget", choices=["quick", "standard", "thorough"], default="standard",
-                   help="quick: fewer steps for a first answer in seconds; thorough: more steps and seeds (default standard)")
+                   help="quick: fewer steps for a first answer in seconds; thorough: more steps and seeds "
+                        "(default standard)")
     p.add_argument("--seed", type=int, help="override the Setup's seed")
     p.add_argument("--json", metavar="FILE", help="write findings as JSON")
     p.add_argument("--html", metavar="FILE", help="write a standalone HTML report")
-    p.add_argument("--fail-on", choices=["fail", "warn", "never"], default="fail", help="exit 1 at this status or worse (default fail; ERROR counts as fail)")
-    p.add_argument("--no-progress", action="store_true", help="accepted for compatibility: lines print as checks finish")
+    p.add_argument("--fail-on", choices=["fail", "warn", "never"], default="fail",
+                   help="exit 1 at this status or worse (default fail; ERROR counts as fail)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="accepted for compatibility: lines print as checks finish")
     p.set_defaults(func=_cmd_diagnose)
     kinds = available_reports()
     p = sub.add_parser("report", help="execute a report notebook into OUT_DIR/{report.ipynb,report.html,findings.json}",
@@ -198,17 +207,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="a notebook parameter; VALUE is JSON when it parses, else a string (repeat)")
     p.add_argument("-o", "--output", required=True, metavar="OUT_DIR", help="where to write the report")
-    p.add_argument("--show-input", action="store_true", help="show the notebook's code cells in the HTML (hidden by default)")
+    p.add_argument("--show-input", action="store_true",
+                   help="show the notebook's code cells in the HTML (hidden by default)")
     p.add_argument("--no-input", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
-    p.add_argument("--no-progress", action="store_true", help="no progress bar over the notebook's cells (shown when stderr is a terminal)")
-    p.add_argument("--fail-on", choices=["fail", "warn", "never"], default="fail", help="exit 1 at this status or worse")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar over the notebook's cells (shown when stderr is a terminal)")
+    p.add_argument("--fail-on", choices=["fail", "warn", "never"], default="fail",
+                   help="exit 1 at this status or worse")
     p.set_defaults(func=_cmd_report)
     p = sub.add_parser("plan", help="write the optimization plan from findings.json (and comparison.json)",
                        description="The optimization plan: baseline, bottlenecks, prioritised interventions, adopted "
                                    "changes, stop/escalate conditions. Exit 1 when the plan ends in escalate.",
                        epilog="example: tropt plan --findings reports/demo/findings.json "
                               "--comparison reports/demo/comparison.json -o plan.html")
-    p.add_argument("--findings", required=True, metavar="FILE", help="findings.json written by tropt diagnose / a report")
+    p.add_argument("--findings", required=True, metavar="FILE",
+                   help="findings.json written by tropt diagnose / a report")
     p.add_argument("--comparison", metavar="FILE", help="comparison.json written by tropt report compare / optimize")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="plan.md, plan.html or plan.json")
     p.set_defaults(func=_cmd_plan)
@@ -221,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "diagnose" and not args.setup and not args.split:
-            raise TroptError("tropt diagnose needs --setup and/or --split", "e.g. tropt diagnose --setup data/samples/sample_setup.py:make_setup")
+            raise TroptError("tropt diagnose needs --setup and/or --split",
+                             "e.g. tropt diagnose --setup data/samples/sample_setup.py:make_setup")
         return args.func(args)
     except TroptError as exc:
         print(f"tropt: error: {exc}", file=sys.stderr)

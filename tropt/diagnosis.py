@@ -19,7 +19,8 @@ def error_result(check: str, exc: BaseException, duration_s: float | None = None
     if isinstance(exc, SystemExit):  # sys.exit()/exit() in the user's code: their code stopped, not tropt
         return CheckResult(check, Status.ERROR, f"could not run: the code under test raised SystemExit({exc.code!r})",
                            {"error_type": "SystemExit"}, duration_s=duration_s,
-                           advice=["Do not call sys.exit() or exit() in a step, loss_fn or factory: raise an exception that says what went wrong."])
+                           advice=["Do not call sys.exit() or exit() in a step, loss_fn or factory: raise an exception "
+                                   "that says what went wrong."])
     if isinstance(exc, TroptError):
         return CheckResult(check, Status.ERROR, f"could not run: {exc}", {"error_type": type(exc).__name__},
                            advice=[exc.fix] if exc.fix else [], duration_s=duration_s)
@@ -139,9 +140,9 @@ def diagnose(
         ``{"perf.memory": {"memory_limit": 80}}`` to plan for an 80 GB accelerator.
 
     Inapplicable checks are SKIP with the reason; a check that raises becomes ERROR and the rest still run. A split
-    that cannot be read at all is found before any check runs: every data check is ERROR with a DataError naming it. The data
-    checks share one scan of the splits, whose row fingerprints also give the report's data fingerprint; when that
-    fails, the identity says why (``data_fingerprint_error``) and the report is kept.
+    that cannot be read at all is found before any check runs: every data check is ERROR with a DataError naming it.
+    The data checks share one scan of the splits, whose row fingerprints also give the report's data fingerprint;
+    when that fails, the identity says why (``data_fingerprint_error``) and the report is kept.
     """
     from contextlib import nullcontext
 
@@ -165,12 +166,13 @@ def diagnose(
             setup.validate()
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported once per setup check, the data checks still run
             setup_error = exc
-    common: dict[str, Any] = {"label": label, "group": group, "time": time, "task": task, "progress": progress, "callback": callback}
+    common: dict[str, Any] = {"label": label, "group": group, "time": time, "task": task, "progress": progress,
+                              "callback": callback}
     results: list[CheckResult] = []
     data_ids = [s.id for s in specs if s.needs == "splits"]
     with tropt_threads(threads) as used_threads, session(scan_needs(data_ids)) if splits is not None else nullcontext():
-        _run_specs(specs, setup, splits, setup_error, {**common, "budget": budget, "per_check": per_check}, results, progress,
-                   callback, on_result, splits_error)
+        _run_specs(specs, setup, splits, setup_error, {**common, "budget": budget, "per_check": per_check}, results,
+                   progress, callback, on_result, splits_error)
         # Inside the session: the identity's data fingerprint reuses the scan the data checks made.
         identity = run_identity(setup if setup_error is None else None, splits if splits_error is None else None,
                                 checks=[s.id for s in specs], label=label, group=group, time=time)
@@ -186,12 +188,14 @@ def _refuse_bad_inputs(setup: Setup, splits: Any, task: str | None) -> None:
         raise TroptError("diagnose needs something to check: no setup and no splits were given",
                          "pass setup=tropt.Setup(...) and/or splits={'train': df_train, 'test': df_test}")
     if setup is not None and not isinstance(setup, Setup):
-        raise SetupError(f"diagnose: setup is a {type(setup).__name__}, expected a tropt.Setup", "wrap your objects: tropt.Setup(model, loss_fn, optimizer, train_data)")
+        raise SetupError(f"diagnose: setup is a {type(setup).__name__}, expected a tropt.Setup",
+                         "wrap your objects: tropt.Setup(model, loss_fn, optimizer, train_data)")
     if splits is not None and not isinstance(splits, Mapping):
         raise TroptError(f"diagnose: splits is a {type(splits).__name__}, expected a mapping of split name to data",
                          "pass e.g. {'train': df_train, 'test': df_test}")
     if task not in (None, "classification", "regression"):
-        raise TroptError(f"diagnose: task={task!r} is not 'classification' or 'regression'", "pass one of those, or None to infer it from the labels")
+        raise TroptError(f"diagnose: task={task!r} is not 'classification' or 'regression'",
+                         "pass one of those, or None to infer it from the labels")
 
 
 def _run_specs(specs, setup, splits, setup_error, options, results, progress, callback, on_result,
@@ -209,22 +213,25 @@ def _run_specs(specs, setup, splits, setup_error, options, results, progress, ca
         if callback is not None:
             callback({"check": spec.id, "index": index, "count": len(specs)})
         if spec.needs == "setup" and setup is None:
-            results.append(CheckResult(spec.id, Status.SKIP, "no Setup given: pass setup=tropt.Setup(...) to run model-side checks"))
+            results.append(CheckResult(spec.id, Status.SKIP,
+                                       "no Setup given: pass setup=tropt.Setup(...) to run model-side checks"))
         elif spec.needs == "splits" and splits is None:
-            results.append(CheckResult(spec.id, Status.SKIP, "no data splits given: pass splits={'train': ..., 'test': ...} to run data checks"))
+            results.append(CheckResult(spec.id, Status.SKIP, "no data splits given: pass splits={'train': ..., "
+                                       "'test': ...} to run data checks"))
         elif spec.needs == "setup" and setup_error is not None:
             results.append(error_result(spec.id, setup_error))
         elif spec.needs == "splits" and splits_error is not None:
             results.append(error_result(spec.id, splits_error))
         else:
-            results.append(run_check(spec, setup if spec.needs == "setup" else splits, {**options, **budget_options(budget, spec.id),
-                                                                                           **per_check.get(spec.id, {})}))
+            results.append(run_check(spec, setup if spec.needs == "setup" else splits,
+                                     {**options, **budget_options(budget, spec.id), **per_check.get(spec.id, {})}))
         if on_result is not None:
             on_result(results[-1])
 
 
 def _check_options(options: Mapping[str, Mapping[str, Any]] | None, specs: list[CheckSpec]) -> dict[str, dict]:
-    """Validate ``diagnose(options=...)``: known ids, and keywords each check accepts (a typo is an error, not ignored)."""
+    """Validate ``diagnose(options=...)``: known ids, and keywords each check accepts (a typo is an error, not
+    ignored)."""
     if options is None:
         return {}
     if not isinstance(options, Mapping):

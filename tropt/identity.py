@@ -32,7 +32,8 @@ def _tensor_bytes(x: Any, out: list[bytes]) -> None:
     import torch
 
     if isinstance(x, torch.Tensor):
-        out.append(x.detach().cpu().contiguous().numpy().tobytes() if x.dtype != torch.bfloat16 else x.float().cpu().numpy().tobytes())
+        out.append(x.detach().cpu().contiguous().numpy().tobytes() if x.dtype != torch.bfloat16
+                   else x.float().cpu().numpy().tobytes())
     elif isinstance(x, np.ndarray):
         out.append(np.ascontiguousarray(x).tobytes())
     elif isinstance(x, Mapping):
@@ -61,7 +62,7 @@ def _split_parts(datas: list, h: hashlib._Hash) -> None:
                 h.update(memoryview(pd.util.hash_pandas_object(col, index=False).to_numpy()))
 
 
-def fingerprint(setup: Setup = None, splits: Mapping | None = None, *, label=None, group=None, time=None,
+def fingerprint(setup: Setup | None = None, splits: Mapping | None = None, *, label=None, group=None, time=None,
                 features=None) -> tuple[str | None, str | None]:
     """``(data fingerprint, why it could not be taken)``: a short hash of the data a report was computed on.
 
@@ -99,12 +100,12 @@ def fingerprint(setup: Setup = None, splits: Mapping | None = None, *, label=Non
     return (h.hexdigest()[:16] if used else None), ("; ".join(errors) or None)
 
 
-def data_fingerprint(setup: Setup = None, splits: Mapping | None = None, **options: Any) -> str | None:
+def data_fingerprint(setup: Setup | None = None, splits: Mapping | None = None, **options: Any) -> str | None:
     """A short hash of the data a report was computed on (see :func:`fingerprint`; None when nothing was read)."""
     return fingerprint(setup, splits, **options)[0]
 
 
-def run_identity(setup: Setup = None, splits: Mapping | None = None, *, checks: list[str] | None = None,
+def run_identity(setup: Setup | None = None, splits: Mapping | None = None, *, checks: list[str] | None = None,
                  label=None, group=None, time=None, features=None) -> dict[str, Any]:
     """Versions, device, seed, configuration hash, data fingerprint (and why it failed, if it did), git commit and
     time of a diagnosis. ``label``/``group``/``time``/``features`` are the data checks' options, so the scan they

@@ -39,7 +39,8 @@ class Metric:
     def __post_init__(self) -> None:
         if not callable(self.fn):
             raise TroptError(f"Metric: fn is a {type(self.fn).__name__}, not callable",
-                             "pass a function fn(model, val_data) -> float, e.g. tropt.Metric(accuracy, higher_is_better=True)")
+                             "pass a function fn(model, val_data) -> float, e.g. "
+                             "tropt.Metric(accuracy, higher_is_better=True)")
         if not isinstance(self.higher_is_better, bool):
             raise TroptError(f"Metric: higher_is_better={self.higher_is_better!r}; it must be True or False",
                              "True for accuracy-like scores, False for losses and errors")

@@ -49,8 +49,8 @@ PUBLIC_IDS: dict[str, int] = {
     **dict.fromkeys(["model.init_loss", "model.eval_metric"], 2),
     **dict.fromkeys(["model.overfit_batch", "model.gradient_flow", "model.activation_stats"], 3),
     **dict.fromkeys(
-        ["loop.zero_grad", "loop.accumulation", "loop.loss_scaling", "loop.scheduler_cadence", "loop.resume", "loop.ddp",
-         "loop.train_mode"],
+        ["loop.zero_grad", "loop.accumulation", "loop.loss_scaling", "loop.scheduler_cadence", "loop.resume",
+         "loop.ddp", "loop.train_mode"],
         4,
     ),
     **dict.fromkeys(["dynamics.loss_curve", "dynamics.lr_range"], 5),

@@ -6,6 +6,7 @@ plain text formats of the same data, while drawing lives in :mod:`tropt.plots`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 import json
@@ -90,10 +91,9 @@ def _frame_from_dict(d: Mapping) -> pd.DataFrame:
     df.index.name = d.get("index_name")
     for col, dtype in d.get("dtypes", {}).items():
         if col in df.columns and dtype != "object":
-            try:
+            # e.g. an int column that held a None: keep what JSON gave
+            with contextlib.suppress(TypeError, ValueError):
                 df[col] = df[col].astype(dtype)
-            except (TypeError, ValueError):  # e.g. an int column that held a None: keep what JSON gave
-                pass
     return df
 
 
@@ -271,7 +271,8 @@ def result_html(r: CheckResult, open_details: bool = False, extra: str = "") -> 
 
 REPORT_CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em;max-width:1100px;color:#1f2328}
-table{border-collapse:collapse;font-size:90%;margin:4px 0} th,td{padding:2px 8px;border-bottom:1px solid #d0d7de;text-align:left}
+table{border-collapse:collapse;font-size:90%;margin:4px 0} \
+th,td{padding:2px 8px;border-bottom:1px solid #d0d7de;text-align:left}
 code{background:#f6f8fa;padding:0 3px} .tropt-more{color:#6e7781;font-style:italic} .tropt-summary{margin:2px 0}
 """
 
@@ -359,7 +360,8 @@ class Report:
     @classmethod
     def from_dict(cls, d: Mapping) -> Report:
         """Inverse of :meth:`to_dict`."""
-        return cls(results=[CheckResult.from_dict(r) for r in d.get("results", [])], identity=dict(d.get("identity", {})))
+        return cls(results=[CheckResult.from_dict(r) for r in d.get("results", [])],
+                   identity=dict(d.get("identity", {})))
 
     def to_json(self, path=None, indent: int = 2) -> str:
         """Serialise to strict JSON; also write it to ``path`` when given."""
@@ -401,7 +403,8 @@ class Report:
         details = "".join(result_html(r) for r in self.results)
         return (
             f'<div class="tropt-report">{summary_html(self)}'
-            f'<details class="tropt-all"><summary>all {len(self.results)} checks in contract order, with evidence</summary>'
+            f'<details class="tropt-all"><summary>all {len(self.results)} checks in contract order, with evidence'
+            "</summary>"
             f"{details}</details></div>"
         )
 
@@ -410,7 +413,8 @@ class Report:
         ident = ""
         if self.identity:
             rows = "".join(
-                f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in self.identity.items()
+                f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                for k, v in self.identity.items()
             )
             ident = f"<details><summary>run identity</summary><table>{rows}</table></details>"
         page = (

@@ -54,10 +54,10 @@ def optimizer_factory_from(optimizer: torch.optim.Optimizer, model: nn.Module) -
     for g in optimizer.param_groups:
         missing = [tuple(p.shape) for p in g["params"] if id(p) not in name_of]
         if missing:
-            raise SetupError(
-                f"Setup: the optimizer holds {len(missing)} parameter(s) that are not in the model (shapes {missing[:3]})",
-                "build the optimizer from this model's parameters, or pass a factory: lambda m: torch.optim.AdamW(m.parameters())",
-            )
+            raise SetupError(f"Setup: the optimizer holds {len(missing)} parameter(s) that are not in the model "
+                             f"(shapes {missing[:3]})",
+                             "build the optimizer from this model's parameters, or pass a factory: "
+                             "lambda m: torch.optim.AdamW(m.parameters())")
         hyper = {k: copy.deepcopy(v) for k, v in g.items() if k not in ("params", "initial_lr")}
         groups.append(([name_of[id(p)] for p in g["params"]], hyper))
     cls = type(optimizer)
@@ -178,12 +178,12 @@ class Setup:
                 "pass the nn.Module itself (not its state_dict or a factory)",
             )
         if not any(True for _ in self.model.parameters()):
-            raise err("Setup: the model has no parameters, so there is nothing to train", "pass the model that holds the weights")
+            raise err("Setup: the model has no parameters, so there is nothing to train",
+                      "pass the model that holds the weights")
         if not callable(self.loss_fn):
-            raise err(
-                f"Setup: loss_fn is a {type(self.loss_fn).__name__}, not callable",
-                "pass a function loss_fn(model, batch) -> scalar tensor, e.g. lambda m, b: F.cross_entropy(m(b[0]), b[1])",
-            )
+            raise err(f"Setup: loss_fn is a {type(self.loss_fn).__name__}, not callable",
+                      "pass a function loss_fn(model, batch) -> scalar tensor, e.g. "
+                      "lambda m, b: F.cross_entropy(m(b[0]), b[1])")
         if not _positional_arity_ok(self.loss_fn, 2):
             raise err(
                 f"Setup: loss_fn {_describe_callable(self.loss_fn)} cannot be called as loss_fn(model, batch)",
@@ -197,11 +197,13 @@ class Setup:
         if opt is None:
             if self.step is None:
                 raise err("Setup: optimizer=None needs your own step: tropt.standard_step updates through an optimizer",
-                          "pass optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=...), or step=step(ctx, micro_batches) "
-                          "that updates the parameters by hand (ctx.optimizer is then None)")
+                          "pass optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=...), "
+                          "or step=step(ctx, micro_batches) that updates the parameters by hand "
+                          "(ctx.optimizer is then None)")
             if self.scheduler is not None:
                 raise err("Setup: a scheduler needs an optimizer, but optimizer=None",
-                          "pass the optimizer factory too, or set the learning rate by hand in your step and leave scheduler=None")
+                          "pass the optimizer factory too, or set the learning rate by hand in your step and leave "
+                          "scheduler=None")
         elif isinstance(opt, torch.optim.Optimizer):
             object.__setattr__(self, "optimizer", optimizer_factory_from(opt, self.model))
         elif isinstance(opt, type) and issubclass(opt, torch.optim.Optimizer):
@@ -222,20 +224,20 @@ class Setup:
         self._check_data("val_data", self.val_data, required=False)
         if self.scheduler is not None:
             if hasattr(self.scheduler, "step") and hasattr(self.scheduler, "optimizer"):
-                raise err(
-                    f"Setup: scheduler is a {type(self.scheduler).__name__} instance, expected a factory",
-                    "pass lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10) so checks can build fresh ones",
-                )
+                raise err(f"Setup: scheduler is a {type(self.scheduler).__name__} instance, expected a factory",
+                          "pass lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10) so checks can build "
+                          "fresh ones")
             if not callable(self.scheduler):
-                raise err(f"Setup: scheduler is a {type(self.scheduler).__name__}, not callable", "pass a factory scheduler(optimizer) -> scheduler, or None")
+                raise err(f"Setup: scheduler is a {type(self.scheduler).__name__}, not callable",
+                          "pass a factory scheduler(optimizer) -> scheduler, or None")
         if self.step is not None:
             if not callable(self.step):
-                raise err(f"Setup: step is a {type(self.step).__name__}, not callable", "pass a function step(ctx, micro_batches), or None for tropt.standard_step")
+                raise err(f"Setup: step is a {type(self.step).__name__}, not callable",
+                          "pass a function step(ctx, micro_batches), or None for tropt.standard_step")
             if not _positional_arity_ok(self.step, 2):
-                raise err(
-                    f"Setup: step {_describe_callable(self.step)} cannot be called as step(ctx, micro_batches)",
-                    "define it as def step(ctx, micro_batches): ... (ctx is a tropt.StepContext, micro_batches a list of batches)",
-                )
+                raise err(f"Setup: step {_describe_callable(self.step)} cannot be called as step(ctx, micro_batches)",
+                          "define it as def step(ctx, micro_batches): ... (ctx is a tropt.StepContext, micro_batches "
+                          "a list of batches)")
 
     def _validate_numbers(self) -> None:
         """Validate accumulation, clipping, precision and the batch layout."""
@@ -243,11 +245,11 @@ class Setup:
         k = self.accumulation_steps
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise err(f"Setup: accumulation_steps={k!r}; it must be an integer >= 1", "use 1 for no accumulation")
-        if self.grad_clip is not None:
-            if isinstance(self.grad_clip, bool) or not isinstance(self.grad_clip, (int, float)) or not (
-                math.isfinite(self.grad_clip) and self.grad_clip > 0
-            ):
-                raise err(f"Setup: grad_clip={self.grad_clip!r}; it must be a positive finite number or None", "e.g. grad_clip=1.0, or None to disable clipping")
+        clip = self.grad_clip
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
+                                 or not (math.isfinite(clip) and clip > 0)):
+            raise err(f"Setup: grad_clip={clip!r}; it must be a positive finite number or None",
+                      "e.g. grad_clip=1.0, or None to disable clipping")
         if self.precision not in PRECISION_DTYPES:
             raise err(f"Setup: unknown precision {self.precision!r}", f"use one of {', '.join(PRECISION_DTYPES)}")
         # use_scaler with fp32/bf16 is a legal loop (AMP turned off, scaler kept): loop.loss_scaling warns about it.
@@ -256,7 +258,8 @@ class Setup:
                       "use 0 for (batch, ...) tensors, 1 for time-major (seq, batch, ...) tensors")
         if (self.split_fn is None) != (self.size_fn is None):
             raise err("Setup: split_fn and size_fn must be given together",
-                      "pass both: split_fn(batch, sizes) -> list of micro-batches and size_fn(batch) -> number of samples")
+                      "pass both: split_fn(batch, sizes) -> list of micro-batches and size_fn(batch) -> number of "
+                      "samples")
         for name in ("split_fn", "size_fn"):
             fn = getattr(self, name)
             if fn is not None and (not callable(fn) or not _positional_arity_ok(fn, 2 if name == "split_fn" else 1)):
@@ -269,9 +272,11 @@ class Setup:
         try:
             device = torch.device(self.device)
         except (RuntimeError, TypeError) as exc:
-            raise err(f"Setup: device={self.device!r} is not a torch device ({exc})", "use 'cpu', 'cuda' or 'cuda:N'") from None
+            raise err(f"Setup: device={self.device!r} is not a torch device ({exc})",
+                      "use 'cpu', 'cuda' or 'cuda:N'") from None
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise err(f"Setup: device={self.device!r} but CUDA is not available here", "use device='cpu', or install a CUDA build of torch")
+            raise err(f"Setup: device={self.device!r} but CUDA is not available here",
+                      "use device='cpu', or install a CUDA build of torch")
         if device.type == "mps" and not torch.backends.mps.is_available():
             raise err(f"Setup: device={self.device!r} but MPS is not available here", "use device='cpu'")
         object.__setattr__(self, "device", device)
@@ -279,10 +284,13 @@ class Setup:
     def _validate_options(self) -> None:
         """Validate the remaining options: classes, checkpoint hooks, seed, metric, flags, batch size."""
         err = SetupError
-        if self.num_classes is not None and (isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 2):
-            raise err(f"Setup: num_classes={self.num_classes!r}; it must be an integer >= 2 or None", "pass the number of output classes, or None for non-classification")
+        if self.num_classes is not None and (isinstance(self.num_classes, bool)
+                                             or not isinstance(self.num_classes, int) or self.num_classes < 2):
+            raise err(f"Setup: num_classes={self.num_classes!r}; it must be an integer >= 2 or None",
+                      "pass the number of output classes, or None for non-classification")
         if (self.save_state is None) != (self.load_state is None):
-            raise err("Setup: save_state and load_state must be given together", "pass both (save_state(ctx) -> state, load_state(ctx, state)) or neither")
+            raise err("Setup: save_state and load_state must be given together",
+                      "pass both (save_state(ctx) -> state, load_state(ctx, state)) or neither")
         for name in ("save_state", "load_state"):
             fn = getattr(self, name)
             if fn is not None and (not callable(fn) or not _positional_arity_ok(fn, 1 if name == "save_state" else 2)):
@@ -305,7 +313,8 @@ class Setup:
             raise err("Setup: eval_augmentation=True but there is no val_data whose transforms it would describe",
                       "pass val_data=..., or drop eval_augmentation")
         if not isinstance(self.distributed, bool):
-            raise err(f"Setup: distributed={self.distributed!r}; it must be True or False", "pass distributed=True for a loop meant for DDP")
+            raise err(f"Setup: distributed={self.distributed!r}; it must be True or False",
+                      "pass distributed=True for a loop meant for DDP")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise err(f"Setup: batch_size={self.batch_size!r}; it must be an integer >= 1", "e.g. batch_size=32")
 
@@ -328,13 +337,13 @@ class Setup:
             except TypeError:
                 return
             if n == 0:
-                raise SetupError(f"Setup: {name} is a DataLoader with no batches", "check the dataset is not empty and drop_last/batch_size leave a batch")
+                raise SetupError(f"Setup: {name} is a DataLoader with no batches",
+                                 "check the dataset is not empty and drop_last/batch_size leave a batch")
             return
         if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
-            raise SetupError(
-                f"Setup: {name} is a {type(data).__name__}, expected a DataLoader, a map-style Dataset or a list of batches",
-                "wrap your data in a torch.utils.data.DataLoader",
-            )
+            raise SetupError(f"Setup: {name} is a {type(data).__name__}, expected a DataLoader, a map-style Dataset "
+                             "or a list of batches",
+                             "wrap your data in a torch.utils.data.DataLoader")
         if len(data) == 0:
             raise SetupError(f"Setup: {name} is empty", "pass at least one batch")
 
@@ -372,10 +381,9 @@ class Setup:
         except TroptError:
             raise
         except Exception as exc:
-            raise StepError(
-                f"loss_fn raised {type(exc).__name__}: {exc}",
-                "fix loss_fn; tropt calls it as loss_fn(model, batch) with one batch of train_data on the Setup's device",
-            ) from exc
+            raise StepError(f"loss_fn raised {type(exc).__name__}: {exc}",
+                            "fix loss_fn; tropt calls it as loss_fn(model, batch) with one batch of train_data on the "
+                            "Setup's device") from exc
         if not isinstance(loss, torch.Tensor):
             raise StepError(
                 f"Setup: loss_fn returned a {type(loss).__name__}, expected a scalar tensor",
@@ -399,7 +407,8 @@ class Setup:
             return torch.utils.data.DataLoader(data, batch_size=self.batch_size, shuffle=which == "train")
         return data
 
-    def batches(self, n: int | None = None, *, which: str = "train", seed: int | None = None, cycle: bool = True) -> Iterator[Any]:
+    def batches(self, n: int | None = None, *, which: str = "train", seed: int | None = None,
+                cycle: bool = True) -> Iterator[Any]:
         """Yield ``n`` batches (all of one pass when None) on the Setup's device, in a seeded order.
 
         Reading a shuffling DataLoader draws from the global torch RNG; callers that must not disturb it run
@@ -452,7 +461,8 @@ class Setup:
         try:
             opt = self.optimizer(copy_)
         except Exception as exc:
-            raise StepError(f"the optimizer factory raised {type(exc).__name__}: {exc}", "it is called as optimizer(model) with a copy of the model") from exc
+            raise StepError(f"the optimizer factory raised {type(exc).__name__}: {exc}",
+                            "it is called as optimizer(model) with a copy of the model") from exc
         if isinstance(opt, (tuple, list)) and opt and all(isinstance(o, torch.optim.Optimizer) for o in opt):
             kinds = ", ".join(type(o).__name__ for o in opt)
             raise SetupError(
@@ -481,7 +491,8 @@ class Setup:
             try:
                 sched = self.scheduler(opt)
             except Exception as exc:
-                raise StepError(f"the scheduler factory raised {type(exc).__name__}: {exc}", "it is called as scheduler(optimizer)") from exc
+                raise StepError(f"the scheduler factory raised {type(exc).__name__}: {exc}",
+                                "it is called as scheduler(optimizer)") from exc
             if not (hasattr(sched, "step") and hasattr(sched, "state_dict")):
                 raise SetupError(
                     f"Setup: the scheduler factory returned a {type(sched).__name__}, expected an LR scheduler",
@@ -518,8 +529,10 @@ class Setup:
         except TroptError:
             raise
         except Exception as exc:
-            who = "tropt.standard_step" if self.uses_standard_step else f"your step function {_describe_callable(self.step)}"
-            raise StepError(f"{who} raised {type(exc).__name__}: {exc}", "fix the step; it is called as step(ctx, micro_batches)") from exc
+            who = ("tropt.standard_step" if self.uses_standard_step
+                   else f"your step function {_describe_callable(self.step)}")
+            raise StepError(f"{who} raised {type(exc).__name__}: {exc}",
+                            "fix the step; it is called as step(ctx, micro_batches)") from exc
 
     def validate(self) -> Setup:
         """First-use validation on copies: the factories, one batch, and a finite scalar loss with a gradient path.
@@ -547,13 +560,14 @@ class Setup:
                     "check the inputs for NaN/inf and the loss for log(0) or division by zero",
                 )
             if not loss.requires_grad:
-                raise StepError(
-                    "Setup: the loss does not depend on any parameter that requires grad (no gradient can flow)",
-                    "do not call .item(), .detach() or torch.no_grad() inside loss_fn; check requires_grad on the model",
-                )
+                raise StepError("Setup: the loss does not depend on any parameter that requires grad (no gradient can "
+                                "flow)",
+                                "do not call .item(), .detach() or torch.no_grad() inside loss_fn; check requires_grad "
+                                "on the model")
             opt = ctx.optimizer
             self._validated.update(ok=True, batch_size=n, optimizer=type(opt).__name__ if opt is not None else None,
-                                   optimizer_defaults={k: v for k, v in opt.defaults.items() if isinstance(v, (int, float, str, bool, tuple))}
+                                   optimizer_defaults={k: v for k, v in opt.defaults.items()
+                                                       if isinstance(v, (int, float, str, bool, tuple))}
                                    if opt is not None else {},
                                    scheduler=type(ctx.scheduler).__name__ if ctx.scheduler is not None else None)
         return self
@@ -575,7 +589,8 @@ class Setup:
             "seed": self.seed,
         }
         if self.batch_dim or self.split_fn is not None:  # only when set, so existing identities keep their hash
-            info["batch_layout"] = f"batch_dim={self.batch_dim}" if self.split_fn is None else _describe_callable(self.split_fn)
+            info["batch_layout"] = (f"batch_dim={self.batch_dim}" if self.split_fn is None
+                                    else _describe_callable(self.split_fn))
         for key in ("optimizer", "optimizer_defaults", "scheduler"):
             if key in self._validated:
                 info[key] = self._validated[key]

@@ -216,7 +216,8 @@ def as_sink(target: Any) -> Sink:
         import wandb
 
         if wandb.run is None:
-            raise TroptError("log_to('wandb'): there is no active W&B run", "call wandb.init(...) first, or pass the run")
+            raise TroptError("log_to('wandb'): there is no active W&B run",
+                             "call wandb.init(...) first, or pass the run")
         return WandbSink(wandb.run)
     if isinstance(target, (str, os.PathLike)):
         from torch.utils.tensorboard import SummaryWriter
@@ -324,7 +325,8 @@ def log_events(events: list, sink: Sink, step: int) -> None:
     sink.scalars({f"tropt/warnings/{ev.kind}": 1.0 for ev in events}, step)
 
 
-def log_monitor(mon: Any, sink: Sink, step: int, *, prefix: str = "tropt", figures: bool = True, **thresholds: Any) -> Any:
+def log_monitor(mon: Any, sink: Sink, step: int, *, prefix: str = "tropt", figures: bool = True,
+                **thresholds: Any) -> Any:
     """Write a :class:`tropt.GradientMonitor`'s record (see :meth:`tropt.GradientMonitor.log_to`); returns its verdict.
 
     The global gradient norm goes out once per recorded step (rows already logged by an earlier call are skipped, so

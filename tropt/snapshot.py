@@ -56,7 +56,8 @@ def _same(a: Any, b: Any) -> bool:
         return bool(torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
                                            and torch.equal(a.isnan(), b.isnan())))
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+                and np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -143,7 +144,8 @@ class _ModuleState:
                 continue
             if self.training[key] != other.training[key]:
                 out.append(f"module {name}: training mode {self.training[key]} -> {other.training[key]}")
-            for kind, mine, theirs in (("parameter", self.params, other.params), ("buffer", self.buffers, other.buffers)):
+            for kind, mine, theirs in (("parameter", self.params, other.params),
+                                       ("buffer", self.buffers, other.buffers)):
                 if {k: id(v) for k, v in mine[key].items()} != {k: id(v) for k, v in theirs[key].items()}:
                     out.append(f"module {name}: {kind} objects replaced, added or removed")
             for attr, hooks in self.hooks[key].items():
@@ -222,7 +224,8 @@ class Snapshot:
                 stateful.append((obj, _state_dict(obj), hooks))
             else:
                 raise TypeError(f"cannot snapshot a {type(obj).__name__}: it is not a module and has no state_dict")
-        return cls(modules, stateful, RngState.take() if rng else None, torch.is_grad_enabled(), torch.get_default_dtype())
+        return cls(modules, stateful, RngState.take() if rng else None, torch.is_grad_enabled(),
+                   torch.get_default_dtype())
 
     def restore(self) -> None:
         """Put every captured object back as it was (in place: the user's references stay valid)."""

@@ -161,7 +161,8 @@ def needs_metric(scheduler: Any) -> bool:
         params = inspect.signature(scheduler.step).parameters.values()
     except (TypeError, ValueError, AttributeError):  # no step, or a builtin without a signature: assume argument-free
         return False
-    return any(p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    return any(p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               for p in params)
 
 
 def standard_step(ctx: StepContext, micro_batches: list) -> torch.Tensor:
@@ -177,8 +178,8 @@ def standard_step(ctx: StepContext, micro_batches: list) -> torch.Tensor:
 
         raise SetupError(
             "Setup: optimizer=None but no step function: tropt.standard_step needs an optimizer to step",
-            "pass optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=...), or your own step=step(ctx, micro_batches) "
-            "that updates the parameters by hand")
+            "pass optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=...), or your own "
+            "step=step(ctx, micro_batches) that updates the parameters by hand")
     sizes = [ctx.batch_size(mb) for mb in micro_batches]
     total = sum(sizes)
     step_loss = torch.zeros((), device=ctx.device)

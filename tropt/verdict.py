@@ -162,7 +162,8 @@ def verdict_order(results: Iterable[CheckResult]) -> list[Finding]:
         if r.status in _FINDING_ORDER:
             score, metric = severity(r)
             findings.append(Finding(r, score, metric))
-    findings.sort(key=lambda f: (_FINDING_ORDER.index(f.status), _stage(f.check), -f.severity, _contract_index(f.check)))
+    findings.sort(key=lambda f: (_FINDING_ORDER.index(f.status), _stage(f.check), -f.severity,
+                                 _contract_index(f.check)))
     return _group_errors(findings)
 
 
@@ -175,7 +176,7 @@ def _group_errors(findings: list[Finding]) -> list[Finding]:
         key = (f.result.summary, f.first_fix)
         if f.status is Status.ERROR and key in first:
             i = first[key]
-            out[i] = Finding(out[i].result, out[i].severity, out[i].severity_metric, out[i].same + (f.check,))
+            out[i] = Finding(out[i].result, out[i].severity, out[i].severity_metric, (*out[i].same, f.check))
             continue
         if f.status is Status.ERROR:
             first[key] = len(out)
@@ -209,7 +210,8 @@ def summary_lines(report: Report | Iterable[CheckResult], width: int = 110) -> l
     for i, f in enumerate(v.findings, 1):
         lines.append(f"{i:>2}. {_MARK[f.status.value]}  {f.check:<{pad}}  {f.summary}")
         if f.first_fix:
-            lines.append(textwrap.fill(f.first_fix, width, initial_indent=" " * (pad + 12) + "→ ", subsequent_indent=" " * (pad + 14)))
+            lines.append(textwrap.fill(f.first_fix, width, initial_indent=" " * (pad + 12) + "→ ",
+                                       subsequent_indent=" " * (pad + 14)))
     if v.rest_line:
         lines.append(v.rest_line)
     return lines
@@ -232,7 +234,8 @@ def doc_link_html(check: str) -> str:
 
     if check not in PUBLIC_IDS:
         return ""
-    return f' <a class="tropt-doc" href="{html.escape(doc_url(check))}" target="_blank" rel="noopener">what this means</a>'
+    return (f' <a class="tropt-doc" href="{html.escape(doc_url(check))}" target="_blank" rel="noopener">'
+            "what this means</a>")
 
 
 def summary_html(report: Report | Iterable[CheckResult]) -> str:
@@ -240,12 +243,13 @@ def summary_html(report: Report | Iterable[CheckResult]) -> str:
     e = html.escape
     v = verdict(report)
     rows = []
-    for i, f in enumerate(v.findings, 1):
+    for _i, f in enumerate(v.findings, 1):
         key = f' <span class="tropt-key">({e(f.key_number)})</span>' if f.key_number else ""
         fix = f'<div class="tropt-fix">→ {e(f.first_fix)}</div>' if f.first_fix else ""
         rows.append(
             f'<li class="tropt-finding" data-check="{e(f.check)}" data-status="{f.status.value}" '
-            f'style="margin:4px 0;border-left:4px solid {_COLOUR[f.status]};padding-left:8px;list-style-position:inside">'
+            f'style="margin:4px 0;border-left:4px solid {_COLOUR[f.status]};padding-left:8px;'
+            'list-style-position:inside">'
             f"{_badge(f.status)} <code>{e(f.check)}</code> {e(f.summary)}{key}{doc_link_html(f.check)}{fix}</li>"
         )
     rest = ""
@@ -255,7 +259,8 @@ def summary_html(report: Report | Iterable[CheckResult]) -> str:
     fixes = f'<ol class="tropt-fix-first" style="padding-left:0">{"".join(rows)}</ol>' if rows else ""
     return (
         f'<div class="tropt-verdict" data-status="{v.status.value}">'
-        f'<div class="tropt-headline" style="font-size:115%;margin:4px 0">{_badge(v.status)} <b>{e(v.headline)}</b></div>'
+        f'<div class="tropt-headline" style="font-size:115%;margin:4px 0">{_badge(v.status)} '
+        f"<b>{e(v.headline)}</b></div>"
         f"{fixes}{rest}</div>"
     )
 

@@ -43,7 +43,8 @@ def make(seed: int = 7) -> tuple[pd.DataFrame, pd.DataFrame]:
     copied = rng.choice(N_TRAIN, N_COPIED, replace=False)
     test.iloc[:N_COPIED] = train.iloc[copied].to_numpy()
     rest = np.setdiff1d(np.arange(N_TRAIN), copied)
-    test.loc[N_COPIED:N_COPIED + N_SHARED_IDS - 1, "customer_id"] = rng.choice(train.customer_id.to_numpy()[rest], N_SHARED_IDS, replace=False)
+    test.loc[N_COPIED:N_COPIED + N_SHARED_IDS - 1, "customer_id"] = rng.choice(train.customer_id.to_numpy()[rest],
+                                                                               N_SHARED_IDS, replace=False)
     test = test.astype(train.dtypes.to_dict())
     return train, test
 

@@ -1,4 +1,5 @@
-"""Candidates for the bundled sample (``tropt report compare -p candidates data/samples/sample_candidates.py:make_candidates``)."""
+"""Candidates for the bundled sample
+(``tropt report compare -p candidates data/samples/sample_candidates.py:make_candidates``)."""
 
 from __future__ import annotations
 

@@ -54,7 +54,8 @@ def make_setup(seed: int = 0, batch_size: int = 64) -> tropt.Setup:
     y_test = torch.tensor(test["churned"].to_numpy(), dtype=torch.long)
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(x_train.shape[1], 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_train, y_train), batch_size=batch_size, shuffle=True)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_train, y_train), batch_size=batch_size,
+                                         shuffle=True)
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_test, y_test), batch_size=256)
     return tropt.Setup(
         model,

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_support import ROOT
+from support.lab import ROOT
 
 ARTIFACTS = Path(os.environ.get("TROPT_BROWSER_ARTIFACTS", Path(__file__).parent / "artifacts"))
 SERVER_START_TIMEOUT = 90
@@ -58,34 +58,35 @@ def jupyter_server(tmp_path_factory):
     notif.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     if os.geteuid() == 0:
         cmd.append("--allow-root")
-    log = open(base / "server.log", "w")
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited rc={proc.returncode}:\n" + (base / "server.log").read_text()[-3000:])
+    with open(base / "server.log", "w") as log:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"jupyter lab exited rc={proc.returncode}:\n"
+                                       + (base / "server.log").read_text()[-3000:])
+                try:
+                    _api(f"{url}/api/status", timeout=2)
+                    break
+                except OSError as err:
+                    if time.monotonic() - t0 > SERVER_START_TIMEOUT:
+                        raise TimeoutError("jupyter lab did not start:\n"
+                                           + (base / "server.log").read_text()[-3000:]) from err
+                    time.sleep(0.25)
+            yield {"url": url, "root": root, "log": base / "server.log"}
+        finally:
             try:
-                _api(f"{url}/api/status", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() - t0 > SERVER_START_TIMEOUT:
-                    raise TimeoutError("jupyter lab did not start:\n" + (base / "server.log").read_text()[-3000:])
-                time.sleep(0.25)
-        yield {"url": url, "root": root, "log": base / "server.log"}
-    finally:
-        try:
-            for k in _api(f"{url}/api/kernels") or []:
-                _api(f"{url}/api/kernels/{k['id']}", method="DELETE", timeout=15)
-        except Exception:
-            pass
-        proc.send_signal(signal.SIGTERM)  # SIGINT would wait for a y/n confirmation
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
+                for k in _api(f"{url}/api/kernels") or []:
+                    _api(f"{url}/api/kernels/{k['id']}", method="DELETE", timeout=15)
+            except Exception:  # noqa: BLE001 -- best-effort kernel cleanup must never stop the server's shutdown
+                pass
+            proc.send_signal(signal.SIGTERM)  # SIGINT would wait for a y/n confirmation
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from lab_support import KERNEL_IDLE_JS, ROOT
 from playwright.sync_api import Page, expect
+from support.lab import KERNEL_IDLE_JS, ROOT
 
 pytestmark = pytest.mark.browser
 
@@ -74,7 +74,8 @@ def test_data_panel(page, jupyter_server, notebook, artifacts):
     name = notebook(PREAMBLE, "from tropt.widgets import DataPanel\nDataPanel(splits)")
     panel = open_and_run(page, jupyter_server, name)
     for desc, column in (("label", "churned"), ("group", "customer_id"), ("time", "signup_date")):
-        panel.locator(".widget-dropdown", has=page.locator(".widget-label", has_text=desc)).locator("select").select_option(column)
+        panel.locator(".widget-dropdown",
+                      has=page.locator(".widget-label", has_text=desc)).locator("select").select_option(column)
     panel.locator(".widget-checkbox", has_text="Near duplicates").locator("input").uncheck()
     action = panel.locator(".tropt-action")
     click_run(action, "Run data checks")
@@ -160,7 +161,8 @@ def test_loop_panel(page, jupyter_server, notebook, artifacts):
     action = panel.locator(".tropt-action")
     click_run(action, "Check the loop")
     wait_done(action)
-    expect(action.locator(".tropt-result")).to_have_count(7)  # zero_grad .. resume, ddp (2 forked processes), train_mode
+    # zero_grad .. resume, ddp (2 forked processes), train_mode
+    expect(action.locator(".tropt-result")).to_have_count(7)
     expect(action.locator('.tropt-result[data-check="loop.ddp"][data-status="pass"]')).to_have_count(1)
     expect(action.locator('.tropt-result[data-check="loop.loss_scaling"] .tropt-badge')).to_be_visible()
     acc = action.locator('.tropt-result[data-check="loop.accumulation"]')
@@ -201,11 +203,12 @@ def test_dynamics_panel(page, jupyter_server, notebook, artifacts, tmp_path):
 
 
 def test_dashboard(page, jupyter_server, notebook, artifacts):
-    name = notebook(PREAMBLE, 'tropt.dashboard(setup, splits, label="churned", group="customer_id", time="signup_date",\n'
-                              '                checks=["data", "model.init_loss", "model.gradient_flow", "loop"])')
+    name = notebook(PREAMBLE,
+                    'tropt.dashboard(setup, splits, label="churned", group="customer_id", time="signup_date",\n'
+                    '                checks=["data", "model.init_loss", "model.gradient_flow", "loop"])')
     board = open_and_run(page, jupyter_server, name)
-    expect(board.locator(".lm-TabBar-tabLabel")).to_have_text(["Diagnose all", "Data", "Protocol", "Overfit", "Gradient flow", "Loop",
-                                                                  "Dynamics", "Compare"])
+    expect(board.locator(".lm-TabBar-tabLabel")).to_have_text(["Diagnose all", "Data", "Protocol", "Overfit",
+                                                               "Gradient flow", "Loop", "Dynamics", "Compare"])
     action = board.locator(".tropt-action").first
     click_run(action, "Diagnose all")
     wait_done(action)
@@ -213,7 +216,8 @@ def test_dashboard(page, jupyter_server, notebook, artifacts):
     expect(report).to_be_visible()
     # The verdict first (#15): the leak is the first thing to fix; the per-check details are collapsed under it.
     expect(report.locator(".tropt-verdict .tropt-finding").first).to_have_attribute("data-status", "fail")
-    expect(report.locator('.tropt-verdict .tropt-finding[data-check="data.group_leakage"] .tropt-badge.tropt-fail')).to_be_visible()
+    expect(report.locator('.tropt-verdict .tropt-finding[data-check="data.group_leakage"]'
+                          ' .tropt-badge.tropt-fail')).to_be_visible()
     shot(page, board, artifacts, "dashboard")
     report.locator("summary.tropt-all-summary, details.tropt-all > summary").first.click()
     expect(report.locator('.tropt-result[data-check="data.group_leakage"] .tropt-badge.tropt-fail')).to_be_visible()

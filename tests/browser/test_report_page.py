@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from lab_support import ROOT
+from support.lab import ROOT
 
 pytestmark = pytest.mark.browser
 
@@ -19,14 +19,15 @@ DEMO = ["diagnose", "-p", "setup", f"{SAMPLES / 'sample_setup.py'}:make_setup",
         "-p", "splits", json.dumps({"train": str(SAMPLES / "train.csv"), "test": str(SAMPLES / "test.csv")}),
         "-p", "label", "churned", "-p", "group", "customer_id", "-p", "time", "signup_date", "--fail-on", "never"]
 ARTIFACTS = ROOT / "tests" / "browser" / "artifacts"
-COLOURS = {"fail": "rgb(207, 34, 46)", "warn": "rgb(154, 103, 0)", "pass": "rgb(26, 127, 55)", "skip": "rgb(110, 119, 129)",
-           "error": "rgb(130, 80, 223)"}
+COLOURS = {"fail": "rgb(207, 34, 46)", "warn": "rgb(154, 103, 0)", "pass": "rgb(26, 127, 55)",
+           "skip": "rgb(110, 119, 129)", "error": "rgb(130, 80, 223)"}
 
 
 @pytest.fixture(scope="module")
 def demo_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     proc = subprocess.run([sys.executable, "-m", "tropt.cli", "report", *DEMO, "-o", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -48,9 +49,11 @@ def test_demo_report_opens_with_the_verdict(demo_report, chromium):
     rank = {"fail": 0, "error": 1, "warn": 2}
     assert order and order[0] == "fail" and order == sorted(order, key=rank.__getitem__), order
     rest = page.eval_on_selector(".tropt-verdict .tropt-rest", "e => e.getBoundingClientRect().top")
-    last = page.eval_on_selector_all(".tropt-verdict .tropt-finding", "els => els[els.length - 1].getBoundingClientRect().top")
+    last = page.eval_on_selector_all(".tropt-verdict .tropt-finding",
+                                     "els => els[els.length - 1].getBoundingClientRect().top")
     assert rest > last  # PASS and SKIP collapsed into one line after the findings
-    badges = page.eval_on_selector_all(".tropt-badge", "els => els.map(e => [e.textContent, getComputedStyle(e).backgroundColor])")
+    badges = page.eval_on_selector_all(".tropt-badge",
+                                       "els => els.map(e => [e.textContent, getComputedStyle(e).backgroundColor])")
     assert {text.lower() for text, _ in badges} >= {"fail", "pass"}
     for text, colour in badges:
         assert colour == COLOURS[text.lower()], (text, colour)

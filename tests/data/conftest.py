@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from split_tables import make_table
+from support.split_tables import make_table
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
-from split_tables import OPTS, SAMPLES
+from support.split_tables import OPTS, SAMPLES
 
 import tropt
 from tropt.data import check_exact_duplicates, check_near_duplicates, check_splits
@@ -19,7 +19,8 @@ from tropt.testing import untouched
 
 def test_sample_csv_known_answers_through_diagnose():
     splits = {"train": os.path.join(SAMPLES, "train.csv"), "test": os.path.join(SAMPLES, "test.csv")}
-    rep = tropt.diagnose(splits=splits, label="churned", group="customer_id", time="signup_date", checks="data", progress=False)
+    rep = tropt.diagnose(splits=splits, label="churned", group="customer_id", time="signup_date", checks="data",
+                         progress=False)
     assert rep["data.exact_duplicates"].metrics["leaked_rows"] == 30
     assert rep["data.group_leakage"].metrics["shared_groups"] == 55
     assert rep["data.group_leakage"].metrics["affected_rows"] == 55

@@ -70,7 +70,8 @@ def assert_same_report(a, b) -> None:
     assert [r.check for r in a.results] == [r.check for r in b.results]
     for ra, rb in zip(a.results, b.results):
         assert (ra.check, ra.status, ra.summary) == (rb.check, rb.status, rb.summary)
-        assert json.dumps(ra.to_dict()["metrics"], sort_keys=True, default=str) == json.dumps(rb.to_dict()["metrics"], sort_keys=True, default=str), ra.check
+        assert (json.dumps(ra.to_dict()["metrics"], sort_keys=True, default=str)
+                == json.dumps(rb.to_dict()["metrics"], sort_keys=True, default=str)), ra.check
         assert ra.tables.keys() == rb.tables.keys(), ra.check
         for k in ra.tables:
             pd.testing.assert_frame_equal(ra.tables[k], rb.tables[k], check_dtype=False, check_categorical=False,
@@ -78,13 +79,15 @@ def assert_same_report(a, b) -> None:
         assert ra.advice == rb.advice
         assert ra.series.keys() == rb.series.keys(), ra.check
         for k in ra.series:
-            np.testing.assert_array_equal(np.asarray(ra.series[k]), np.asarray(rb.series[k]), err_msg=f"{ra.check} series {k}")
+            np.testing.assert_array_equal(np.asarray(ra.series[k]), np.asarray(rb.series[k]),
+                                          err_msg=f"{ra.check} series {k}")
 
 
 def assert_planted(report) -> None:
     ex, gl, tl = report["data.exact_duplicates"], report["data.group_leakage"], report["data.temporal_leakage"]
     assert ex.metrics["leaked_rows"] == DUPES and len(ex.tables["leaked_rows"]) == DUPES
-    assert gl.status in (Status.FAIL, Status.WARN) and gl.metrics["shared_groups"] == gl.metrics["affected_rows"] == GROUP_LEAKS
+    assert (gl.status in (Status.FAIL, Status.WARN)
+            and gl.metrics["shared_groups"] == gl.metrics["affected_rows"] == GROUP_LEAKS)
     assert tl.status != Status.PASS and tl.metrics["overlap_rows"] == TIME_LEAKS
 
 
@@ -129,7 +132,8 @@ def test_a_glob_over_the_files_reads_the_same_rows(tmp_path):
         test.drop(columns="region").iloc[a:a + 400].to_parquet(tmp_path / f"test-{i}.parquet", index=False)
     glob = str(tmp_path / "test-*.parquet")
     got = check_exact_duplicates({"train": str(tmp_path / "train.parquet"), "test": glob}, progress=False, **OPTIONS)
-    want = check_exact_duplicates({"train": train.drop(columns="region"), "test": test.drop(columns="region").reset_index(drop=True)},
+    want = check_exact_duplicates({"train": train.drop(columns="region"),
+                                   "test": test.drop(columns="region").reset_index(drop=True)},
                                   progress=False, **OPTIONS)
     assert got.metrics["leaked_rows"] == want.metrics["leaked_rows"] == DUPES
     pd.testing.assert_frame_equal(got.tables["leaked_rows"], want.tables["leaked_rows"], check_dtype=False)
@@ -166,7 +170,8 @@ def test_local_cluster_runs_the_map_and_the_time_reduce_on_its_workers(tmp_path)
     train, test = make_splits(4)
     paths = {"train": write_dataset(train, tmp_path / "train"), "test": write_dataset(test, tmp_path / "test")}
     in_memory = check_splits({k: pd.read_parquet(p) for k, p in paths.items()}, progress=False, **OPTIONS)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
         assert dask_splits.current_client() is client
         on_cluster = check_splits(paths, progress=False, **OPTIONS)
@@ -228,7 +233,8 @@ def test_workers_without_this_tropt_are_a_clear_error(tmp_path, setup, match):
     distributed = pytest.importorskip("distributed")
     train, test = make_splits(5)
     paths = {"train": write_dataset(train, tmp_path / "train"), "test": write_dataset(test, tmp_path / "test")}
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
         client.run(setup)
         with pytest.raises(DataError, match=match) as err:
@@ -242,7 +248,8 @@ def test_workers_without_this_tropt_are_a_clear_error(tmp_path, setup, match):
 
 def test_a_glob_that_matches_nothing_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match=r"matches no files") as err:
-        check_exact_duplicates({"train": str(tmp_path / "nope-*.parquet"), "test": str(tmp_path / "nope-*.parquet")}, progress=False)
+        check_exact_duplicates({"train": str(tmp_path / "nope-*.parquet"), "test": str(tmp_path / "nope-*.parquet")},
+                               progress=False)
     assert "pattern" in str(err.value)
 
 
@@ -262,20 +269,24 @@ def test_partitions_with_different_schemas_name_the_columns(tmp_path):
 
 def test_a_dask_split_without_the_label_column(tmp_path):
     train, test = make_splits(6)
-    splits = {"train": dd.from_pandas(train.drop(columns="y"), npartitions=2), "test": dd.from_pandas(test.drop(columns="y"), npartitions=2)}
+    splits = {"train": dd.from_pandas(train.drop(columns="y"), npartitions=2),
+              "test": dd.from_pandas(test.drop(columns="y"), npartitions=2)}
     with pytest.raises(DataError, match=r"label='y' is not a column"):
         tropt.data.check_label_shift(splits, label="y", progress=False)
     # Inside diagnose: every data check that reads the label is an ERROR, and the report still comes back.
     report = tropt.diagnose(splits=splits, label="y", progress=False)
-    reads_label = ["data.exact_duplicates", "data.target_leakage", "data.label_shift", "data.class_coverage", "data.label_sanity"]
-    assert all(report[c].status == Status.ERROR and "label='y' is not a column" in report[c].summary for c in reads_label)
+    reads_label = ["data.exact_duplicates", "data.target_leakage", "data.label_shift", "data.class_coverage",
+                   "data.label_sanity"]
+    assert all(report[c].status == Status.ERROR
+               and "label='y' is not a column" in report[c].summary for c in reads_label)
     assert report["data.group_leakage"].status == Status.SKIP  # no group= given: as for pandas splits
     assert any(r.status == Status.SKIP for r in report.results if find_spec(r.check).needs == "setup")
 
 
 def test_a_bad_glob_inside_diagnose_is_an_error_result(tmp_path):
     train, _ = make_splits(7)
-    report = tropt.diagnose(splits={"train": train, "test": str(tmp_path / "missing-*.parquet")}, label="y", progress=False)
+    report = tropt.diagnose(splits={"train": train, "test": str(tmp_path / "missing-*.parquet")}, label="y",
+                            progress=False)
     data = [r for r in report.results if find_spec(r.check).needs == "splits"]
     assert all(r.status == Status.ERROR for r in data) and "matches no files" in data[0].summary
 
@@ -285,7 +296,8 @@ def test_dask_is_imported_only_when_a_split_needs_it():
     import sys
 
     code = ("import sys, pandas as pd, tropt; from tropt.data import check_exact_duplicates; "
-            "check_exact_duplicates({'a': pd.DataFrame({'x': [1, 2]}), 'b': pd.DataFrame({'x': [2, 3]})}, progress=False); "
+            "check_exact_duplicates({'a': pd.DataFrame({'x': [1, 2]}), 'b': pd.DataFrame({'x': [2, 3]})}, "
+            "progress=False); "
             "print(any(m == 'dask' or m.startswith('dask.') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -302,4 +314,5 @@ def test_without_dask_a_directory_streams_and_a_glob_names_the_extra(tmp_path, m
     assert streamed.metrics["leaked_rows"] == with_dask.metrics["leaked_rows"] == DUPES
     pd.testing.assert_frame_equal(streamed.tables["leaked_rows"], with_dask.tables["leaked_rows"], check_dtype=False)
     with pytest.raises(DataError, match=r"tropt\[dask\]"):
-        check_exact_duplicates({"train": paths["train"], "test": str(tmp_path / "test" / "*" / "*.parquet")}, progress=False, **OPTIONS)
+        check_exact_duplicates({"train": paths["train"], "test": str(tmp_path / "test" / "*" / "*.parquet")},
+                               progress=False, **OPTIONS)

@@ -25,6 +25,7 @@ def test_copies_are_found_across_splits_stored_differently():
     train = pd.DataFrame({"s": words[rng.integers(0, 500, 200)], "x": rng.normal(size=200)})
     test = pd.DataFrame({"s": words[rng.integers(0, 500, 50)], "x": rng.normal(size=50)})
     test.iloc[:3] = train.iloc[[5, 6, 7]].to_numpy()
-    r = check_exact_duplicates({"train": train.astype({"s": "category"}), "test": test.astype({"s": object})}, progress=False)
+    r = check_exact_duplicates({"train": train.astype({"s": "category"}), "test": test.astype({"s": object})},
+                               progress=False)
     assert r.metrics["leaked_rows"] == 3
     assert sorted(r.tables["leaked_rows"]["earlier_row"]) == [5, 6, 7]

@@ -3,11 +3,11 @@ evaluation, declared test-time augmentation, and genuine shifts between the spli
 
 from __future__ import annotations
 
-import contract_cases as cc
 import numpy as np
 import pytest
 import torch
-from setup_runs import run
+from support import contract_cases as cc
+from support.split_runs import run
 from torch.utils.data import DataLoader, TensorDataset
 
 import tropt
@@ -51,7 +51,8 @@ class Images(torch.utils.data.Dataset):
 def test_images_missing_normalisation_name_the_channels():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 2))
     s = tropt.Setup(model, cc.ce, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
-                    DataLoader(Images(256, 0, True), batch_size=32, shuffle=True), val_data=DataLoader(Images(128, 1, False), batch_size=32))
+                    DataLoader(Images(256, 0, True), batch_size=32, shuffle=True),
+                    val_data=DataLoader(Images(128, 1, False), batch_size=32))
     r = run(check_eval_transforms, s)
     assert r.status is Status.FAIL and "channel" in r.summary
     assert set(r.tables["features"].query("verdict == 'fail'")["index"]) == {0, 1, 2}
@@ -108,7 +109,8 @@ def _digits_setup(val_scale: float = 1.0, contiguous: bool = False, unscaled: tu
 
 def test_rare_nonzero_features_of_a_random_split_are_not_a_shift():
     # A feature that is non-zero in a handful of images has a std estimate dominated by those few: its sampling
-    # noise is many times the normal-theory value (the kurtosis is ~1/p), so the std ratio of a random split varies a lot.
+    # noise is many times the normal-theory value (the kurtosis is ~1/p), so the std ratio of a random split varies
+    # a lot.
     r = run(check_eval_transforms, _digits_setup())
     assert r.status is Status.PASS, r.summary
     # ... while the same split with the validation inputs left on the raw 0-16 scale fails, on every varying pixel.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from split_tables import OPTS, make_table, with_copies
+from support.split_tables import OPTS, make_table, with_copies
 
 from tropt.data import check_exact_duplicates, check_near_duplicates
 from tropt.result import Status
@@ -106,8 +106,10 @@ def test_one_hot_answers_are_a_small_feature_space_too(dtype):
     n = check_near_duplicates({"train": tr, "test": te}, label="y", progress=False)
     assert n.status is Status.WARN and "expected by chance" in n.summary and n.metrics["leaked_rows"] > 200, n.summary
     rng = np.random.default_rng(1)
-    wide = pd.DataFrame(rng.integers(0, 2, (3000, 30)).astype(dtype), columns=[f"b{i}" for i in range(30)]).assign(y=rng.integers(0, 2, 3000))
+    wide = pd.DataFrame(rng.integers(0, 2, (3000, 30)).astype(dtype),
+                        columns=[f"b{i}" for i in range(30)]).assign(y=rng.integers(0, 2, 3000))
     test = wide.iloc[2400:].copy()
     test.iloc[:30] = wide.iloc[:30].to_numpy()
     r = check_exact_duplicates({"train": wide.iloc[:2400], "test": test}, label="y", progress=False)
-    assert r.status is Status.FAIL and not r.metrics["small_feature_space"] and r.metrics["leaked_rows"] == 30, r.summary
+    assert (r.status is Status.FAIL and not r.metrics["small_feature_space"]
+            and r.metrics["leaked_rows"] == 30), r.summary

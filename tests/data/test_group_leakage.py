@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from split_tables import OPTS
+from support.split_tables import OPTS
 
 from tropt.data import check_group_leakage
 from tropt.result import Status

@@ -30,7 +30,8 @@ def test_label_shift_not_by_p_value_alone_and_regression():
     a = pd.DataFrame({"x": range(3000), "t": rng.normal(0, 1, 3000)})
     b = pd.DataFrame({"x": range(3000), "t": rng.normal(1.0, 1, 3000)})
     r = check_label_shift({"train": a, "test": b}, label="t", progress=False)
-    assert r.metrics["task"] == "regression" and r.status is Status.FAIL and r.tables["pairs"]["wasserstein_in_sd"][0] > 0.8
+    assert (r.metrics["task"] == "regression" and r.status is Status.FAIL
+            and r.tables["pairs"]["wasserstein_in_sd"][0] > 0.8)
     assert r.plot() is not None
 
 
@@ -52,5 +53,6 @@ def test_a_trending_target_split_by_time_is_drift_not_a_broken_split():
     assert bool(r.tables["pairs"]["time_ordered"][0])
     assert check_label_shift(chrono, label="realgdp", progress=False).status is Status.FAIL  # not told it is temporal
     mixed = macro.sample(frac=1, random_state=0)
-    r = check_label_shift({"train": mixed.iloc[:cut], "test": mixed.iloc[cut:]}, label="realgdp", time="date", progress=False)
+    r = check_label_shift({"train": mixed.iloc[:cut], "test": mixed.iloc[cut:]}, label="realgdp", time="date",
+                          progress=False)
     assert r.status is Status.PASS and not r.tables["pairs"]["time_ordered"][0], r.summary

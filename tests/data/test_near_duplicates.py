@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from split_tables import OPTS
+from support.split_tables import OPTS
 
 from tropt.data import check_exact_duplicates, check_near_duplicates
 from tropt.result import Status
@@ -107,14 +107,16 @@ def test_near_duplicates_image_hash_finds_brightness_copies_and_spares_healthy_d
 
 def test_near_duplicates_skips_when_not_applicable(clean):
     train, test = clean
-    r = check_near_duplicates({"train": train[["f_float", "y"]], "test": test[["f_float", "y"]]}, label="y", progress=False)
+    r = check_near_duplicates({"train": train[["f_float", "y"]], "test": test[["f_float", "y"]]}, label="y",
+                              progress=False)
     assert r.status is Status.SKIP and "numeric feature" in r.summary
     r = check_near_duplicates({"train": train[["y"]], "test": test[["y"]]}, label="y", progress=False)
     assert r.status is Status.SKIP and "no free-text columns" in r.summary, r.summary
     r = check_near_duplicates({"train": train, "test": test}, **OPTS, enabled=False)
     assert r.status is Status.SKIP
     pytest.importorskip("faiss")
-    r = check_near_duplicates({"train": train, "test": test}, **OPTS, max_auto_rows=10)  # above it: an index, not a SKIP
+    # above it: an index, not a SKIP
+    r = check_near_duplicates({"train": train, "test": test}, **OPTS, max_auto_rows=10)
     assert r.status is Status.PASS and r.metrics["method"].startswith("faiss IVF") and "approximate index" in r.summary
 
 
@@ -126,8 +128,10 @@ def _reviews(seed=0, n_train=2000, n_test=500):
     def reviews(n):
         return [" ".join(rng.choice(words, 12)).capitalize() + "." for _ in range(n)]
 
-    train = pd.DataFrame({"review": reviews(n_train), "stars": rng.integers(1, 6, n_train), "y": rng.integers(0, 2, n_train)})
-    test = pd.DataFrame({"review": reviews(n_test), "stars": rng.integers(1, 6, n_test), "y": rng.integers(0, 2, n_test)},
+    train = pd.DataFrame({"review": reviews(n_train), "stars": rng.integers(1, 6, n_train),
+                          "y": rng.integers(0, 2, n_train)})
+    test = pd.DataFrame({"review": reviews(n_test), "stars": rng.integers(1, 6, n_test),
+                         "y": rng.integers(0, 2, n_test)},
                         index=pd.RangeIndex(10_000, 10_000 + n_test))
     return train, test
 
@@ -167,13 +171,14 @@ def test_near_duplicates_text_beside_few_numeric_columns_compares_the_numbers():
     same_text.iloc[:20, 0] = train["review"].iloc[:20].to_numpy()
     same_text.iloc[:20, 1] = train["stars"].iloc[:20].to_numpy()
     same_text.iloc[:20, 3] = train["fare"].iloc[20:40].to_numpy() * 3 + 500  # other numbers
-    r = check_near_duplicates({"train": train[cols + ["y"]], "test": same_text[cols + ["y"]]}, label="y", progress=False)
+    r = check_near_duplicates({"train": train[[*cols, "y"]], "test": same_text[[*cols, "y"]]}, label="y",
+                              progress=False)
     assert r.status is Status.PASS and r.metrics["leaked_rows"] == 0, r.summary
     assert r.metrics["dimensions"] == 2 + 256
     copied = test.copy()
     copied.iloc[:20, [0, 3, 4]] = train.iloc[:20][cols].to_numpy()
     copied = copied.astype(test.dtypes.to_dict())
-    r = check_near_duplicates({"train": train[cols + ["y"]], "test": copied[cols + ["y"]]}, label="y", progress=False)
+    r = check_near_duplicates({"train": train[[*cols, "y"]], "test": copied[[*cols, "y"]]}, label="y", progress=False)
     assert r.status is Status.FAIL and sorted(r.tables["near_duplicates"]["earlier_row"]) == list(range(20)), r.summary
 
 
@@ -200,9 +205,11 @@ def test_text_vectors_are_the_same_in_every_process():
 
     from tropt.data.neighbours import text_vectors
 
-    code = "from tropt.data.neighbours import text_vectors; print(text_vectors(['hello world', 'near duplicate']).tobytes().hex())"
+    code = ("from tropt.data.neighbours import text_vectors; "
+            "print(text_vectors(['hello world', 'near duplicate']).tobytes().hex())")
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout.strip()
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env=env).stdout.strip()
     assert other == text_vectors(["hello world", "near duplicate"]).tobytes().hex()
 
 
@@ -239,8 +246,10 @@ def test_near_duplicates_survive_one_infinite_or_huge_value(bad):
     r = check_near_duplicates({"train": train, "test": df.iloc[1600:]}, label="y", progress=False)
     assert r.status is Status.PASS and r.metrics["median_nn_similarity.test_in_train"] > 0.5, r.summary
     with untouched(train):
-        r = check_near_duplicates({"train": train, "test": pd.concat([df.iloc[1600:], df.iloc[100:105]])}, label="y", progress=False)
-    assert r.metrics["leaked_rows"] == 5 and sorted(r.tables["near_duplicates"]["earlier_row"]) == [100, 101, 102, 103, 104]
+        r = check_near_duplicates({"train": train, "test": pd.concat([df.iloc[1600:], df.iloc[100:105]])}, label="y",
+                                  progress=False)
+    assert (r.metrics["leaked_rows"] == 5
+            and sorted(r.tables["near_duplicates"]["earlier_row"]) == [100, 101, 102, 103, 104])
 
 
 def test_near_duplicates_in_few_dimensions_see_magnitude():

@@ -29,7 +29,8 @@ def split(seed: int):
 
 
 def as_splits(x_train, y_train, x_test, y_test) -> dict:
-    return {"train": (torch.tensor(x_train), torch.tensor(y_train)), "test": (torch.tensor(x_test), torch.tensor(y_test))}
+    return {"train": (torch.tensor(x_train), torch.tensor(y_train)),
+            "test": (torch.tensor(x_test), torch.tensor(y_test))}
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

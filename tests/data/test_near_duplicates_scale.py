@@ -46,7 +46,7 @@ def test_auto_on_a_300k_row_table_uses_the_index_and_finds_every_planted_pair():
 
 def test_index_and_exact_search_agree_on_a_moderate_table():
     """Same vectors, same calibration: the index flags exactly the rows exact search flags, at the same threshold."""
-    train, test, src = planted_table(20_000, 5_000, k=40, noise=3e-3, seed=1)
+    train, test, _src = planted_table(20_000, 5_000, k=40, noise=3e-3, seed=1)
     exact = check_near_duplicates({"train": train, "test": test}, search="exact", progress=False)
     index = check_near_duplicates({"train": train, "test": test}, search="index", progress=False)
     assert "method" not in exact.metrics and index.metrics["method"].startswith("faiss")
@@ -91,7 +91,8 @@ def test_minhash_finds_recased_repunctuated_and_one_word_changed_copies_and_no_f
     src = rng.choice(4000, size=60, replace=False)
     for i, j in enumerate(src):
         t = train_text[j]
-        test_text[i] = (t.upper() if i < 20 else t.replace(" ", ", ").replace(".", "!") if i < 40 else _one_word_changed(t, rng))
+        test_text[i] = (t.upper() if i < 20 else t.replace(" ", ", ").replace(".", "!") if i < 40
+                        else _one_word_changed(t, rng))
     train = pd.DataFrame({"review": train_text, "y": rng.integers(0, 2, 4000)})
     test = pd.DataFrame({"review": test_text, "y": rng.integers(0, 2, 1000)})
     r = check_near_duplicates({"train": train, "test": test}, label="y", search="index", progress=False)
@@ -144,7 +145,8 @@ def test_image_hashes_in_the_binary_index_find_near_identical_images():
                               progress=False)
     ev = r.tables["near_duplicates"]
     assert r.metrics["leaked_rows"] == 20 and dict(zip(ev["row"], ev["earlier_row"])) == {i: 100 + i for i in range(20)}
-    assert "IndexBinaryMultiHash" in r.metrics["method"] and (ev["hash_distance"] <= r.metrics["hash_threshold.test_in_train"]).all()
+    assert ("IndexBinaryMultiHash" in r.metrics["method"]
+            and (ev["hash_distance"] <= r.metrics["hash_threshold.test_in_train"]).all())
 
 
 def test_binary_index_is_exact_within_its_radius():
@@ -184,10 +186,10 @@ def test_minhash_beside_numbers_needs_the_numbers_to_be_near_copies_too():
     """Text by MinHash, numbers by their block's cosine at the calibrated threshold: the same text with other numbers
     is not a near duplicate; text and numbers copied are."""
     rng = np.random.default_rng(5)
-    train = pd.DataFrame({"t": _sentences(3000, 5), "fare": rng.uniform(50, 900, 3000), "miles": rng.integers(100, 5000, 3000),
-                          "age": rng.integers(18, 90, 3000)})
-    test = pd.DataFrame({"t": _sentences(600, 6), "fare": rng.uniform(50, 900, 600), "miles": rng.integers(100, 5000, 600),
-                         "age": rng.integers(18, 90, 600)})
+    train = pd.DataFrame({"t": _sentences(3000, 5), "fare": rng.uniform(50, 900, 3000),
+                          "miles": rng.integers(100, 5000, 3000), "age": rng.integers(18, 90, 3000)})
+    test = pd.DataFrame({"t": _sentences(600, 6), "fare": rng.uniform(50, 900, 600),
+                         "miles": rng.integers(100, 5000, 600), "age": rng.integers(18, 90, 600)})
     test.loc[:19, "t"] = [s.lower() for s in train["t"][:20]]  # same text, other numbers
     test.loc[20:29, ["t", "fare", "miles", "age"]] = train.loc[100:109, ["t", "fare", "miles", "age"]].to_numpy()
     test = test.astype(train.dtypes.to_dict())
@@ -200,7 +202,7 @@ def test_minhash_beside_numbers_needs_the_numbers_to_be_near_copies_too():
 def test_auto_skips_only_above_the_index_memory_limit_and_true_runs_it():
     """"auto" above the exact limit runs the index unless it would hold more than max_auto_index_bytes of vectors
     (the 5M x 50 data stage of #16 stays within its memory); near_duplicates=True runs it at any size."""
-    train, test, src = planted_table(3000, 1000, k=20)
+    train, test, _src = planted_table(3000, 1000, k=20)
     small = {"max_auto_rows": 1000, "max_auto_index_bytes": 4000 * 12 * 17 - 1, "progress": False}
     r = check_near_duplicates({"train": train, "test": test}, **small)
     assert r.status is Status.SKIP and "would hold ~0.0 GB" in r.summary and "near_duplicates=True" in r.summary

@@ -13,7 +13,8 @@ from tropt.cli import main
 
 def _frame(n=120, seed=0):
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({"a": rng.normal(size=n), "b": rng.normal(size=n), "c": rng.normal(size=n), "y": rng.integers(0, 2, n)})
+    return pd.DataFrame({"a": rng.normal(size=n), "b": rng.normal(size=n), "c": rng.normal(size=n),
+                         "y": rng.integers(0, 2, n)})
 
 
 def _errors(report) -> dict[str, str]:
@@ -50,7 +51,8 @@ def test_infinite_values_in_a_float_label_are_found_and_the_rest_runs():
     df = _frame()
     df["y"] = df["y"].astype(float)
     df.loc[[3, 5], "y"] = [np.inf, -np.inf]
-    report = tropt.diagnose(splits={"train": df.iloc[:80], "test": df.iloc[80:]}, label="y", checks="data", progress=False)
+    report = tropt.diagnose(splits={"train": df.iloc[:80], "test": df.iloc[80:]}, label="y", checks="data",
+                            progress=False)
     assert _errors(report) == {}
     sanity = report["data.label_sanity"]
     assert sanity.status.value == "fail" and "infinite label (2 rows)" in sanity.summary
@@ -75,7 +77,8 @@ class _MetaDataset(torch.utils.data.Dataset):
 
 
 @pytest.mark.parametrize("make, culprit", [
-    (lambda: (torch.empty(50, 3, device="meta"), torch.zeros(50)), "split 'train': X of the (X, y) tuple is on the meta device"),
+    (lambda: (torch.empty(50, 3, device="meta"), torch.zeros(50)),
+     "split 'train': X of the (X, y) tuple is on the meta device"),
     (lambda: _MetaDataset(), "split 'train': sample 0 item 0 is on the meta device"),
 ])
 def test_meta_tensor_inside_a_tuple(make, culprit):
@@ -87,8 +90,10 @@ def test_meta_tensor_inside_a_tuple(make, culprit):
 def _many_classes(n_classes=1000, per_class=6, seed=0):
     rng = np.random.default_rng(seed)
     y = np.repeat(np.arange(n_classes), per_class)
-    train = pd.DataFrame({"a": rng.normal(size=len(y)), "b": rng.normal(size=len(y)), "c": rng.normal(size=len(y)), "y": y})
-    test = train[train["y"] < n_classes - 10].sample(800, random_state=0).assign(a=lambda t: t.a + 5)  # 10 classes never tested
+    train = pd.DataFrame({"a": rng.normal(size=len(y)), "b": rng.normal(size=len(y)), "c": rng.normal(size=len(y)),
+                          "y": y})
+    # 10 classes never tested
+    test = train[train["y"] < n_classes - 10].sample(800, random_state=0).assign(a=lambda t: t.a + 5)
     return {"train": train, "test": test}
 
 
@@ -97,7 +102,8 @@ def test_1000_integer_classes_with_task_classification():
     inferred = tropt.diagnose(splits=splits, label="y", checks=["data.class_coverage"], progress=False)
     r = inferred["data.class_coverage"]
     assert r.status.value == "skip" and "task='classification'" in r.summary  # the advice names a keyword...
-    told = tropt.diagnose(splits=splits, label="y", task="classification", checks=["data.class_coverage"], progress=False)
+    told = tropt.diagnose(splits=splits, label="y", task="classification", checks=["data.class_coverage"],
+                          progress=False)
     r = told["data.class_coverage"]  # ...that diagnose accepts, and then the 10 untested classes are found
     assert r.status.value in ("warn", "fail") and r.status.value != "error", r.summary
 
@@ -115,7 +121,7 @@ def test_cli_task_option(tmp_path, capsys):
             "--label", "y", "--checks", "data.class_coverage", "--no-progress", "--fail-on", "never"]
     assert main(args) == 0
     assert "SKIP   data.class_coverage" in capsys.readouterr().out
-    assert main(args + ["--task", "classification"]) == 0
+    assert main([*args, "--task", "classification"]) == 0
     out = capsys.readouterr().out
     assert "SKIP   data.class_coverage" not in out and "data.class_coverage" in out
 

@@ -3,10 +3,10 @@ batch beside BatchNorm, sampler weights, and the label rule."""
 
 from __future__ import annotations
 
-import contract_cases as cc
 import pytest
 import torch
-from setup_runs import run
+from support import contract_cases as cc
+from support.split_runs import run
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import tropt
@@ -89,7 +89,8 @@ def test_sorted_list_of_batches_fails_too():
     x, y = cc.raw()
     order = y.argsort(stable=True)
     xs, ys = cc.normalise(x)[order], y[order]
-    s = tropt.Setup(cc.net(), cc.ce, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(xs[i:i + 32], ys[i:i + 32]) for i in range(0, 384, 32)])
+    s = tropt.Setup(cc.net(), cc.ce, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                    [(xs[i:i + 32], ys[i:i + 32]) for i in range(0, 384, 32)])
     assert run(check_sampling, s).status is Status.FAIL
 
 
@@ -120,7 +121,8 @@ def _blocks_of_two_classes():
 def test_partly_ordered_batches_warn_and_imbalanced_shuffled_data_does_not():
     r = run(check_sampling, _blocks_of_two_classes())
     assert r.status is Status.WARN and "mix classes far less than shuffling would" in r.summary, r.summary
-    assert r.metrics["one_class_batches"] < 0.5 and r.metrics["entropy_ratio"] < 0.5 and r.metrics["entropy_deficit_z"] >= 4
+    assert (r.metrics["one_class_batches"] < 0.5 and r.metrics["entropy_ratio"] < 0.5
+            and r.metrics["entropy_deficit_z"] >= 4)
     x, y = cc.raw(384, shares=[0.99, 0.01, 0.0, 0.0])  # shuffled, but nearly every batch is one class by chance
     r = run(check_sampling, cc.make(train=DataLoader(cc.Items(x, y), batch_size=32, shuffle=True)))
     assert r.status is Status.PASS, r.summary

@@ -36,10 +36,12 @@ def test_session_scan_drops_the_numeric_matrix_above_the_limit(tmp_path, monkeyp
 
 def test_near_duplicates_still_found_when_asked_after_a_lean_scan(tmp_path, monkeypatch):
     paths = _splits(tmp_path)
-    full = tropt.diagnose(splits=paths, label="y", checks=["data.exact_duplicates", "data.near_duplicates"], progress=False)
+    full = tropt.diagnose(splits=paths, label="y", checks=["data.exact_duplicates", "data.near_duplicates"],
+                          progress=False)
     monkeypatch.setattr(limits, "EAGER_NUMERIC_ROWS", 300)
     cache._FILE_CACHE.clear()
-    lean = tropt.diagnose(splits=paths, label="y", checks=["data.exact_duplicates", "data.near_duplicates"], progress=False)
+    lean = tropt.diagnose(splits=paths, label="y", checks=["data.exact_duplicates", "data.near_duplicates"],
+                          progress=False)
     r = lean["data.near_duplicates"]
     assert r.status.value == "fail" and r.metrics["leaked_rows"] == 20  # the planted near copies, read again on demand
     assert r.metrics["leaked_rows"] == full["data.near_duplicates"].metrics["leaked_rows"]

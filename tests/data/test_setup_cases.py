@@ -4,10 +4,11 @@ check."""
 from __future__ import annotations
 
 import pytest
-from contract_support import caught_by_exactly
+from support.contract_support import caught_by_exactly
 
-DATA_CASES = ["healthy", "class_sorted", "distributed_without_set_epoch", "distributed_with_set_epoch", "tiny_last_batch",
-              "weighted_sampler", "val_without_normalisation", "random_val_transform", "declared_tta"]
+DATA_CASES = ["healthy", "class_sorted", "distributed_without_set_epoch", "distributed_with_set_epoch",
+              "tiny_last_batch", "weighted_sampler", "val_without_normalisation", "random_val_transform",
+              "declared_tta"]
 
 
 @pytest.mark.parametrize("case", DATA_CASES)

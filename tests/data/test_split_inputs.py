@@ -108,7 +108,8 @@ def test_bad_inputs_raise_helpful_data_errors(clean, tmp_path):
     with pytest.raises(DataError, match="mix tables and tensors"):
         check_exact_duplicates({"train": train, "test": torch.zeros(4, 3, 8, 8)}, progress=False)
     with pytest.raises(DataError, match="cannot be read as dates"):
-        check_temporal_leakage({"train": train.assign(ts="soon"), "test": test.assign(ts="later")}, time="ts", progress=False)
+        check_temporal_leakage({"train": train.assign(ts="soon"), "test": test.assign(ts="later")}, time="ts",
+                               progress=False)
     with pytest.raises(DataError, match="different columns"):
         check_splits({"train": train, "test": test.drop(columns="f_more")}, progress=False)
 

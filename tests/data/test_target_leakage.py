@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from split_tables import OPTS
+from support.split_tables import OPTS
 
 from tropt.data import check_class_coverage, check_target_leakage
 from tropt.result import Status
@@ -27,7 +27,7 @@ def test_target_leakage_finds_a_label_copy(clean):
     assert check_target_leakage({"train": train, "test": test}, **OPTS).status is Status.PASS
     # the same leak in 2-D numpy splits (label= a column index): their columns are features too
     num = [c for c in tr.columns if c != "y" and pd.api.types.is_numeric_dtype(tr[c])]
-    arrays = {"train": tr[num + ["y"]].to_numpy(float), "test": te[num + ["y"]].to_numpy(float)}
+    arrays = {"train": tr[[*num, "y"]].to_numpy(float), "test": te[[*num, "y"]].to_numpy(float)}
     r = check_target_leakage(arrays, label=len(num), progress=False)
     assert r.status is Status.FAIL and r.metrics["top_feature"] == num.index("leak"), r.summary
 
@@ -84,7 +84,8 @@ def test_target_leakage_strong_but_legitimate_feature_warns_and_a_copy_fails():
     leak = {"train": tr.assign(leak=tr.target * 2 + rng.normal(0, 0.2, len(tr))),
             "test": te.assign(leak=te.target * 2 + rng.normal(0, 0.2, len(te)))}
     r = check_target_leakage(leak, label="target", progress=False)
-    assert r.status is Status.FAIL and r.metrics["top_feature"] == "leak" and r.metrics["leaky_features"] == 1, r.summary
+    assert (r.status is Status.FAIL and r.metrics["top_feature"] == "leak"
+            and r.metrics["leaky_features"] == 1), r.summary
 
 
 def test_messages_say_what_is_true_of_the_labels_and_columns():
@@ -96,7 +97,8 @@ def test_messages_say_what_is_true_of_the_labels_and_columns():
     df.columns = [0, 1, 2, 3, 4]  # integer column labels throughout, the label too
     splits = {"train": df.iloc[:400], "test": df.iloc[400:]}
     r = check_class_coverage(splits, label=4, progress=False)
-    assert r.status is Status.SKIP and "non-integer" not in r.summary and "distinct integer values" in r.summary, r.summary
+    assert (r.status is Status.SKIP and "non-integer" not in r.summary
+            and "distinct integer values" in r.summary), r.summary
     r = check_target_leakage(splits, label=4, progress=False)
     assert r.metrics["top_feature"] == 2 and isinstance(r.metrics["top_feature"], int), r.metrics["top_feature"]
     assert r.status is Status.PASS and "best: 2," in r.summary, r.summary

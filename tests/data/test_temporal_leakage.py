@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from split_tables import OPTS
+from support.split_tables import OPTS
 
 from tropt.data import check_temporal_leakage
 from tropt.errors import DataError

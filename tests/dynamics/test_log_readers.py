@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 import struct
 
-import curve_factory as cf
 import numpy as np
 import pandas as pd
 import pytest
+from support import curves as cf
 
 from tropt.dynamics import diagnose_curves, read_mlflow, read_tensorboard, read_wandb
 from tropt.dynamics.logs import read_tensorboard_builtin
@@ -42,8 +42,8 @@ def _write_tb(logdir, n=120):
             w.add_histogram("weights", torch.randn(50), step)
             w.add_text("note", f"step {step}", step)
             tensor = tensor_pb2.TensorProto(dtype=1, float_val=[float(v) * 2], tensor_shape={})
-            summ = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="tf2/loss", tensor=tensor,
-                                                                         metadata={"plugin_data": {"plugin_name": "scalars"}})])
+            summ = summary_pb2.Summary(value=[summary_pb2.Summary.Value(
+                tag="tf2/loss", tensor=tensor, metadata={"plugin_data": {"plugin_name": "scalars"}})])
             w._get_file_writer().add_summary(summ, step)
     w.add_image("img", torch.rand(3, 4, 4), 0)
     w.add_scalar("train/loss", 9.0, 5)  # a step written again after a restart
@@ -107,7 +107,7 @@ def _mlflow(tmp_path, y, experiment="exp"):
 
 def test_mlflow_run_read_back_and_diagnosed(tmp_path):
     y = _falling(150, diverge_at=100)
-    mlflow, uri, run_id = _mlflow(tmp_path, y)
+    _, uri, run_id = _mlflow(tmp_path, y)
     curves = read_mlflow(run_id, tracking_uri=uri)
     np.testing.assert_allclose(curves["train_loss"][1], y)
     assert curves["val_loss"][0].tolist() == list(range(0, 150, 10))

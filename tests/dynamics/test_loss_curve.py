@@ -4,12 +4,12 @@ is tested in test_log_readers.py."""
 
 from __future__ import annotations
 
-import curve_factory as cf
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from setup_factory import KNOWN_GOOD_LR, linreg_setup
+from support import curves as cf
+from support.dynamics_setups import KNOWN_GOOD_LR, linreg_setup
 
 import tropt
 from tropt.dynamics import check_loss_curve, diagnose_curves
@@ -92,7 +92,8 @@ def test_bad_inputs_say_how_to_fix():
 def test_summaries_read_well():
     """No label repeated as its own evidence, and counts agree with their nouns."""
     r = diagnose_curves(cf.still_improving(2000))
-    assert r.summary.startswith("still improving at the end: the loss fell a further ") and r.summary.count("still improving") == 1
+    assert (r.summary.startswith("still improving at the end: the loss fell a further ")
+            and r.summary.count("still improving") == 1)
     assert r.summary.endswith("% over the last tenth of the run"), r.summary
     one_spike = cf.healthy(2000)
     one_spike[1000:1003] *= 4.0
@@ -107,7 +108,8 @@ def test_json_round_trip_and_plot():
     import matplotlib.pyplot as plt
 
     train, vt, val = cf.overfitting(1000, 0)
-    for r in (diagnose_curves(train, val=val, val_steps=vt), diagnose_curves(cf.unstable(1000)), diagnose_curves(cf.non_finite(500))):
+    for r in (diagnose_curves(train, val=val, val_steps=vt), diagnose_curves(cf.unstable(1000)),
+              diagnose_curves(cf.non_finite(500))):
         back = CheckResult.from_dict(r.to_dict())
         assert back.status == r.status and back.metrics["class"] == r.metrics["class"]
         for res in (r, back):
@@ -129,7 +131,8 @@ def test_logged_warm_restarts_are_explained_by_the_logged_learning_rate():
     plain = diagnose_curves(loss)
     assert "unstable" in plain.metrics["classes"], plain.summary
     logged = diagnose_curves(pd.DataFrame({"step": t, "loss": loss}), lrs=lr)
-    assert "unstable" not in logged.metrics["classes"] and logged.metrics["spikes_after_lr_increase"] == 3, logged.summary
+    assert ("unstable" not in logged.metrics["classes"]
+            and logged.metrics["spikes_after_lr_increase"] == 3), logged.summary
 
 
 def test_known_good_lr_is_healthy():
@@ -177,7 +180,9 @@ def sgdr_like_step(n=300, period=60):
 
 
 def test_loss_jumps_right_after_a_warm_restart_are_not_instability():
-    restarts = lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=60)
+    def restarts(o):
+        return torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=60)
+
     s = linreg_setup(KNOWN_GOOD_LR, scheduler=restarts, step=sgdr_like_step())
     with untouched(s):
         r = check_loss_curve(s, steps=300, progress=False)

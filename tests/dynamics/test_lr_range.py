@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from setup_factory import KNOWN_GOOD_LR, MAX_STABLE_LR, linreg_setup
+from support.dynamics_setups import KNOWN_GOOD_LR, MAX_STABLE_LR, linreg_setup
 from torch import nn
 from torch.nn import functional as F
 
@@ -58,14 +58,16 @@ def test_lr_range_respects_accumulation_scheduler_and_group_ratios():
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(256, 4, generator=g), torch.randn(256, 1, generator=g)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    opt = lambda m: torch.optim.SGD([{"params": m[0].parameters(), "lr": 0.01}, {"params": m[2].parameters(), "lr": 0.1}])  # noqa: E731
+    opt = lambda m: torch.optim.SGD([{"params": m[0].parameters(), "lr": 0.01},  # noqa: E731
+                                     {"params": m[2].parameters(), "lr": 0.1}])
     s = tropt.Setup(model, lambda m, b: F.mse_loss(m(b[0]), b[1]), opt,
                     torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32),
-                    scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5), step=my_step, accumulation_steps=4)
+                    scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5), step=my_step,
+                    accumulation_steps=4)
     with untouched(s):
         r = check_lr_range(s, num_steps=30, repeats=1, progress=False)
     assert all(k == 4 for k, _ in seen)
-    lrs = np.array([l for _, l in seen])
+    lrs = np.array([lr for _, lr in seen])
     assert np.allclose(lrs[:, 1] / lrs[:, 0], 10.0)  # the user's 1:10 group ratio is kept
     assert np.all(np.diff(lrs[:, 0]) > 0)  # exponential sweep, not halved by StepLR
     assert r.metrics["setup_lr"] == 0.01

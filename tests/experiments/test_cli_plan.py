@@ -9,9 +9,10 @@ from tropt.result import CheckResult, Report
 
 
 def _findings(tmp_path, version=None):
-    rep = Report([CheckResult("perf.throughput", "pass", "compute-bound", {"step_ms": 2.0, "samples_per_s": 100.0,
-                                                                           "limited_by": "compute", "batch_size": 32.0}),
-                  CheckResult("perf.precision", "warn", "recommend bf16 <b>", {"recommended": "bf16", "setup_precision": "fp32"})],
+    rep = Report([CheckResult("perf.throughput", "pass", "compute-bound",
+                              {"step_ms": 2.0, "samples_per_s": 100.0, "limited_by": "compute", "batch_size": 32.0}),
+                  CheckResult("perf.precision", "warn", "recommend bf16 <b>",
+                              {"recommended": "bf16", "setup_precision": "fp32"})],
                  {"tropt": version or tropt.__version__, "config_hash": "abc"})
     path = tmp_path / "findings.json"
     rep.to_json(path)
@@ -19,8 +20,9 @@ def _findings(tmp_path, version=None):
 
 
 def _run(name, seed, score, stopped_by="budget", seconds=1.0):
-    return {"candidate": name, "seed": seed, "status": "ok", "reason": "", "score": score, "final": score, "best": score,
-            "steps": 10, "samples": 320, "seconds": seconds, "samples_per_s": 320 / seconds, "peak_memory_mb": 1.0,
+    return {"candidate": name, "seed": seed, "status": "ok", "reason": "", "score": score, "final": score,
+            "best": score, "steps": 10, "samples": 320, "seconds": seconds, "samples_per_s": 320 / seconds,
+            "peak_memory_mb": 1.0,
             "stopped_by": stopped_by, "unstable": False, "curves": {}}
 
 
@@ -28,7 +30,8 @@ def _comparison(tmp_path, capped: bool):
     recs = [_run("baseline", s, 1.0 + 0.01 * s, "seconds" if capped else "budget") for s in (0, 1, 2)]
     recs += [_run("precision_bf16", s, 1.0 + 0.01 * s) for s in (0, 1, 2)]
     comp = Comparison(recs, {"metric": "val_loss", "seeds": [0, 1, 2], "budget": {"steps": 10, "seconds": 1.0},
-                             "candidates": {"baseline": {}, "precision_bf16": {"precision": "bf16"}}, "guardrails": None})
+                             "candidates": {"baseline": {}, "precision_bf16": {"precision": "bf16"}},
+                             "guardrails": None})
     path = tmp_path / "comparison.json"
     comp.to_json(path)
     return str(path)
@@ -68,8 +71,10 @@ def test_speed_candidate_adopted_on_throughput_at_equal_score(tmp_path):
     from tropt.experiments.plan import OptimizationPlan
 
     findings = _findings(tmp_path)
-    fast = [_run("baseline", s, 1.0 + 0.01 * s) for s in (0, 1, 2)] + [_run("precision_bf16", s, 1.0 + 0.01 * s, seconds=0.5) for s in (0, 1, 2)]
-    same = [_run("baseline", s, 1.0 + 0.01 * s) for s in (0, 1, 2)] + [_run("precision_bf16", s, 1.0 + 0.01 * s, seconds=0.98) for s in (0, 1, 2)]
+    fast = ([_run("baseline", s, 1.0 + 0.01 * s) for s in (0, 1, 2)]
+            + [_run("precision_bf16", s, 1.0 + 0.01 * s, seconds=0.5) for s in (0, 1, 2)])
+    same = ([_run("baseline", s, 1.0 + 0.01 * s) for s in (0, 1, 2)]
+            + [_run("precision_bf16", s, 1.0 + 0.01 * s, seconds=0.98) for s in (0, 1, 2)])
     meta = {"metric": "val_loss", "seeds": [0, 1, 2], "budget": {"steps": 10},
             "candidates": {"baseline": {}, "precision_bf16": {"precision": "bf16"}}, "guardrails": None}
     adopted = OptimizationPlan.from_report(findings, Comparison(fast, meta))

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from compare_factory import adam, make_setup
 from scipy import stats as sps
+from support.compare_setups import adam, make_setup
 
 import tropt
 from tropt.experiments.stats import ADOPT, INCONCLUSIVE, REJECT_INSTABILITY, REJECT_QUALITY, paired

@@ -9,7 +9,7 @@ import os
 
 import pandas as pd
 import pytest
-from compare_factory import adam, make_setup
+from support.compare_setups import adam, make_setup
 
 import tropt
 
@@ -91,7 +91,8 @@ def test_mlflow_runs_match_the_table(tmp_path):
     assert (merged["tags.tropt.status"] == merged["status"]).all()
     assert merged["tags.tropt.identity.config_hash"].notna().all()
     adam_run = merged.query("candidate == 'adam'").iloc[0]
-    assert adam_run["params.override.optimizer"] == comp.meta["candidates"]["adam"]["optimizer"] == "adam.<locals>.<lambda>"
+    assert (adam_run["params.override.optimizer"] == comp.meta["candidates"]["adam"]["optimizer"]
+            == "adam.<locals>.<lambda>")
     client = mlflow.tracking.MlflowClient(tracking_uri=info["uri"])
     history = client.get_metric_history(adam_run["run_id"], "train_loss")
     assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from compare_factory import adam, make_setup
+from support.compare_setups import adam, make_setup
 
 import tropt
 from tropt.errors import SetupError, StepError, TroptError
@@ -59,11 +59,12 @@ def test_zero_negative_or_missing_budget(kw):
 
 
 def test_budget_must_be_a_budget():
-    with pytest.raises(TroptError, match="expected a tropt.Budget"):
+    with pytest.raises(TroptError, match=r"expected a tropt\.Budget"):
         _compare(budget={"steps": 10})
 
 
-@pytest.mark.parametrize("seeds, pattern", [((), "seed list is empty"), ((0, 0), "repeat a seed"), ("012", "not a list")])
+@pytest.mark.parametrize("seeds, pattern",
+                         [((), "seed list is empty"), ((0, 0), "repeat a seed"), ("012", "not a list")])
 def test_bad_seeds(seeds, pattern):
     with pytest.raises(TroptError, match=pattern):
         _compare(seeds=seeds)

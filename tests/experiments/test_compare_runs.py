@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from compare_factory import adam, make_setup
+from support.compare_setups import adam, make_setup
 
 import tropt
 from tropt.experiments import Comparison, EarlyStopping
@@ -134,7 +134,8 @@ def test_a_run_that_goes_non_finite_is_failed_and_unstable():
 
 
 def test_json_round_trip_html_and_plots(tmp_path):
-    comp = tropt.compare(make_setup(), {"adam": {"optimizer": adam()}}, budget=tropt.Budget(steps=20, cost_per_hour=3.6),
+    comp = tropt.compare(make_setup(), {"adam": {"optimizer": adam()}},
+                         budget=tropt.Budget(steps=20, cost_per_hour=3.6),
                          seeds=(0, 1, 2), splits={"test": make_setup(n_val=32).val_data}, progress=False)
     again = Comparison.from_json(comp.to_json(tmp_path / "c.json") and str(tmp_path / "c.json"))
     assert json.loads(comp.to_json()) == json.loads(again.to_json())

@@ -9,8 +9,10 @@ import sys
 def test_exports_are_lazy_and_light():
     code = ("import sys, tropt; tropt.Budget, tropt.Guardrails, tropt.Comparison, tropt.compare, tropt.Metric;"
             "import tropt.experiments; tropt.experiments.dask_executor; tropt.experiments.EarlyStopping;"
-            "heavy=[m for m in ('scipy', 'dask', 'distributed', 'mlflow', 'matplotlib', 'ipywidgets') if m in sys.modules];"
-            "print(heavy, callable(tropt.compare), tropt.compare is tropt.experiments.compare, 'experiments' in dir(tropt))")
+            "heavy=[m for m in ('scipy', 'dask', 'distributed', 'mlflow', 'matplotlib', 'ipywidgets') "
+            "if m in sys.modules];"
+            "print(heavy, callable(tropt.compare), tropt.compare is tropt.experiments.compare, "
+            "'experiments' in dir(tropt))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["[]", "True", "True", "True"]
 

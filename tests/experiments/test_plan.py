@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from compare_factory import make_setup
+from support.compare_setups import make_setup
 
 import tropt
 from tropt.experiments import orchestration
@@ -76,7 +76,8 @@ def test_plan_from_saved_files_matches(too_low_lr, tmp_path):
     rep.to_json(tmp_path / "findings.json")
     plan.comparison.to_json(tmp_path / "comparison.json")
     again = OptimizationPlan.from_report(str(tmp_path / "findings.json"), str(tmp_path / "comparison.json"))
-    assert again.outcome == plan.outcome and [i["name"] for i in again.interventions] == [i["name"] for i in plan.interventions]
+    assert (again.outcome == plan.outcome
+            and [i["name"] for i in again.interventions] == [i["name"] for i in plan.interventions])
     assert again.interventions[0]["hypothesis"] == plan.interventions[0]["hypothesis"]  # carried in comparison.json
 
 
@@ -124,7 +125,7 @@ def test_findings_from_another_version(too_low_lr):
     rep, _ = too_low_lr
     d = rep.to_dict()
     d["identity"]["tropt"] = "0.0.1"
-    with pytest.raises(FindingsError, match="tropt 0.0.1.*re-run the diagnosis"):
+    with pytest.raises(FindingsError, match=r"tropt 0\.0\.1.*re-run the diagnosis"):
         OptimizationPlan.from_report(d)
     with pytest.raises(FindingsError, match="re-run"):
         tropt.suggest(json.dumps(d))

@@ -4,7 +4,7 @@ give none and block. Findings carry the metrics keys the real checks write (see 
 from __future__ import annotations
 
 import torch
-from compare_factory import make_setup
+from support.compare_setups import make_setup
 
 import tropt
 from tropt.experiments.suggest import WithWeightDecay, loader_like
@@ -68,15 +68,15 @@ def test_overfitting_suggests_weight_decay_and_early_stopping_as_hypothesis():
 
 def test_data_bound_loader_gets_workers():
     setup = _loader_setup()
-    thr = CheckResult("perf.throughput", "warn", "data-loading bound", {"limited_by": "data loading", "data_wait_ms": 4.0,
-                                                                        "data_wait_share": 0.6, "device": "cpu"})
+    thr = CheckResult("perf.throughput", "warn", "data-loading bound",
+                      {"limited_by": "data loading", "data_wait_ms": 4.0, "data_wait_share": 0.6, "device": "cpu"})
     s = tropt.suggest(_report(thr), setup)
     loader = s["loader_workers"]["train_data"]
     assert loader.num_workers >= 1 and loader.batch_size == 32 and loader.dataset is setup.train_data.dataset
     assert isinstance(loader.sampler, torch.utils.data.RandomSampler)
     assert setup.train_data.num_workers == 0  # the user's loader is untouched
-    cheap = CheckResult("perf.throughput", "warn", "data-loading bound", {"limited_by": "data loading", "data_wait_ms": 0.2,
-                                                                          "data_wait_share": 0.3})
+    cheap = CheckResult("perf.throughput", "warn", "data-loading bound",
+                        {"limited_by": "data loading", "data_wait_ms": 0.2, "data_wait_share": 0.3})
     s2 = tropt.suggest(_report(cheap), setup)  # sub-millisecond waits: workers would not help
     assert not s2 and s2.hypotheses[0].name == "whole_batch_indexing"
 
@@ -100,7 +100,8 @@ def test_correctness_fail_blocks_every_candidate():
 
 def test_loader_like_refuses_custom_samplers():
     ds = torch.utils.data.TensorDataset(torch.zeros(8, 2))
-    weighted = torch.utils.data.DataLoader(ds, batch_size=4, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 8, 8))
+    weighted = torch.utils.data.DataLoader(ds, batch_size=4,
+                                           sampler=torch.utils.data.WeightedRandomSampler([1.0] * 8, 8))
     assert loader_like(weighted, num_workers=2) is None
 
 

@@ -10,9 +10,7 @@ import pytest
 
 accelerate = pytest.importorskip("accelerate")
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "loop"))
-
-import real_loops as rl  # noqa: E402
+from support import real_loops as rl  # noqa: E402 - after the importorskip, as the imports below
 
 import tropt  # noqa: E402
 from tropt.result import Status  # noqa: E402
@@ -64,9 +62,11 @@ def test_under_ddp_an_hf_trainer_counts_tokens_over_all_processes(monkeypatch, t
 
     from tropt.integrations.hf import setup_from_trainer
 
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=16, gradient_accumulation_steps=2,
-                                          report_to=[], use_cpu=True, max_steps=10, save_strategy="no", logging_strategy="no")
-    setup = setup_from_trainer(transformers.Trainer(model=gpt2(), args=args, train_dataset=Sequences(), data_collator=pad))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=16,
+                                          gradient_accumulation_steps=2, report_to=[], use_cpu=True, max_steps=10,
+                                          save_strategy="no", logging_strategy="no")
+    setup = setup_from_trainer(transformers.Trainer(model=gpt2(), args=args, train_dataset=Sequences(),
+                                                    data_collator=pad))
     told = run(setup, ["loop.ddp"])["loop.ddp"]
     assert told.status is Status.PASS, told.summary
     monkeypatch.setattr("tropt.loop.ddp.tell_distributed", lambda rank, world: None)

@@ -123,7 +123,8 @@ def test_the_step_reproduces_a_real_trainer_train(tmp_path):
     # Setup's step on the same 4 micro-batches each reach the same parameters and learning rate.
     class InOrder(transformers.Trainer):
         def _get_train_sampler(self, train_dataset=None):
-            return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
+            return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None
+                                                      else self.train_dataset)
 
     trainer = trainer_of(InOrder, tmp_path, model=gpt2(dropout=0.0), per_device_train_batch_size=4, max_steps=2,
                          max_grad_norm=0.5)
@@ -154,15 +155,16 @@ def test_optimizers_given_to_the_trainer_are_rebuilt_for_each_copy(tmp_path):
 
 # ------------------------------------------------------------------ bad inputs
 def test_a_trainer_without_train_dataset_raises(tmp_path):
-    trainer = transformers.Trainer(model=gpt2(), args=transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
-                                                                                     report_to=[]))
+    trainer = transformers.Trainer(model=gpt2(),
+                                   args=transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                                                       report_to=[]))
     with pytest.raises(SetupError) as err:
         setup_from_trainer(trainer)
     assert "no train_dataset" in err.value.message and "train_dataset=" in err.value.fix
 
 
 def test_not_a_trainer_raises():
-    with pytest.raises(SetupError, match="not a transformers.Trainer"):
+    with pytest.raises(SetupError, match=r"not a transformers\.Trainer"):
         setup_from_trainer(object())
 
 
@@ -204,17 +206,19 @@ def pad_classes(features: list) -> dict:
     ids = torch.zeros(len(features), n, dtype=torch.long)
     for i, f in enumerate(features):
         ids[i, : len(f["input_ids"])] = f["input_ids"]
-    return {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": torch.tensor([f["labels"] for f in features])}
+    return {"input_ids": ids, "attention_mask": (ids != 0).long(),
+            "labels": torch.tensor([f["labels"] for f in features])}
 
 
 def bert_trainer(tmp_path, **attrs):
     torch.manual_seed(0)
     cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=32, num_labels=2)
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, gradient_accumulation_steps=2,
-                                          report_to=[], use_cpu=True, max_steps=20, save_strategy="no", logging_strategy="no")
-    trainer = transformers.Trainer(model=transformers.BertForSequenceClassification(cfg), args=args, train_dataset=Tokens(),
-                                   data_collator=pad_classes)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8,
+                                          gradient_accumulation_steps=2, report_to=[], use_cpu=True, max_steps=20,
+                                          save_strategy="no", logging_strategy="no")
+    trainer = transformers.Trainer(model=transformers.BertForSequenceClassification(cfg), args=args,
+                                   train_dataset=Tokens(), data_collator=pad_classes)
     for k, v in attrs.items():
         setattr(trainer, k, v)
     return trainer
@@ -223,13 +227,16 @@ def bert_trainer(tmp_path, **attrs):
 def test_a_head_that_takes_kwargs_but_drops_num_items_in_batch_doubles_the_accumulated_gradient(tmp_path):
     # transformers#47688: BertForSequenceClassification.forward declares **kwargs, so the Trainer does not divide the
     # loss by the accumulation steps and expects the model to divide by num_items_in_batch, which its CrossEntropyLoss
-    # ignores: with 2 accumulation steps the update is 2x the full-batch one. The Trainer as shipped, on the real package.
+    # ignores: with 2 accumulation steps the update is 2x the full-batch one. The Trainer as shipped, on the real
+    # package.
     results = run(setup_from_trainer(bert_trainer(tmp_path)), ["loop.accumulation", "loop.ddp"])
     r = results["loop.accumulation"]
     assert r.status is Status.FAIL and "2×" in r.summary and "summed" in r.summary, r.summary
     # Under DDP the Trainer also multiplies the loss by the world size (average_tokens_across_devices): 2x again.
-    assert results["loop.ddp"].status is Status.FAIL and "2×" in results["loop.ddp"].summary, results["loop.ddp"].summary
+    assert (results["loop.ddp"].status is Status.FAIL
+            and "2×" in results["loop.ddp"].summary), results["loop.ddp"].summary
     # The documented workaround: tell the Trainer the model does not consume the loss kwargs.
-    fixed = run(setup_from_trainer(bert_trainer(tmp_path, model_accepts_loss_kwargs=False)), ["loop.accumulation", "loop.ddp"])
+    fixed = run(setup_from_trainer(bert_trainer(tmp_path, model_accepts_loss_kwargs=False)),
+                ["loop.accumulation", "loop.ddp"])
     for cid, res in fixed.items():
         assert res.status is Status.PASS, (cid, res.summary)

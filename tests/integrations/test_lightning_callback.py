@@ -42,7 +42,8 @@ def _loader(n=256, seed=0, shuffle=True):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 8, generator=g)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, generator=g, shuffle=shuffle)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, generator=g,
+                                       shuffle=shuffle)
 
 
 def _trainer(tmp_path, cb, logger=False, **kw):

@@ -23,7 +23,8 @@ from tropt.testing import untouched  # noqa: E402
 class LitClassifier(pl.LightningModule):
     """A small classifier as a Lightning user writes it: self.log in training_step, a dict return."""
 
-    def __init__(self, schedule: str | None = None, step_by_hand: bool = False, lr: float = 0.1, dropout: float = 0.1) -> None:
+    def __init__(self, schedule: str | None = None, step_by_hand: bool = False, lr: float = 0.1,
+                 dropout: float = 0.1) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 16), nn.Dropout(dropout), nn.Tanh(), nn.Linear(16, 3))
         self.schedule, self.step_by_hand, self.lr = schedule, step_by_hand, lr
@@ -70,7 +71,8 @@ def test_healthy_module_passes_every_loop_check_and_is_not_modified():
     with untouched(setup, module):
         results = run(setup, ["loop"])
     assert not bad(results), bad(results)
-    for cid in ("loop.zero_grad", "loop.accumulation", "loop.scheduler_cadence", "loop.resume", "loop.ddp", "loop.train_mode"):
+    for cid in ("loop.zero_grad", "loop.accumulation", "loop.scheduler_cadence", "loop.resume", "loop.ddp",
+                "loop.train_mode"):
         assert results[cid].status is Status.PASS, (cid, results[cid].summary)
     assert module._trainer is None  # the stand-in was attached to tropt's copies only
 
@@ -129,7 +131,8 @@ def test_scheduler_also_stepped_in_training_step_fails_scheduler_cadence():
 def test_mixed_precision_reproduces_lightnings_scaler_order(precision, scaler):
     torch.manual_seed(0)
     setup = setup_from_lightning(LitClassifier(), train_dataloaders=loader(),
-                                 trainer_kwargs={"precision": precision, "gradient_clip_val": 1.0, "accumulate_grad_batches": 2})
+                                 trainer_kwargs={"precision": precision, "gradient_clip_val": 1.0,
+                                                 "accumulate_grad_batches": 2})
     assert setup.use_scaler is scaler
     results = run(setup, ["loop.accumulation", "loop.loss_scaling", "loop.zero_grad"])
     assert not bad(results), bad(results)
@@ -164,7 +167,8 @@ class HandWarmup(LitClassifier):
 
 @pytest.mark.parametrize("kwargs, schedule, cls", [
     ({"accumulate_grad_batches": 2, "gradient_clip_val": 0.05}, "step", LitClassifier),
-    ({"accumulate_grad_batches": 1, "gradient_clip_val": 1e-3, "gradient_clip_algorithm": "value"}, "every_2", LitClassifier),
+    ({"accumulate_grad_batches": 1, "gradient_clip_val": 1e-3, "gradient_clip_algorithm": "value"}, "every_2",
+     LitClassifier),
     ({"accumulate_grad_batches": 2}, "epoch", LitClassifier),
     ({"accumulate_grad_batches": 2}, None, HandWarmup),
 ])
@@ -198,7 +202,8 @@ def test_epoch_interval_steps_at_the_end_of_each_epoch():
 
 
 def test_step_frequency_counts_batches_as_lightning_does():
-    # frequency=2 with accumulate_grad_batches=1: every 2nd optimizer step; with 2 it is every step (batch_idx + 1 = 2, 4).
+    # frequency=2 with accumulate_grad_batches=1: every 2nd optimizer step; with 2 it is every step
+    # (batch_idx + 1 = 2, 4).
     one = setup_from_lightning(LitClassifier(schedule="every_2", lr=0.8), train_dataloaders=loader())
     assert lrs_over_steps(one, 4) == pytest.approx([0.8, 0.4, 0.4, 0.2])
     two = setup_from_lightning(LitClassifier(schedule="every_2", lr=0.8), train_dataloaders=loader(),
@@ -212,8 +217,10 @@ def test_value_clipping_clips_each_gradient_entry():
     assert setup.grad_clip is None  # Setup.grad_clip is a norm; value clipping stays inside the step
     ctx = setup.build()
     seen = []
-    ctx.optimizer.register_step_pre_hook(lambda opt, a, kw: seen.append(max(p.grad.abs().max().item() for g in opt.param_groups
-                                                                            for p in g["params"] if p.grad is not None)))
+    ctx.optimizer.register_step_pre_hook(lambda opt, a, kw: seen.append(max(p.grad.abs().max().item()
+                                                                            for g in opt.param_groups
+                                                                            for p in g["params"]
+                                                                            if p.grad is not None)))
     setup.run_step(ctx, [setup.sample_batch()])
     assert seen and seen[0] <= 1e-3 + 1e-9
 
@@ -268,7 +275,8 @@ def test_a_pytorch_lightning_module_without_batch_idx_reading_the_trainer():
             sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=total)
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-    setup = setup_from_lightning(Old(), train_dataloaders=loader(), trainer_kwargs={"max_epochs": 5, "accumulate_grad_batches": 2})
+    setup = setup_from_lightning(Old(), train_dataloaders=loader(),
+                                 trainer_kwargs={"max_epochs": 5, "accumulate_grad_batches": 2})
     results = run(setup, ["loop.accumulation", "loop.scheduler_cadence", "loop.resume"])
     for cid, r in results.items():
         assert r.status is Status.PASS, (cid, r.summary)
@@ -277,7 +285,7 @@ def test_a_pytorch_lightning_module_without_batch_idx_reading_the_trainer():
 def test_reading_what_the_trainer_stand_in_lacks_says_so():
     class ReadsLoader(LitClassifier):
         def training_step(self, batch, batch_idx):
-            self.trainer.train_dataloader  # not provided outside a Trainer
+            _ = self.trainer.train_dataloader  # not provided outside a Trainer
             return super().training_step(batch, batch_idx)
 
     setup = setup_from_lightning(ReadsLoader(), train_dataloaders=loader())

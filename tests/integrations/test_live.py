@@ -37,7 +37,8 @@ def _deep_sigmoid():
 
 
 def test_vanishing_gradients_are_warned_once_and_can_stop():
-    live = LiveMonitor(every=10, stop_on="vanishing", budget=1.0, sample_every=1)  # judge every check, record every step
+    # judge every check, record every step
+    live = LiveMonitor(every=10, stop_on="vanishing", budget=1.0, sample_every=1)
     with pytest.warns(TroptLiveWarning, match="vanishing gradients: 0") as rec:
         report = _train(live, _deep_sigmoid())
     assert sum("vanishing" in str(w.message) for w in rec) == 1  # once, not at every check

@@ -1,4 +1,5 @@
-"""GradientMonitor.log_to and Report.log_to: written to TensorBoard, MLflow (sqlite store) and W&B (offline), read back."""
+"""GradientMonitor.log_to and Report.log_to: written to TensorBoard, MLflow (sqlite store) and W&B (offline),
+read back."""
 
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def test_log_to_mlflow_sqlite_store(tmp_path):
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with mlflow_tracking_uri(uri):
-        exp = MlflowClient(uri).create_experiment("tropt-log", artifact_location=str(tmp_path / "artifacts"))  # no global set
+        # no global set
+        exp = MlflowClient(uri).create_experiment("tropt-log", artifact_location=str(tmp_path / "artifacts"))
         with mlflow.start_run(experiment_id=exp) as run:
             mon = _monitored()
             mon.log_to("mlflow")

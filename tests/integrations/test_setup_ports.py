@@ -71,7 +71,8 @@ def test_run_clm_style_causal_lm_trainer(tmp_path):
     transformers = pytest.importorskip("transformers")
     from tropt.integrations.hf import setup_from_trainer
 
-    words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "the", "cat", "sleeps", "on", "the", "warm", "mat"]
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "the", "cat", "sleeps",
+             "on", "the", "warm", "mat"]
     vocab = {w: i for i, w in enumerate(sorted(set(words)))}
     tokenized = [{"input_ids": [vocab[w] for w in words[i:] + words[:i]]} for i in range(len(words))] * 4
     block_size = 16
@@ -85,10 +86,12 @@ def test_run_clm_style_causal_lm_trainer(tmp_path):
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=len(vocab), n_positions=64,
                                      bos_token_id=0, eos_token_id=0)
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, gradient_accumulation_steps=4,
-                                          learning_rate=5e-3, warmup_steps=10, max_steps=400, weight_decay=0.01,
-                                          report_to="none", use_cpu=True, save_strategy="no", logging_strategy="no")
-    trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=group_texts(tokenized),
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8,
+                                          gradient_accumulation_steps=4, learning_rate=5e-3, warmup_steps=10,
+                                          max_steps=400, weight_decay=0.01, report_to="none", use_cpu=True,
+                                          save_strategy="no", logging_strategy="no")
+    trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args,
+                                   train_dataset=group_texts(tokenized),
                                    data_collator=transformers.default_data_collator)
     results = verdicts(setup_from_trainer(trainer), trainer.model)
     assert not bad(results), bad(results)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from loop_cases import (
+from support import ce_loss, make_classification
+from support.loop_cases import (
     TinyLM,
     lm_loss,
     lm_setup,
@@ -19,7 +20,6 @@ from loop_cases import (
     step_scheduler_per_micro_batch,
     token_losses,
 )
-from support import ce_loss, make_classification
 from torch import nn
 from torch.nn import functional as F
 
@@ -101,9 +101,10 @@ def test_divide_by_k_is_exact_only_for_equal_micro_batches(k, sizes):
     assert r.metrics["uneven_sizes"] == sizes and r.metrics["train_batch_sizes"] == "24"
     # A short last batch (24, 24, 24, 21): unequal micro-batches happen, so the WARN stays.
     setup = mlp_setup(step, k=k, scheduler=False)
-    short = setup.replace(train_data=list(setup.train_data[:3]) + [tuple(t[:21] for t in setup.train_data[3])])
+    short = setup.replace(train_data=[*setup.train_data[:3], tuple(t[:21] for t in setup.train_data[3])])
     r = check_accumulation(short)
-    assert r.status is Status.WARN and "unequal sizes" in r.summary and r.metrics["train_batch_sizes"] == "21, 24", r.summary
+    assert (r.status is Status.WARN and "unequal sizes" in r.summary
+            and r.metrics["train_batch_sizes"] == "21, 24"), r.summary
 
 
 def test_divide_by_k_on_a_dataloader_with_a_short_last_batch_warns():
@@ -113,10 +114,12 @@ def test_divide_by_k_on_a_dataloader_with_a_short_last_batch_warns():
         ctx.optimizer.step()
         ctx.optimizer.zero_grad()
 
-    x, y = make_classification(n=91, d=10, classes=4, seed=1)  # 24+24+24+19: the last batch cannot split in 2 equal parts
+    # 24+24+24+19: the last batch cannot split in 2 equal parts
+    x, y = make_classification(n=91, d=10, classes=4, seed=1)
     ds = torch.utils.data.TensorDataset(x, y)
     setup = mlp_setup(step, k=2, scheduler=False)
-    assert check_accumulation(setup.replace(train_data=torch.utils.data.DataLoader(ds, batch_size=24))).status is Status.WARN
+    assert (check_accumulation(setup.replace(train_data=torch.utils.data.DataLoader(ds, batch_size=24))).status
+            is Status.WARN)
     fixed = check_accumulation(setup.replace(train_data=torch.utils.data.DataLoader(ds, batch_size=24, drop_last=True)))
     assert fixed.status is Status.PASS and fixed.metrics["latent"]
 
@@ -124,7 +127,8 @@ def test_divide_by_k_on_a_dataloader_with_a_short_last_batch_warns():
 def test_accumulation_defects_are_latent_warnings_for_a_setup_that_does_not_accumulate():
     """The same buggy step FAILs with accumulation_steps=4 and is a WARN (latent, named as such) with 1, where the
     user's updates are not affected yet; a schedule that never moves is the same WARN either way."""
-    for step, check in ((step_loss_not_divided, check_accumulation), (step_scheduler_per_micro_batch, check_scheduler_cadence)):
+    for step, check in ((step_loss_not_divided, check_accumulation),
+                        (step_scheduler_per_micro_batch, check_scheduler_cadence)):
         used = check(mlp_setup(step, k=4))
         assert used.status is Status.FAIL and "latent" not in used.metrics
         unused = check(mlp_setup(step, k=1))
@@ -155,7 +159,8 @@ def test_accumulation_does_not_pass_when_no_gradient_reaches_the_optimizer():
         # Run alone, it cannot know what loop.zero_grad found, so it names no other check; diagnose links them.
         assert "loop.zero_grad" not in r.summary and r.metrics["see_also"] == "loop.zero_grad"
         assert "never between backward() and step()" in r.advice[0]
-    report = tropt.diagnose(mlp_setup(step, k=2, scheduler=False), checks=["loop.zero_grad", "loop.accumulation"], progress=False)
+    report = tropt.diagnose(mlp_setup(step, k=2, scheduler=False), checks=["loop.zero_grad", "loop.accumulation"],
+                            progress=False)
     assert report["loop.zero_grad"].status is Status.FAIL
     assert report["loop.accumulation"].summary.endswith("; loop.zero_grad reports this defect")
     report = tropt.diagnose(mlp_setup(step, k=2, scheduler=False), checks=["loop.accumulation"], progress=False)
@@ -337,4 +342,5 @@ def test_a_step_that_cannot_take_smaller_micro_batches_is_latent_without_accumul
     r = check_accumulation(mlp_setup(step, k=1, scheduler=False))
     assert r.status is Status.WARN and r.metrics["latent"] and "cannot run with 4 micro-batches" in r.summary, r.summary
     report = tropt.diagnose(mlp_setup(step, k=2, scheduler=False), checks=["loop.accumulation"], progress=False)
-    assert report["loop.accumulation"].status is Status.ERROR  # with accumulation on, the step is broken where it is used
+    # with accumulation on, the step is broken where it is used
+    assert report["loop.accumulation"].status is Status.ERROR

@@ -20,7 +20,8 @@ def ddp_setup(step=None, k=1, batchnorm=False):
     x, y = make_classification(n=64, d=10, classes=4, seed=2)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 16), *([nn.BatchNorm1d(16)] if batchnorm else []), nn.ReLU(), nn.Linear(16, 4))
-    return tropt.Setup(model, ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(x[:32], y[:32]), (x[32:], y[32:])],
+    return tropt.Setup(model, ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                       [(x[:32], y[:32]), (x[32:], y[32:])],
                        step=step, accumulation_steps=k)
 
 
@@ -94,7 +95,8 @@ def test_loss_divided_by_world_size_fails_even_when_clipping_equalises_the_updat
     # before clipping (averaged over the processes, as DDP averages) still differ 2x, and name the cause.
     setup = ddp_setup(step_dividing_by_world_size_then_clipping).replace(grad_clip=1e-3)
     r = check_ddp(setup)
-    assert r.status is Status.FAIL and "before clipping" in r.summary and "averaging is applied twice" in r.summary, r.summary
+    assert (r.status is Status.FAIL and "before clipping" in r.summary
+            and "averaging is applied twice" in r.summary), r.summary
     assert "at optimizer.step they differ by 0.0%" in r.metrics["compared"]
     assert "parameters_at_step" in r.tables
     healthy = check_ddp(ddp_setup(k=2).replace(grad_clip=1e-3))  # standard_step clips the same way
@@ -160,7 +162,8 @@ def test_step_that_breaks_under_the_wrapper_is_an_error():
     r = report["loop.ddp"]
     assert r.status is Status.ERROR and "rank 0 failed: your step function" in r.summary
     assert "raised TypeError: 'DistributedDataParallel' object is not subscriptable" in r.summary
-    assert r.advice == ["the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as ctx.model.module"]
+    assert r.advice == ["the step runs with ctx.model wrapped in DistributedDataParallel: "
+                        "reach the module as ctx.model.module"]
 
 
 def test_a_process_that_dies_is_an_immediate_error():
@@ -173,7 +176,8 @@ def test_a_process_that_dies_is_an_immediate_error():
 
     report = tropt.diagnose(ddp_setup(step), checks=["loop.ddp"], progress=False)
     r = report["loop.ddp"]
-    assert r.status is Status.ERROR and "exited with code 3 before reporting" in r.summary  # the closed pipe, not the time limit
+    # the closed pipe, not the time limit
+    assert r.status is Status.ERROR and "exited with code 3 before reporting" in r.summary
 
 
 # ------------------------------------------------------------------ token-level losses: the normaliser must be global
@@ -202,7 +206,8 @@ def lm_setup(step, k=2):
     mask = torch.arange(12)[None, :] < lengths[:, None]
     torch.manual_seed(0)
     return tropt.Setup(TinyLM(), lambda m, b: (lambda t, c: t / c)(*token_sum(m, b)),
-                       lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [{"input_ids": ids * mask, "attention_mask": mask}],
+                       lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                       [{"input_ids": ids * mask, "attention_mask": mask}],
                        step=step, accumulation_steps=k)
 
 
@@ -222,7 +227,8 @@ def step_global_token_mean(ctx, micro_batches):  # the fix: all-reduce the token
         dist.all_reduce(n_tokens)
         world = dist.get_world_size()
     for i, mb in enumerate(micro_batches):
-        quiet = ctx.model.no_sync() if hasattr(ctx.model, "no_sync") and i < len(micro_batches) - 1 else contextlib.nullcontext()
+        quiet = (ctx.model.no_sync() if hasattr(ctx.model, "no_sync") and i < len(micro_batches) - 1
+                 else contextlib.nullcontext())
         with quiet:
             total, _ = token_sum(ctx.model, mb)
             (total * world / n_tokens).backward()

@@ -38,7 +38,8 @@ def test_interrupt_kills_the_workers_before_waiting_for_them(tmp_path):
 
     x, y = make_classification(n=32, d=6, classes=3, seed=1)
     torch.manual_seed(0)
-    setup = tropt.Setup(nn.Linear(6, 3), ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(x, y)], step=stuck_step)
+    setup = tropt.Setup(nn.Linear(6, 3), ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(x, y)],
+                        step=stuck_step)
 
     def interrupt_when_both_started():
         while len(glob.glob(mark + ".*")) < 2:
@@ -48,7 +49,7 @@ def test_interrupt_kills_the_workers_before_waiting_for_them(tmp_path):
     import multiprocessing.process as mp_process
 
     waited_on_live = []  # join(timeout) calls made while that worker was still running
-    join, kill = mp_process.BaseProcess.join, mp_process.BaseProcess.kill
+    join = mp_process.BaseProcess.join
 
     def spy_join(proc, timeout=None):
         if proc.is_alive() and timeout:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from loop_cases import mlp_setup, run_all, step_loss_not_divided
 from support import make_classification
+from support.loop_cases import mlp_setup, run_all, step_loss_not_divided
 from torch import nn
 from torch.nn import functional as F
 
@@ -20,7 +20,8 @@ from tropt.result import Status
 def test_standard_step_passes_every_check(k, clip, scaler, scheduler):
     results = run_all(mlp_setup(k=k, clip=clip, scaler=scaler, scheduler=scheduler))
     for cid, r in results.items():
-        expected = Status.SKIP if (cid == "loop.loss_scaling" and not scaler) or (cid == "loop.scheduler_cadence" and not scheduler) else Status.PASS
+        expected = (Status.SKIP if (cid == "loop.loss_scaling" and not scaler)
+                    or (cid == "loop.scheduler_cadence" and not scheduler) else Status.PASS)
         assert r.status is expected, (cid, r.summary)
 
 
@@ -42,7 +43,8 @@ def test_step_that_raises_or_never_steps_is_an_error_in_diagnose():
     report = tropt.diagnose(mlp_setup(raises), checks="loop", progress=False)
     for r in report:
         if r.status is not Status.SKIP:
-            assert r.status is Status.ERROR and "raised RuntimeError: CUDA out of memory (pretend)" in r.summary, r.check
+            assert (r.status is Status.ERROR
+                    and "raised RuntimeError: CUDA out of memory (pretend)" in r.summary), r.check
 
     def never_steps(ctx, mbs):
         for mb in mbs:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from loop_cases import mlp_setup
+from support.loop_cases import mlp_setup
 from torch.nn import functional as F
 
 from tropt.loop import check_accumulation, check_ddp, check_resume, check_zero_grad

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from loop_cases import mlp_setup, run_all, statuses
+from support.loop_cases import mlp_setup, run_all, statuses
 
 from tropt.loop import check_loss_scaling
 from tropt.result import Status
@@ -59,11 +59,13 @@ def step_clip_value_before_unscale(ctx, micro_batches):
 def test_loss_scaling_cause_matches_the_evidence_not_the_clip_setting():
     """With grad_clip set, a manual second unscale and clip_grad_value_ before unscale_ are named as what they are."""
     twice = check_loss_scaling(mlp_setup(step_unscaled_twice, clip=1.0, scaler=True, scheduler=False))
-    assert twice.status is Status.FAIL and "unscaled twice" in twice.summary and "clip_grad_norm_" not in twice.summary, twice.summary
+    assert (twice.status is Status.FAIL and "unscaled twice" in twice.summary
+            and "clip_grad_norm_" not in twice.summary), twice.summary
     assert twice.metrics["grad_norm_ratio"] * twice.metrics["scale_large"] == pytest.approx(1, rel=0.05)
     assert "do not also divide the gradients by the scale" in twice.advice[0]
     value = check_loss_scaling(mlp_setup(step_clip_value_before_unscale, clip=1.0, scaler=True, scheduler=False))
-    assert value.status is Status.FAIL and "clip_grad_value_" in value.summary and "clip_grad_norm_" not in value.summary, value.summary
+    assert (value.status is Status.FAIL and "clip_grad_value_" in value.summary
+            and "clip_grad_norm_" not in value.summary), value.summary
     assert value.metrics["value_clip_share"] > 0.5 and "±0.01 in scaled units" in value.summary
     norm = check_loss_scaling(mlp_setup(step_clip_before_unscale, clip=1.0, scaler=True))  # still named as before
     assert norm.status is Status.FAIL and "clip_grad_norm_ ran on still-scaled gradients" in norm.summary

@@ -7,8 +7,8 @@ caught by the right check id with the right cause.
 from __future__ import annotations
 
 import pytest
-import real_loops as rl
 import torch
+from support import real_loops as rl
 
 import tropt
 from tropt.result import Status
@@ -90,9 +90,11 @@ def test_an_optimizer_with_a_closure_is_read_at_its_first_evaluation():
     assert z.status is Status.PASS and z.metrics["grad_norm_step_t"] > 0, z.summary
     assert d.status is Status.PASS and "wasted" not in d.summary, d.summary
     assert d.metrics["closure_evaluations"] > 1
-    assert d.metrics["synchronised_backward_passes"] == d.metrics["closure_evaluations"]  # one all-reduce per evaluation
+    # one all-reduce per evaluation
+    assert d.metrics["synchronised_backward_passes"] == d.metrics["closure_evaluations"]
     # The step reads micro_batches[0] (it never accumulates): latent, and named for what it is.
-    assert a.status is Status.WARN and a.metrics.get("latent") and "only the first micro-batch is used" in a.summary, a.summary
+    assert (a.status is Status.WARN and a.metrics.get("latent")
+            and "only the first micro-batch is used" in a.summary), a.summary
 
 
 def test_a_closure_that_forgets_zero_grad_is_caught_by_zero_grad():
@@ -172,7 +174,8 @@ def test_double_optimizer_step_fails_in_exactly_one_check_with_the_count(k):
     assert list(failing) == ["loop.accumulation"], failing
     assert "2 times" in failing["loop.accumulation"]
     for cid in ("loop.zero_grad", "loop.scheduler_cadence", "loop.resume", "loop.ddp"):
-        assert results[cid].status is Status.WARN and "loop.accumulation reports this" in results[cid].summary, (cid, results[cid].summary)
+        assert (results[cid].status is Status.WARN
+                and "loop.accumulation reports this" in results[cid].summary), (cid, results[cid].summary)
         assert results[cid].metrics["optimizer_steps_per_call"] == 2
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from loop_cases import mlp_setup, plateau_setup, run_all, statuses
+from support.loop_cases import mlp_setup, plateau_setup, run_all, statuses
 
 from tropt.loop import check_resume
 from tropt.result import Status
@@ -29,7 +29,9 @@ def test_resume_without_rng_but_nothing_random_warns():
         return {"m": ctx.model.state_dict(), "o": ctx.optimizer.state_dict(), "s": ctx.scheduler.state_dict()}
 
     def load(ctx, s):
-        ctx.model.load_state_dict(s["m"]); ctx.optimizer.load_state_dict(s["o"]); ctx.scheduler.load_state_dict(s["s"])
+        ctx.model.load_state_dict(s["m"])
+        ctx.optimizer.load_state_dict(s["o"])
+        ctx.scheduler.load_state_dict(s["s"])
 
     r = check_resume(mlp_setup(save_state=save, load_state=load))
     assert r.status is Status.WARN and "RNG is not restored" in r.summary
@@ -41,8 +43,10 @@ def test_resume_without_rng_but_nothing_random_warns():
 def test_state_holding_live_references_is_caught():
     # Returning the live parameters (no copy) looks fine in memory but the "checkpoint" keeps training along.
     r = check_resume(mlp_setup(optimizer="sgd", scheduler=False,
-                               save_state=lambda ctx: {"params": list(ctx.model.parameters()), "opt": ctx.optimizer.state_dict()},
-                               load_state=lambda ctx, s: [p.data.copy_(q) for p, q in zip(ctx.model.parameters(), s["params"])]
+                               save_state=lambda ctx: {"params": list(ctx.model.parameters()),
+                                                       "opt": ctx.optimizer.state_dict()},
+                               load_state=lambda ctx, s: [p.data.copy_(q)
+                                                          for p, q in zip(ctx.model.parameters(), s["params"])]
                                and ctx.optimizer.load_state_dict(s["opt"])))
     assert r.status in (Status.PASS, Status.WARN)  # torch.save cuts the references, so the file is what was saved
     assert r.metrics["final_param_max_rel_error"] <= 1e-5
@@ -53,7 +57,8 @@ def test_resume_that_forgets_a_plateau_scheduler_is_not_a_pass():
         return {"m": ctx.model.state_dict(), "o": ctx.optimizer.state_dict()}
 
     def load(ctx, s):
-        ctx.model.load_state_dict(s["m"]); ctx.optimizer.load_state_dict(s["o"])
+        ctx.model.load_state_dict(s["m"])
+        ctx.optimizer.load_state_dict(s["o"])
 
     r = check_resume(plateau_setup(save_state=save, load_state=load))
     assert r.status is not Status.PASS, r.summary
@@ -72,7 +77,8 @@ def test_resume_that_forgets_the_scheduler_fails_even_after_one_step(scheduler):
         return {"m": ctx.model.state_dict(), "o": ctx.optimizer.state_dict()}
 
     def load(ctx, s):
-        ctx.model.load_state_dict(s["m"]); ctx.optimizer.load_state_dict(s["o"])
+        ctx.model.load_state_dict(s["m"])
+        ctx.optimizer.load_state_dict(s["o"])
 
     make = {"warmup": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 10)),
             "cosine": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 50)}
@@ -81,6 +87,7 @@ def test_resume_that_forgets_the_scheduler_fails_even_after_one_step(scheduler):
     assert r.status is Status.FAIL and "first divergence: schedule position" in r.summary, r.summary
     assert r.metrics["schedule_position_straight"] == 2 and r.metrics["schedule_position_resumed"] == 1
     if scheduler != "plateau":  # the next learning rate already differs
-        assert "resuming changes the schedule" in r.summary and r.metrics["lr_after_straight"] != r.metrics["lr_after_resumed"]
+        assert ("resuming changes the schedule" in r.summary
+                and r.metrics["lr_after_straight"] != r.metrics["lr_after_resumed"])
     assert any("scheduler.state_dict()" in a for a in r.advice)
     assert check_resume(setup).status is Status.PASS  # control: tropt's full checkpoint

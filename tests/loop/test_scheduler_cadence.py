@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from loop_cases import mlp_setup, plateau_setup, run_all, statuses, step_scheduler_per_micro_batch
+from support.loop_cases import mlp_setup, plateau_setup, run_all, statuses, step_scheduler_per_micro_batch
 
 import tropt
 from tropt.loop import check_scheduler_cadence
@@ -28,7 +28,8 @@ def test_scheduler_per_micro_batch_is_caught_by_cadence_only():
 def test_scheduler_never_stepped_warns_as_maybe_per_epoch():
     """A step that never steps the scheduler is right for a per-epoch scheduler stepped by the user's epoch loop
     (torchvision's references), wrong otherwise: tropt cannot see that loop, so WARN, naming both readings."""
-    r = check_scheduler_cadence(mlp_setup(lambda ctx, mbs: tropt.standard_step(ctx.__class__(**{**ctx.__dict__, "scheduler": None}), mbs)))
+    r = check_scheduler_cadence(mlp_setup(
+        lambda ctx, mbs: tropt.standard_step(ctx.__class__(**{**ctx.__dict__, "scheduler": None}), mbs)))
     assert r.status is Status.WARN and "did not move during 1 optimizer step " in r.summary and "per epoch" in r.summary
     assert any("per-epoch scheduler" in a for a in r.advice)
 
@@ -88,7 +89,8 @@ def test_scheduler_stepped_twice_per_optimizer_step_fails(k):
     with untouched(setup):
         r = check_scheduler_cadence(setup)
     assert r.status is Status.FAIL and "stepped 2 times per optimizer step" in r.summary, r.summary
-    assert "latent" not in r.metrics and r.metrics["schedule_steps_per_optimizer_step"] == 2  # shows without accumulation
+    # shows without accumulation
+    assert "latent" not in r.metrics and r.metrics["schedule_steps_per_optimizer_step"] == 2
     longer = check_scheduler_cadence(setup, steps=3)
     assert longer.status is Status.FAIL and list(longer.tables["schedule"]["position_k1"]) == [2, 4, 6]
 
@@ -105,14 +107,16 @@ def test_scheduler_stepped_before_the_optimizer_warns(scheduler):
     assert r.status is Status.WARN and "stepped before optimizer.step()" in r.summary, r.summary
     assert "after optimizer.step()" in r.advice[0]
     if scheduler == "lambda":  # LambdaLR 1/(1+s) at lr 1e-2: the first update uses 5e-3 instead of 1e-2
-        assert r.metrics["lr_at_optimizer_step"] == pytest.approx(5e-3) and r.metrics["lr_planned"] == pytest.approx(1e-2)
+        assert (r.metrics["lr_at_optimizer_step"] == pytest.approx(5e-3)
+                and r.metrics["lr_planned"] == pytest.approx(1e-2))
     assert check_scheduler_cadence(mlp_setup(k=2).replace(scheduler=setup.scheduler)).status is Status.PASS  # control
 
 
 def test_optimizer_step_per_micro_batch_is_named_in_cadence_not_as_a_schedule_difference():
     r = check_scheduler_cadence(mlp_setup(step_optimizer_per_micro_batch, k=4))
     assert r.status is Status.WARN, r.summary
-    assert "optimizer.step() ran 4 times with K=4 but 1 with K=1" in r.summary and r.metrics["see_also"] == "loop.accumulation"
+    assert ("optimizer.step() ran 4 times with K=4 but 1 with K=1" in r.summary
+            and r.metrics["see_also"] == "loop.accumulation")
     report = tropt.diagnose(mlp_setup(step_optimizer_per_micro_batch, k=4), checks="loop", progress=False)
     assert report["loop.accumulation"].status is Status.FAIL
     assert report["loop.scheduler_cadence"].summary.endswith("loop.accumulation reports this defect")
@@ -139,4 +143,5 @@ def test_standard_step_leaves_a_metric_scheduler_to_the_epoch_loop():
     lr = ctx.optimizer.param_groups[0]["lr"]
     tropt.standard_step(ctx, setup.split(next(iter(setup.batches(1))), 1))
     assert ctx.optimizer.param_groups[0]["lr"] == lr and ctx.scheduler.last_epoch == 0  # never stepped
-    assert tropt.diagnose(plateau_setup(), checks="loop", progress=False).status is not Status.ERROR  # its own step works
+    # its own step works
+    assert tropt.diagnose(plateau_setup(), checks="loop", progress=False).status is not Status.ERROR

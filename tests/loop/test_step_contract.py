@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import real_loops as rl
 import torch
 from support import ce_loss, make_classification
+from support import real_loops as rl
 from torch import nn
 
 import tropt

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import contract_cases as cc
 import pytest
 import torch
-from contract_support import caught_by_exactly
+from support import contract_cases as cc
+from support.contract_support import caught_by_exactly
 
 import tropt
 from tropt.loop import check_train_mode
@@ -74,7 +74,8 @@ def test_a_metric_that_switches_to_train_mode_warns_with_the_differing_scores():
 
 def test_random_val_data_is_a_note_not_a_train_mode_warning():
     r = run(cc.random_val_transform())
-    assert r.status is Status.PASS and r.metrics["metric_first"] != r.metrics["metric_second"]  # noisy inputs, eval mode
+    # noisy inputs, eval mode
+    assert r.status is Status.PASS and r.metrics["metric_first"] != r.metrics["metric_second"]
     assert r.metrics["train_in_metric"] == 0 and "see data.eval_transforms" in r.summary
 
 

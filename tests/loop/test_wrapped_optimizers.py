@@ -62,7 +62,8 @@ class HookedLookahead(Lookahead):
     """The same, initialised as an Optimizer (its own step is hooked, and steps the wrapped one inside)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, k: int = 2, alpha: float = 0.5) -> None:
-        torch.optim.Optimizer.__init__(self, [p for g in optimizer.param_groups for p in g["params"]], optimizer.defaults)
+        torch.optim.Optimizer.__init__(self, [p for g in optimizer.param_groups for p in g["params"]],
+                                       optimizer.defaults)
         super().__init__(optimizer, k, alpha)
 
 
@@ -77,8 +78,9 @@ def test_a_wrapped_step_inside_the_wrappers_step_is_one_update(wrapper):
 
 
 def test_lookahead_loop_checks_pass():
-    results = {r.check: r for r in tropt.diagnose(_setup(), checks=["loop.zero_grad", "loop.accumulation", "loop.resume"],
-                                                   progress=False).results}
+    results = {r.check: r for r in tropt.diagnose(_setup(),
+                                                  checks=["loop.zero_grad", "loop.accumulation", "loop.resume"],
+                                                  progress=False).results}
     for cid, r in results.items():
         assert r.status in (Status.PASS, Status.WARN) and r.status is not Status.FAIL, (cid, r.summary)
     assert results["loop.zero_grad"].status is Status.PASS, results["loop.zero_grad"].summary

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loop_cases import mlp_setup, run_all, statuses
+from support.loop_cases import mlp_setup, run_all, statuses
 
 from tropt.loop import check_zero_grad
 from tropt.result import Status

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from _model_fixtures import mlp, problems, run, setup_for
+from support.model_fixtures import mlp, problems, run, setup_for
 from torch import nn
 
 from tropt.model import check_activation_stats

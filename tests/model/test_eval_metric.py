@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import contract_cases as cc
 import pytest
 import torch
-from contract_support import caught_by_exactly
+from support import contract_cases as cc
+from support.contract_support import caught_by_exactly
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -136,7 +136,8 @@ def _regression(y_std: float):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(cc.D, 16), nn.ReLU(), nn.Linear(16, 1))
     loss = lambda m, b: F.mse_loss(m(b[0]).squeeze(1), b[1])  # noqa: E731
-    return model, loss, DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True), DataLoader(TensorDataset(x[:128], y[:128]), batch_size=64)
+    return (model, loss, DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True),
+            DataLoader(TensorDataset(x[:128], y[:128]), batch_size=64))
 
 
 def within_one(model, loader):
@@ -149,12 +150,14 @@ def within_one(model, loader):
 
 
 def mse(model, loader):
-    return sum(float(F.mse_loss(model(x).squeeze(1), y, reduction="sum")) for x, y in loader) / sum(len(y) for _, y in loader)
+    return (sum(float(F.mse_loss(model(x).squeeze(1), y, reduction="sum")) for x, y in loader)
+            / sum(len(y) for _, y in loader))
 
 
 def test_regression_constant_mean():
     model, loss, train, val = _regression(0.1)
-    s = tropt.Setup(model, loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.01), train, val_data=val, metric=tropt.Metric(within_one))
+    s = tropt.Setup(model, loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.01), train, val_data=val,
+                    metric=tropt.Metric(within_one))
     r = run(s)
     assert r.status is Status.WARN and r.metrics["constant_mean_score"] == 1.0 and "MAE" in r.advice[0]
     model, loss, train, val = _regression(2.0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _model_fixtures import D, Detached, adam, mlp, problems, run, setup_for
+from support.model_fixtures import D, Detached, adam, mlp, problems, run, setup_for
 from torch import nn
 from torch.nn import functional as F
 
@@ -56,7 +56,8 @@ def test_exploding_gradients_fail():
 
 
 def test_param_group_with_zero_learning_rate_is_never_updated():
-    opt = lambda m: torch.optim.SGD([{"params": m[0].parameters(), "lr": 0.0}, {"params": list(m[2].parameters()) + list(m[4].parameters())}], lr=0.1)  # noqa: E731
+    opt = lambda m: torch.optim.SGD([{"params": m[0].parameters(), "lr": 0.0},  # noqa: E731
+                                     {"params": list(m[2].parameters()) + list(m[4].parameters())}], lr=0.1)
     r = run(check_gradient_flow, setup_for(mlp(), opt=opt))
     assert r.status is Status.FAIL and "learning rate 0: 0.weight, 0.bias" in r.summary
     assert problems(r) == {"0.weight", "0.bias"}
@@ -66,7 +67,8 @@ def test_frozen_parameters_are_reported_not_failed():
     m = mlp()
     for p in m[0].parameters():
         p.requires_grad_(False)
-    r = run(check_gradient_flow, setup_for(m, opt=lambda m: torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-2)))
+    r = run(check_gradient_flow,
+            setup_for(m, opt=lambda m: torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-2)))
     assert r.status is Status.PASS and "frozen on purpose" in r.summary
     assert set(r.tables["frozen"]["name"]) == {"0.weight", "0.bias"}
 
@@ -140,7 +142,9 @@ def test_a_x1e4_initialisation_explodes_whatever_the_optimizer():
 
 
 def test_sgd_with_a_far_too_high_learning_rate_explodes():
-    r = run(check_gradient_flow, setup_for(mlp(out=1), loss=mse, batches=regression(), opt=lambda m: torch.optim.SGD(m.parameters(), lr=0.05)))
+    r = run(check_gradient_flow,
+            setup_for(mlp(out=1), loss=mse, batches=regression(),
+                      opt=lambda m: torch.optim.SGD(m.parameters(), lr=0.05)))
     assert r.status is Status.FAIL and "exploding updates" in r.summary, r.summary
     assert r.metrics["update_ratio_max"] > 1.0
 
@@ -155,7 +159,8 @@ def test_a_x1e4_initialisation_trained_with_sgd_explodes():
 
 
 def test_an_absolute_cap_is_still_available():
-    r = run(check_gradient_flow, setup_for(mlp(out=1), loss=mse, batches=regression(), opt=adam(1e-2)), explode_norm=1e3)
+    r = run(check_gradient_flow, setup_for(mlp(out=1), loss=mse, batches=regression(), opt=adam(1e-2)),
+            explode_norm=1e3)
     assert r.status is Status.FAIL and "global norm up to" in r.summary
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from _model_fixtures import C, D, adam, data, mlp, run, setup_for
+from support.model_fixtures import C, D, adam, data, mlp, run, setup_for
 from torch import nn
 from torch.nn import functional as F
 
@@ -52,12 +52,14 @@ def test_init_loss_binary_and_regression_objectives():
 
     y = 50.0 + 2.0 * x[:, 0]  # label mean far from the near-zero outputs at init
     mse = lambda m, b: F.mse_loss(m(b[0]).squeeze(1), b[1])  # noqa: E731
-    far = run(check_init_loss, setup_for(mlp(out=1), loss=mse, batches=[(x[i:i + 32], y[i:i + 32]) for i in range(0, 128, 32)]))
+    far = run(check_init_loss,
+              setup_for(mlp(out=1), loss=mse, batches=[(x[i:i + 32], y[i:i + 32]) for i in range(0, 128, 32)]))
     assert far.status is Status.FAIL and far.metrics["objective"] == "mse"
     assert far.metrics["expected_loss"] == pytest.approx(float(y.var(unbiased=False)), rel=1e-4)
     assert any("bias of the last layer (4) to the label mean (49.9)" in a for a in far.advice)
     ys = (y - y.mean()) / y.std()
-    near = run(check_init_loss, setup_for(mlp(out=1), loss=mse, batches=[(x[i:i + 32], ys[i:i + 32]) for i in range(0, 128, 32)]))
+    near = run(check_init_loss,
+               setup_for(mlp(out=1), loss=mse, batches=[(x[i:i + 32], ys[i:i + 32]) for i in range(0, 128, 32)]))
     assert near.status is Status.PASS
 
 
@@ -73,7 +75,8 @@ def test_init_loss_names_a_regression_offset_an_input_scale_and_a_class_count_mi
     y = 150 + 20 * torch.randn(128, generator=g)
     torch.manual_seed(0)
     reg = tropt.Setup(nn.Sequential(nn.Linear(D, 16), nn.ReLU(), nn.Linear(16, 1)),
-                      lambda m, b: F.mse_loss(m(b[0]).squeeze(-1), b[1]), adam(), [(x[i:i + 32], y[i:i + 32]) for i in range(0, 128, 32)])
+                      lambda m, b: F.mse_loss(m(b[0]).squeeze(-1), b[1]), adam(),
+                      [(x[i:i + 32], y[i:i + 32]) for i in range(0, 128, 32)])
     r = run(check_init_loss, reg)
     assert r.status is Status.FAIL and "target's mean (1" in r.summary and r.metrics["offset_share"] > 0.9
     raw = run(check_init_loss, setup_for(mlp(), batches=[(bx * 300, by) for bx, by in data()]))

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from _model_fixtures import D, healthy, mlp, setup_for
+from support.model_fixtures import D, healthy, mlp, setup_for
 from torch import nn
 from torch.nn import functional as F
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from _model_fixtures import C, Detached, adam, ce, data, healthy, mlp, run, setup_for
+from support.model_fixtures import C, Detached, adam, ce, data, healthy, mlp, run, setup_for
 from torch import nn
 from torch.nn import functional as F
 
@@ -47,7 +47,8 @@ def test_model_without_parameters_is_rejected():
 def test_loss_that_is_not_a_scalar_is_an_error_with_the_fix():
     s = setup_for(mlp(), loss=lambda m, b: F.cross_entropy(m(b[0]), b[1], reduction="none"))
     for check in CHECKS:
-        with untouched(s), pytest.raises(StepError, match=r"shape \(32,\), expected a scalar — reduce it with .mean\(\)"):
+        with untouched(s), pytest.raises(StepError,
+                                         match=r"shape \(32,\), expected a scalar — reduce it with .mean\(\)"):
             check(s, progress=False)
     report = tropt.diagnose(s, checks="model", progress=False)
     assert {r.status for r in report.results} == {Status.ERROR}
@@ -57,7 +58,8 @@ def test_loss_that_is_not_a_scalar_is_an_error_with_the_fix():
 def test_batch_too_small_to_sample_is_an_error():
     s = setup_for(mlp(), batches=data(n=8, batch=1))
     for check in (check_overfit_batch, check_activation_stats):
-        with untouched(s), pytest.raises(TroptError, match=r"holds 1 sample\(s\), too few to sample: it needs at least 2"):
+        with untouched(s), pytest.raises(TroptError,
+                                         match=r"holds 1 sample\(s\), too few to sample: it needs at least 2"):
             check(s, progress=False)
     report = tropt.diagnose(s, checks=["model.overfit_batch", "model.activation_stats"], progress=False)
     assert [r.status for r in report.results] == [Status.ERROR, Status.ERROR]
@@ -82,5 +84,6 @@ def test_results_round_trip_and_plot():
             plot_gradient_heatmap(r, axes[0])
             plot_global_norm(r, axes[1])
             labels = [t.get_text() for t in axes[0].get_yticklabels()]
-            assert labels[:2] == ["main.0 (Linear)", "side.0 (Linear)"] or "side.2 (Linear)" in labels  # named with their class
+            # named with their class
+            assert labels[:2] == ["main.0 (Linear)", "side.0 (Linear)"] or "side.2 (Linear)" in labels
             plt.close("all")

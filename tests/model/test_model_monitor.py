@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from _model_fixtures import C, D, data, mlp
+from support.model_fixtures import C, D, data, mlp
 from torch import nn
 from torch.nn import functional as F
 
@@ -154,7 +154,7 @@ def test_monitor_flags_nonfinite_counts_missing_optimizer_and_no_grad():
 
 
 def test_monitor_bad_input():
-    with pytest.raises(TroptError, match="expected a torch.nn.Module"):
+    with pytest.raises(TroptError, match=r"expected a torch\.nn\.Module"):
         tropt.GradientMonitor("model")
     with pytest.raises(TroptError, match="every=0"):
         tropt.GradientMonitor(mlp(), every=0)

@@ -6,7 +6,7 @@ layers impose."""
 from __future__ import annotations
 
 import torch
-from _model_fixtures import C, D, adam, mlp, run, setup_for
+from support.model_fixtures import C, D, adam, mlp, run, setup_for
 from torch import nn
 from torch.nn import functional as F
 

@@ -46,7 +46,8 @@ def test_optimizer_state_is_measured_from_its_tensors(make, ratio):
     assert r.metrics["optimizer_state_bytes_per_param"] == pytest.approx(4 * ratio, rel=0.01)
     params = sum(p.numel() * 4 for p in s.model.parameters())
     assert r.metrics["params_mib"] * 2**20 == params
-    assert r.tables["breakdown"].set_index("part").loc["optimizer state", "mib"] == pytest.approx(ratio * params / 2**20, rel=0.01)
+    assert (r.tables["breakdown"].set_index("part").loc["optimizer state", "mib"]
+            == pytest.approx(ratio * params / 2**20, rel=0.01))
     # the profiler's allocation timeline agrees with the tensors: between steps exactly parameters + state are alive
     between = r.tables["steps"].set_index("step").loc[1, "start_mib"]
     assert between == pytest.approx(r.metrics["params_mib"] + r.metrics["optimizer_state_mib"], abs=1e-9)
@@ -113,7 +114,8 @@ def test_memory_held_between_steps_beyond_the_accounted_parts_warns():
 
 def deep_setup(layers=8, width=256, b=8):
     torch.manual_seed(0)
-    model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())], nn.Linear(width, C))
+    model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())],
+                          nn.Linear(width, C))
     return tropt.Setup(model, ce, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), batches(b=b, d=width))
 
 
@@ -192,7 +194,8 @@ def test_bf16_option_carries_perf_precisions_stability_verdict():
 
 
 def manual_sgd_step(ctx, micro_batches):
-    """Hand-written updates: accumulate over the micro-batches, then p -= lr * grad; optimizer.step() is never called."""
+    """Hand-written updates: accumulate over the micro-batches, then p -= lr * grad; optimizer.step() is never
+    called."""
     n = sum(len(mb[1]) for mb in micro_batches)
     for mb in micro_batches:
         (ctx.loss_fn(ctx.model, mb) * len(mb[1]) / n).backward()

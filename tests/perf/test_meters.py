@@ -28,9 +28,12 @@ def test_cuda_meter_reads_each_phase_peak_and_the_parts_alive_then(monkeypatch):
     with meter:  # base 1000
         to(1500)  # the copy: 500 bytes resident
         meter.begin(1)
-        to(1800); State.parts = (300, 0); meter.mark()  # forward saved 300
+        to(1800)
+        State.parts = (300, 0)
+        meter.mark()  # forward saved 300
         to(1900, peak=2600)  # backward: a 700-byte temporary while the 300 are alive
-        State.parts = (0, 400); meter.mark()
+        State.parts = (0, 400)
+        meter.mark()
         meter.optimizer_step()
         to(1900, peak=2200)  # optimizer temporaries
         meter.end()

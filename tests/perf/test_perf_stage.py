@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from perf_setups import quiet_machine  # noqa: F401 - quiet_machine is an autouse fixture
+from support.perf_setups import quiet_machine  # noqa: F401 - quiet_machine is an autouse fixture
 
 import tropt
 from tropt.perf import check_precision, check_throughput

@@ -127,7 +127,8 @@ def test_precision_check_reports_noise_and_oversubscription_from_injected_timing
     r = check_precision(tiny_setup, precisions=("fp32", "bf16"), steps=10, warmup=0, progress=False)
     assert r.status == Status.PASS and r.metrics["recommended"] == "fp32", r.summary
     assert r.metrics["timing_verdict"] == "noisy" and "timings too noisy to decide" in r.summary
-    assert r.metrics["oversubscribed"] and "oversubscription" in r.summary and "one thread runs a step 3.00x" in r.summary
+    assert (r.metrics["oversubscribed"] and "oversubscription" in r.summary
+            and "one thread runs a step 3.00x" in r.summary)
     assert any("torch.set_num_threads" in a for a in r.advice) and any("Rerun with more steps" in a for a in r.advice)
     t = r.tables["precisions"].set_index("precision")
     assert t.loc["bf16", "speedup_low"] < 1 < t.loc["bf16", "speedup_high"]

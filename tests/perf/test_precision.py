@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pytest
 import torch
-from perf_setups import mlp_setup, quiet_machine  # noqa: F401 - quiet_machine is an autouse fixture
+from support.perf_setups import mlp_setup, quiet_machine  # noqa: F401 - quiet_machine is an autouse fixture
 from torch.nn import functional as F
 
 from tropt.perf import check_precision
@@ -19,7 +19,8 @@ def test_precision_on_cpu_compares_fp32_and_bf16_and_skips_fp16_with_the_reason(
         r = check_precision(s, steps=6, warmup=1, progress=False)
     t = r.tables["precisions"].set_index("precision")
     assert t.loc["fp32", "status"] == "measured" and t.loc["bf16", "status"] == "measured"
-    assert t.loc["fp16", "status"] == "skipped" and "CUDA" in t.loc["fp16", "reason"] and "CPU" in t.loc["fp16", "reason"]
+    assert (t.loc["fp16", "status"] == "skipped" and "CUDA" in t.loc["fp16", "reason"]
+            and "CPU" in t.loc["fp16", "reason"])
     assert t.loc["tf32", "status"] == "skipped" and "Ampere" in t.loc["tf32", "reason"]
     assert t.loc["fp32", "loss_deviation"] == 0 and bool(t.loc["fp32", "stable"])
     assert t.loc["bf16", "loss_deviation"] < 0.05 and bool(t.loc["bf16", "stable"])  # same steps, bf16 rounding only
@@ -58,7 +59,8 @@ def test_precision_runs_a_user_amp_step_in_precisions_without_a_scaler():
     ref = check_precision(mlp_setup(batches, grad_clip=1.0, accumulation_steps=2), precisions=("fp32",), steps=4,
                           warmup=1, progress=False)
     # the step returns no loss and calls no ctx.loss_fn: losses come from an extra forward, from the second step on
-    assert torch.allclose(torch.as_tensor(r.series["loss_fp32"][1:]), torch.as_tensor(ref.series["loss_fp32"][1:]), rtol=1e-5)
+    assert torch.allclose(torch.as_tensor(r.series["loss_fp32"][1:]), torch.as_tensor(ref.series["loss_fp32"][1:]),
+                          rtol=1e-5)
 
 
 def test_precision_of_an_fp16_setup_on_cpu_is_reported_as_not_measured(tiny_setup):
@@ -74,7 +76,8 @@ def test_precision_of_an_fp16_setup_on_cpu_is_reported_as_not_measured(tiny_setu
 def test_precision_guardrail_rejects_an_unstable_precision(tiny_setup):
     # a guardrail of 0 deviation: bf16's rounding alone puts it outside, fp32 (the reference) stays in
     with untouched(tiny_setup):
-        r = check_precision(tiny_setup, precisions=("fp32", "bf16"), steps=4, warmup=0, max_deviation=0.0, progress=False)
+        r = check_precision(tiny_setup, precisions=("fp32", "bf16"), steps=4, warmup=0, max_deviation=0.0,
+                            progress=False)
     t = r.tables["precisions"].set_index("precision")
     assert not bool(t.loc["bf16", "stable"]) and r.metrics["recommended"] == "fp32"
     assert "unstable" in r.summary

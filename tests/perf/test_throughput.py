@@ -6,7 +6,7 @@ import time
 
 import matplotlib.pyplot as plt
 import torch
-from perf_setups import mlp_setup, quiet_machine  # noqa: F401 - quiet_machine is an autouse fixture
+from support.perf_setups import mlp_setup, quiet_machine  # noqa: F401 - quiet_machine is an autouse fixture
 from torch import nn
 from torch.nn import functional as F
 
@@ -59,7 +59,8 @@ def test_throughput_advice_for_sub_millisecond_waits_does_not_also_ask_for_worke
     # a loader that already has workers is told to try without them (its waits are too timing-dependent to run here)
     from tropt.perf.throughput import _cheap_batches_advice
 
-    assert "try num_workers=0 instead of 2" in _cheap_batches_advice(mlp_setup(torch.utils.data.DataLoader(ds, num_workers=2)))
+    assert "try num_workers=0 instead of 2" in _cheap_batches_advice(
+        mlp_setup(torch.utils.data.DataLoader(ds, num_workers=2)))
 
 
 def test_throughput_in_memory_batches_are_compute_bound():
@@ -87,7 +88,8 @@ def test_top_operators_sum_one_profiler_session_per_step_and_stop_early_on_op_he
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(4)]
     torch.manual_seed(0)
-    s = tropt.Setup(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+    s = tropt.Setup(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)),
+                    lambda m, b: F.cross_entropy(m(b[0]), b[1]),
                     lambda m: torch.optim.SGD(m.parameters(), lr=0.1), batches)
     r = check_throughput(s, warmup=1, steps=3, profile_steps=3, progress=False)
     ops = r.tables["top_operators"].set_index("operator")
@@ -108,7 +110,8 @@ def test_profiler_start_and_stop_lines_stay_out_of_the_output():
             "x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))\n"
             "s = tropt.Setup(nn.Linear(4, 2), lambda m, b: F.cross_entropy(m(b[0]), b[1]), "
             "lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(x, y)] * 4)\n"
-            "from tropt.perf import check_throughput\nr = check_throughput(s, warmup=1, steps=3, profile_steps=1, progress=False)\n"
+            "from tropt.perf import check_throughput\n"
+            "r = check_throughput(s, warmup=1, steps=3, profile_steps=1, progress=False)\n"
             "print(r.status.value, len(r.tables['top_operators']))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "profiler_start" not in out.stderr and "profiler_stop" not in out.stderr, out.stderr

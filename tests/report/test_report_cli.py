@@ -24,8 +24,8 @@ SETUP = os.path.join(SAMPLES, "sample_setup.py") + ":make_setup"
 SPLITS = {"train": os.path.join(SAMPLES, "train.csv"), "test": os.path.join(SAMPLES, "test.csv")}
 # Deterministic checks (perf.* measure time, so their verdicts may move between runs).
 CHECKS = ["data", "model.init_loss", "model.eval_metric", "loop"]
-PARAMS = ["-p", "setup", SETUP, "-p", "splits", json.dumps(SPLITS), "-p", "label", "churned", "-p", "group", "customer_id",
-          "-p", "time", "signup_date", "-p", "checks", json.dumps(CHECKS)]
+PARAMS = ["-p", "setup", SETUP, "-p", "splits", json.dumps(SPLITS), "-p", "label", "churned", "-p", "group",
+          "customer_id", "-p", "time", "signup_date", "-p", "checks", json.dumps(CHECKS)]
 
 
 def report(*args, cwd=ROOT):
@@ -63,8 +63,8 @@ def test_findings_match_in_process_diagnose(demo):
         import sample_setup
     finally:
         sys.path.remove(SAMPLES)
-    in_process = tropt.diagnose(sample_setup.make_setup(), SPLITS, label="churned", group="customer_id", time="signup_date",
-                                checks=CHECKS, progress=False)
+    in_process = tropt.diagnose(sample_setup.make_setup(), SPLITS, label="churned", group="customer_id",
+                                time="signup_date", checks=CHECKS, progress=False)
     assert comparable(findings) == comparable(in_process.to_dict())
     assert findings["identity"]["parameters"]["label"] == "churned" and findings["identity"]["seed"] == 0
     leaked = Report.from_dict(findings)["data.exact_duplicates"]
@@ -92,7 +92,8 @@ def test_html_renders_in_headless_chromium(demo, chromium):
     page.on("requestfailed", lambda req: failed.append(req.url))
     page.goto((out / "report.html").as_uri())
     page.wait_for_selector(".tropt-result")
-    statuses = page.eval_on_selector_all(".tropt-result", "els => els.map(e => e.dataset.check + ':' + e.dataset.status)")
+    statuses = page.eval_on_selector_all(".tropt-result",
+                                         "els => els.map(e => e.dataset.check + ':' + e.dataset.status)")
     assert "data.exact_duplicates:fail" in statuses and "loop.accumulation:pass" in statuses
     assert page.locator("img").count() >= 4
     assert page.evaluate("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
@@ -132,14 +133,16 @@ def test_failing_notebook_exits_2_with_one_line_and_still_writes(setup_spec, rea
 
 
 def test_data_report_and_fail_on_warn(tmp_path):
-    proc = report("data", "-p", "splits", json.dumps(SPLITS), "-p", "label", "churned", "-o", str(tmp_path), "--fail-on", "warn")
+    proc = report("data", "-p", "splits", json.dumps(SPLITS), "-p", "label", "churned", "-o", str(tmp_path),
+                  "--fail-on", "warn")
     assert proc.returncode == 1, proc.stderr
     findings = json.loads((tmp_path / "findings.json").read_text())
     assert {r["check"].split(".")[0] for r in findings["results"]} == {"data"}
 
 
 def test_unknown_and_unavailable_report_kinds(tmp_path):
-    proc = report("nope", "-o", str(tmp_path))  # every shipped kind exists now ("compare": tests/report/test_report_compare.py)
+    # every shipped kind exists now ("compare": tests/report/test_report_compare.py)
+    proc = report("nope", "-o", str(tmp_path))
     assert proc.returncode == 2 and "invalid choice: 'nope'" in proc.stderr
 
 

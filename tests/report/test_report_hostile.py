@@ -19,14 +19,17 @@ def no_kernel(monkeypatch):
     import papermill
 
     calls = []
-    monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(AssertionError("a kernel started")))
+    monkeypatch.setattr(papermill, "execute_notebook",
+                        lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(AssertionError("a kernel started")))
     return calls
 
 
-@pytest.mark.parametrize("name", ["__import__('pathlib').Path('{marker}').touch();x", "lable", "output_dir", "1x", "label "])
+@pytest.mark.parametrize("name",
+                         ["__import__('pathlib').Path('{marker}').touch();x", "lable", "output_dir", "1x", "label "])
 def test_parameter_names_must_be_declared_identifiers(name, no_kernel, tmp_path, capsys):
     marker = tmp_path / "pwned"
-    code = main(["report", "data", "-p", "splits", SPLITS, "-p", name.format(marker=marker), "1", "-o", str(tmp_path / "out")])
+    code = main(["report", "data", "-p", "splits", SPLITS, "-p", name.format(marker=marker), "1", "-o",
+                 str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2 and no_kernel == [] and not marker.exists()
     lines = err.strip().splitlines()
@@ -45,7 +48,8 @@ def _tropt_report(*args, env=None, timeout=600):
     import sys
 
     exe = os.path.join(os.path.dirname(sys.executable), "tropt")
-    return subprocess.run([exe, "report", *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run([exe, "report", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
 
 
 @pytest.mark.slow
@@ -111,7 +115,8 @@ def test_a_second_report_into_a_locked_directory_refuses(no_kernel, tmp_path, ca
     out.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
                                "from tropt.report.outputs import output_lock\n"
-                               f"with output_lock(Path({str(out)!r})):\n    print('locked', flush=True)\n    time.sleep(60)\n"],
+                               f"with output_lock(Path({str(out)!r})):\n"
+                               "    print('locked', flush=True)\n    time.sleep(60)\n"],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -182,8 +187,10 @@ def test_findings_written_before_a_later_cell_failed_are_printed(monkeypatch, tm
     from tropt import CheckResult, Report
     from tropt.report import runner
 
-    def execute(papermill, source, params, work, **kwargs):  # the notebook wrote its findings, then a display cell failed
-        Report([CheckResult("data.exact_duplicates", "fail", "30 rows of test are in train")]).to_json(str(work / "findings.json"))
+    # the notebook wrote its findings, then a display cell failed
+    def execute(papermill, source, params, work, **kwargs):
+        Report([CheckResult("data.exact_duplicates", "fail", "30 rows of test are in train")]).to_json(
+            str(work / "findings.json"))
         return "cell 3 ('show_report(report)') failed: ValueError: cannot draw", {}
 
     monkeypatch.setattr(runner, "_execute", execute)

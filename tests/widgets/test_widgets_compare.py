@@ -14,7 +14,7 @@ import tropt
 pytest.importorskip("ipywidgets")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
-from compare_factory import adam, make_setup
+from support.compare_setups import adam, make_setup
 
 
 def _html(box) -> str:

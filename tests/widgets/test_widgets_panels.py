@@ -61,7 +61,8 @@ def images(box) -> list:
 
 
 def test_import_tropt_stays_light():
-    code = "import sys, tropt; tropt.Setup; assert 'ipywidgets' not in sys.modules and 'matplotlib' not in sys.modules; print('ok')"
+    code = ("import sys, tropt; tropt.Setup; "
+            "assert 'ipywidgets' not in sys.modules and 'matplotlib' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
@@ -99,7 +100,7 @@ def test_data_panel_bad_column_is_a_red_message_not_a_traceback():
     df = pd.DataFrame({"x": np.arange(10.0), "y": [0, 1] * 5})
     panel = DataPanel({"train": df, "test": df.copy()}, label="y")
     panel._by_name["ghost"] = "ghost"  # as if a column vanished between choosing and running
-    panel.label.options = list(panel.label.options) + ["ghost"]
+    panel.label.options = [*panel.label.options, "ghost"]
     panel.label.value = "ghost"
     run(panel.action)
     assert panel.action.state == "error"
@@ -198,7 +199,7 @@ def test_gradient_flow_attach_to_own_loop():
     with tropt.GradientMonitor(model) as mon:
         panel = GradientFlowPanel.attach(mon, every=5)
         assert "waiting" in panel.verdict.value
-        for i in range(12):
+        for _i in range(12):
             ce_loss(model, (x, y)).backward()
             opt.step()
             opt.zero_grad()
@@ -206,7 +207,7 @@ def test_gradient_flow_attach_to_own_loop():
     assert images(panel.live)
     panel.refresh()
     assert panel.result.metrics["recorded_steps"] == 12
-    with pytest.raises(tropt.TroptError, match="expected a tropt.GradientMonitor"):
+    with pytest.raises(tropt.TroptError, match=r"expected a tropt\.GradientMonitor"):
         GradientFlowPanel.attach(object())
 
 
@@ -225,17 +226,19 @@ def test_loop_panel_options(tiny_setup):
     assert panel.results["loop.accumulation"].metrics.get("k") in (2, None)
     assert panel.results["loop.loss_scaling"].status.value == "pass"  # fp16 + GradScaler on a copy
     assert all(r.status.value in ("pass", "skip") for r in panel.results.values())  # no scheduler: cadence SKIP
-    assert len(images(panel.action.results)) == 4  # per-parameter error plots: zero_grad, accumulation, loss_scaling, ddp (none for the SKIP)
+    # per-parameter error plots: zero_grad, accumulation, loss_scaling, ddp (none for the SKIP)
+    assert len(images(panel.action.results)) == 4
     assert tiny_setup.precision == "fp32" and not tiny_setup.use_scaler  # the user's Setup is untouched
 
 
 def test_protocol_panel_runs_the_setup_checks_of_stages_1_and_2():
-    import contract_cases as cc
+    from support import contract_cases as cc
 
     from tropt.widgets import ProtocolPanel
 
     panel = ProtocolPanel(cc.class_sorted().replace(metric=tropt.Metric(cc.accuracy)))
-    assert [s.id for s in panel.specs] == ["data.sampling", "data.eval_transforms", "model.init_loss", "model.eval_metric"]
+    assert [s.id for s in panel.specs] == ["data.sampling", "data.eval_transforms", "model.init_loss",
+                                           "model.eval_metric"]
     panel.boxes["model.init_loss"].value = False
     run(panel.action)
     assert panel.action.state == "done", panel.action.message.value
@@ -369,8 +372,8 @@ def test_diagnose_callback_cancel(tiny_setup):
 
     with pytest.raises(Cancelled):
         tropt.diagnose(tiny_setup, checks="model", progress=False, callback=cb)
-    assert [c["check"] for c in calls if "index" in c] == ["model.init_loss", "model.eval_metric", "model.overfit_batch",
-                                                           "model.gradient_flow"]
+    assert [c["check"] for c in calls if "index" in c] == ["model.init_loss", "model.eval_metric",
+                                                           "model.overfit_batch", "model.gradient_flow"]
     assert any("step" in c for c in calls)  # overfit_batch's per-step callback went through diagnose
 
 

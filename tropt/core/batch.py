@@ -51,11 +51,6 @@ def _arrays(batch: Any, out: list) -> list:
     return out
 
 
-def _leading_sizes(batch: Any, out: list[int]) -> list[int]:
-    out.extend(int(a.shape[0]) for a in _arrays(batch, []))
-    return out
-
-
 _LAYOUT_FIX = ("if the samples are along another dimension (time-major (seq, batch) tensors), pass "
                "Setup(batch_dim=1); for layouts tropt cannot infer pass Setup(split_fn=..., size_fn=...) "
                "(split_fn(batch, sizes) -> list of micro-batches, size_fn(batch) -> number of samples)")
@@ -65,7 +60,8 @@ def _time_major_hint(arrays: list) -> str:
     """' (looks time-major: ...)' when a 2-D+ tensor's first two sizes multiply to another tensor's length."""
     for a in arrays:
         if a.ndim >= 2 and any(b.ndim == 1 and b.shape[0] == a.shape[0] * a.shape[1] for b in arrays):
-            return (f"; a ({a.shape[0]}, {a.shape[1]}) tensor beside a flattened one of {a.shape[0] * a.shape[1]} looks "
+            return (f"; a ({a.shape[0]}, {a.shape[1]}) tensor beside a flattened one of "
+                    f"{a.shape[0] * a.shape[1]} looks "
                     f"time-major (seq, batch): pass Setup(batch_dim=1)")
     return ""
 
@@ -116,8 +112,10 @@ def batch_size(batch: Any, *, batch_dim: int = 0) -> int:
         )
     if odd:
         raise TroptError(
-            f"with batch_dim={batch_dim} this batch holds tensors of shape {odd[:3]} that have no dimension {batch_dim} "
-            f"and are not flattened ({' x '.join(map(str, lead or ()))}) targets, so tropt cannot tell how to split them",
+            f"with batch_dim={batch_dim} this batch holds tensors of shape {odd[:3]} that have no dimension "
+            f"{batch_dim} "
+            f"and are not flattened ({' x '.join(map(str, lead or ()))}) targets, "
+            "so tropt cannot tell how to split them",
             "pass Setup(split_fn=..., size_fn=...) for this layout (split_fn(batch, sizes) -> list of micro-batches, "
             "size_fn(batch) -> number of samples)",
         )
@@ -235,7 +233,8 @@ def _check_sizes(sizes: Sequence[int] | None, k: int | None, n: int) -> list[int
         return split_sizes(n, k)
     sizes = [int(s) for s in sizes]
     if any(s < 1 for s in sizes) or sum(sizes) != n:
-        raise TroptError(f"micro-batch sizes {sizes} do not split a batch of {n} samples", f"give positive sizes that sum to {n}")
+        raise TroptError(f"micro-batch sizes {sizes} do not split a batch of {n} samples",
+                         f"give positive sizes that sum to {n}")
     return sizes
 
 
@@ -260,9 +259,11 @@ class BatchLayout:
         except TroptError:
             raise
         except Exception as exc:
-            raise TroptError(f"size_fn raised {type(exc).__name__}: {exc}", "fix size_fn; tropt calls it as size_fn(batch)") from exc
+            raise TroptError(f"size_fn raised {type(exc).__name__}: {exc}",
+                             "fix size_fn; tropt calls it as size_fn(batch)") from exc
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise TroptError(f"size_fn returned {n!r}, expected a number of samples (int >= 0)", "return the batch's sample count")
+            raise TroptError(f"size_fn returned {n!r}, expected a number of samples (int >= 0)",
+                             "return the batch's sample count")
         return int(n)
 
     def split(self, batch: Any, k: int | None = None, *, sizes: Sequence[int] | None = None) -> list[Any]:
@@ -276,10 +277,12 @@ class BatchLayout:
             raise
         except Exception as exc:
             raise TroptError(f"split_fn raised {type(exc).__name__}: {exc}",
-                             "fix split_fn; tropt calls it as split_fn(batch, sizes) with sizes a list of sample counts") from exc
+                             "fix split_fn; tropt calls it as split_fn(batch, sizes) "
+                             "with sizes a list of sample counts") from exc
         got = [self.size(p) for p in parts]
         if got != list(sizes):
-            raise TroptError(f"split_fn was asked for micro-batches of {list(sizes)} samples but size_fn counts {got} in what it returned",
+            raise TroptError(f"split_fn was asked for micro-batches of {list(sizes)} samples "
+                             f"but size_fn counts {got} in what it returned",
                              "return one micro-batch per requested size, in order, each holding that many samples")
         return parts
 

@@ -41,4 +41,5 @@ def row_hashes(x: torch.Tensor) -> list[bytes]:
     """A content hash of each sample (row along dimension 0) of a tensor."""
     flat = x.detach().cpu().contiguous().reshape(x.shape[0], -1)
     raw = flat.view(torch.uint8).numpy() if flat.numel() else None
-    return [hashlib.blake2b(raw[i].tobytes(), digest_size=16).digest() if raw is not None else b"" for i in range(x.shape[0])]
+    return [hashlib.blake2b(raw[i].tobytes(), digest_size=16).digest() if raw is not None else b""
+            for i in range(x.shape[0])]

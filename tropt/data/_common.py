@@ -59,11 +59,13 @@ def _labels(datas: list[SplitData], label=None) -> list[pd.Series] | None:
     return None if any(s is None for s in out) else out
 
 
-def infer_task(labels: list[pd.Series], task: str | None = None, num_classes: int | None = None, max_classes: int = 50) -> str:
+def infer_task(labels: list[pd.Series], task: str | None = None, num_classes: int | None = None,
+               max_classes: int = 50) -> str:
     """"classification" or "regression" from the label values (or what the user said)."""
     if task is not None:
         if task not in ("classification", "regression"):
-            raise DataError(f"task={task!r} is not 'classification' or 'regression'", "pass one of those, or None to infer it")
+            raise DataError(f"task={task!r} is not 'classification' or 'regression'",
+                            "pass one of those, or None to infer it")
         return task
     if num_classes is not None:
         return "classification"

@@ -81,14 +81,16 @@ def build(ref: np.ndarray, nprobe: int | None = None, seed: int = 0, train_rows:
     return Index(index, n, nlist, probe, gpu)
 
 
-def search(index: Index, query: np.ndarray, k: int = 1, progress: bool = False, desc: str = "") -> tuple[np.ndarray, np.ndarray]:
+def search(index: Index, query: np.ndarray, k: int = 1, progress: bool = False,
+           desc: str = "") -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` largest inner products of each query row in ``index`` and their positions (``-1``: none found)."""
     from tqdm.auto import tqdm
 
     query = np.ascontiguousarray(query, dtype=np.float32)
     sims = np.full((len(query), k), -np.inf, dtype=np.float32)
     pos = np.full((len(query), k), -1, dtype=np.int64)
-    for a in tqdm(range(0, len(query), SEARCH_ROWS), desc=desc or "tropt: approximate neighbours", disable=not progress, leave=False):
+    for a in tqdm(range(0, len(query), SEARCH_ROWS), desc=desc or "tropt: approximate neighbours",
+                  disable=not progress, leave=False):
         s, i = index.index.search(query[a:a + SEARCH_ROWS], k)
         sims[a:a + SEARCH_ROWS], pos[a:a + SEARCH_ROWS] = s, i
     return sims, pos
@@ -102,19 +104,6 @@ def nearest(index: Index, query: np.ndarray, progress: bool = False, desc: str =
     best, arg = sims[:, 0], pos[:, 0]
     none = arg < 0
     return np.clip(np.where(none, -1.0, best), -1.0, 1.0).astype(np.float32), np.where(none, 0, arg)
-
-
-def self_nearest_rows(index: Index, ref: np.ndarray, max_queries: int = 2048) -> tuple[np.ndarray, np.ndarray]:
-    """Positions of up to ``max_queries`` evenly spaced rows of ``ref`` and of each one's nearest *other* row in
-    the index (the index version of :func:`tropt.data.neighbours.self_nearest`)."""
-    n = len(ref)
-    if n < 2:
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-    idx = np.unique(np.linspace(0, n - 1, min(n, max_queries)).round().astype(np.int64))
-    _, pos = search(index, ref[idx], 2)
-    other = np.where(pos[:, 0] == idx, pos[:, 1], pos[:, 0])  # not itself (an exact copy of it may come first)
-    keep = other >= 0
-    return idx[keep], other[keep]
 
 
 def exact(ref: np.ndarray, query: np.ndarray, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:

@@ -27,8 +27,10 @@ def check_class_coverage(splits: Mapping[str, Any], *, label=None, group=None, t
     if _labels(datas) is None:
         return _skip(cid, "no label= given: pass the label column to check which classes each split covers")
     labels = _labels(datas, label)
+    assert labels is not None  # checked just above
     if infer_task(labels, task) != "classification":
-        return _skip(cid, f"{label!r} looks like a regression target ({regression_reason(labels, task)}): class coverage "
+        return _skip(cid, f"{label!r} looks like a regression target ({regression_reason(labels, task)}): "
+                          "class coverage "
                           "does not apply (pass task='classification' if these are classes)")
     names = [d.name for d in datas]
     counts = _counts_table(labels, names)
@@ -56,7 +58,8 @@ def check_class_coverage(splits: Mapping[str, Any], *, label=None, group=None, t
     if unseen:
         cl = sorted({str(r["class"]) for r in unseen})
         summary = f"{len(cl)} class(es) appear in later splits but never in {first!r}: {', '.join(cl[:10])}"
-        advice.append(f"Re-split with stratification on the label so {first!r} holds every class, or remove those classes from the later splits.")
+        advice.append(f"Re-split with stratification on the label so {first!r} holds every class, "
+                      "or remove those classes from the later splits.")
         status = Status.FAIL
     elif missing or rare:
         bits = []
@@ -65,7 +68,8 @@ def check_class_coverage(splits: Mapping[str, Any], *, label=None, group=None, t
         if rare:
             bits.append(f"{metrics['rare_classes']} class(es) with fewer than {min_count} rows in some split")
         summary = "; ".join(bits)
-        advice.append("Stratify the split on the label so every class is represented; merge or drop classes too rare to learn or evaluate.")
+        advice.append("Stratify the split on the label so every class is represented; "
+                      "merge or drop classes too rare to learn or evaluate.")
         status = Status.WARN
     else:
         summary = f"all {len(counts)} classes appear in every split with at least {min_count} rows"

@@ -43,7 +43,8 @@ def column_kind(s: pd.Series, split: str) -> str:
         raise DataError(
             f"split {split!r}: column {s.name!r} holds unhashable {type(bad).__name__} values, which cannot be "
             "fingerprinted",
-            f"convert it to strings (df[{s.name!r}].map(str)), expand it into columns, or leave it out with features=[...]",
+            f"convert it to strings (df[{s.name!r}].map(str)), expand it into columns, "
+            "or leave it out with features=[...]",
         )
     return "mixed"
 

@@ -28,6 +28,7 @@ import operator
 import os
 import sys
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +78,8 @@ def _dask():
         import dask
         import dask.dataframe
     except ImportError as exc:
-        raise DataError(f"a Dask split (a Dask DataFrame, a Parquet glob or URL) needs dask, which is not installed ({exc})",
+        raise DataError(f"a Dask split (a Dask DataFrame, a Parquet glob or URL) needs dask, "
+                        f"which is not installed ({exc})",
                         f"install the extra: {_EXTRA}") from None
     return dask
 
@@ -175,7 +177,7 @@ def _files(path: str, name: str) -> tuple[Any, list[str]]:
     fs, root = url_to_fs(path)
     globbed = any(c in path for c in _GLOB_CHARS) and not fs.exists(root)
     if globbed:  # a pattern may match files, or directories (of hive partitions) whose files all count
-        found = []
+        found: list = []
         for p, info in fs.glob(root, detail=True).items():
             found.extend(fs.find(p) if info.get("type") == "directory" else [p])
     elif fs.isdir(root):
@@ -183,13 +185,16 @@ def _files(path: str, name: str) -> tuple[Any, list[str]]:
     elif fs.exists(root):
         found = [root]
     else:
-        raise DataError(f"split {name!r}: {path!r} does not exist", "check the path or URL (relative paths start at the current directory)")
+        raise DataError(f"split {name!r}: {path!r} does not exist",
+                        "check the path or URL (relative paths start at the current directory)")
     # Dask and pyarrow skip metadata and hidden files (_metadata, _SUCCESS, .crc): so does the schema check.
     files = sorted(f for f in found if not any(part.startswith(("_", ".")) for part in f.rstrip("/").split("/")[-1:]))
     if not files:
-        what = f"the glob {path!r} matches no files" if globbed else f"the directory {path!r} holds no Parquet files (it has no columns)"
+        what = (f"the glob {path!r} matches no files" if globbed
+                else f"the directory {path!r} holds no Parquet files (it has no columns)")
         raise DataError(f"split {name!r}: {what}",
-                        "check the pattern and the directory (a glob is matched against file names, e.g. 'data/train/*.parquet' "
+                        "check the pattern and the directory (a glob is matched against file names, "
+                        "e.g. 'data/train/*.parquet' "
                         "or 'data/train/**/*.parquet' for hive partitions)")
     return fs, files
 
@@ -208,17 +213,20 @@ def check_schemas(path: str, name: str) -> None:
                 schemas.append(pq.read_schema(fh))
         except Exception as exc:
             raise DataError(f"split {name!r}: cannot read {f!r} as Parquet: {type(exc).__name__}: {exc}",
-                            "remove or re-export that file (only Parquet files belong in the dataset's directory)") from exc
+                            "remove or re-export that file "
+                            "(only Parquet files belong in the dataset's directory)") from exc
     base = {fld.name: fld.type for fld in schemas[0]}
     for f, sch in zip(files[1:], schemas[1:]):
         cols = {fld.name: fld.type for fld in sch}
-        differ = [c for c in dict.fromkeys([*base, *cols]) if c not in base or c not in cols or not base[c].equals(cols[c])]
+        differ = [c for c in dict.fromkeys([*base, *cols])
+                  if c not in base or c not in cols or not base[c].equals(cols[c])]
         if differ:
             detail = "; ".join(f"{c!r}: {base.get(c, 'absent')} vs {cols.get(c, 'absent')}" for c in differ)
             raise DataError(f"split {name!r}: the dataset's files have different schemas; columns that differ between "
                             f"{files[0]!r} and {f!r}: {detail}",
                             "rewrite the partitions with one schema (the same columns and types, e.g. cast in pyarrow "
-                            "before writing), or pass a Dask DataFrame that casts them: dd.read_parquet(...).astype({...})")
+                            "before writing), or pass a Dask DataFrame that casts them: "
+                            "dd.read_parquet(...).astype({...})")
 
 
 def read_dataset(path: str, name: str) -> Any:
@@ -236,7 +244,8 @@ def read_dataset(path: str, name: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------- map
-def _summarise(part: pd.DataFrame, feats: list, kinds: dict, label: Any, group: Any, time: Any, with_index: bool) -> dict:
+def _summarise(part: pd.DataFrame, feats: list, kinds: dict, label: Any, group: Any, time: Any,
+               with_index: bool) -> dict:
     """One partition's fingerprints, role columns and index (the map step; runs on a worker)."""
     out: dict = {"n": len(part), "fp": hash_rows(part, feats, kinds) if len(part) else np.empty(0, dtype=np.uint64)}
     for role, col in (("label", label), ("group", group), ("time", time)):
@@ -258,7 +267,8 @@ def _reducible_time(dtype: Any) -> bool:
 
 
 def _take(part: pd.DataFrame, positions: np.ndarray, cols: list, label: Any) -> pd.DataFrame:
-    """The rows at ``positions`` of one partition, in the sample's layout (the label renamed as the pandas path does)."""
+    """The rows at ``positions`` of one partition, in the sample's layout (the label renamed as the pandas path
+    does)."""
     rows = part[cols].iloc[positions]
     return rows.rename(columns={label: LABEL_COLUMN}) if label is not None else rows
 
@@ -307,7 +317,8 @@ def _map_tasks(reader: Any, kinds: dict, feats: list, label: Any, group: Any, ti
     call made twice names the same tasks, and a Client computes them once."""
     wanted = wanted_columns(feats, label, group, time)
     summarise = _dask().delayed(_summarise, pure=True)
-    return [summarise(p, feats, kinds, label, group, time, not reader.positions) for p in _partitions(reader.ddf, wanted)]
+    return [summarise(p, feats, kinds, label, group, time, not reader.positions)
+            for p in _partitions(reader.ddf, wanted)]
 
 
 def prefetch(reader: Any, kinds: dict, feats: list, label: Any, group: Any, time: Any) -> list | None:
@@ -350,7 +361,8 @@ def map_split(reader: Any, name: str, kinds: dict, feats: list, label: Any, grou
         futures = client.compute(tasks)
         # A date or number time column stays on the workers: data.temporal_leakage reduces it per partition.
         keep = ("time",) if time is not None and _reducible_time(ddf.dtypes[time]) else ()
-        parts = _gather_as_done(client, [client.submit(_without, f, keep, pure=False) for f in futures] if keep else futures,
+        parts: Sequence[Any] = _gather_as_done(client,
+                                [client.submit(_without, f, keep, pure=False) for f in futures] if keep else futures,
                                 f"tropt: fingerprinting {name} on the Dask cluster", progress)
         futures = {"time": [client.submit(operator.getitem, f, "time", pure=False) for f in futures]} if keep else None
     else:
@@ -359,7 +371,8 @@ def map_split(reader: Any, name: str, kinds: dict, feats: list, label: Any, grou
     lengths = np.array([p["n"] for p in parts], dtype=np.int64)
     n = int(lengths.sum())
     if n == 0:
-        raise DataError(f"split {name!r} is empty (0 rows in {len(parts)} partition(s))", "pass a split with at least one row, or leave it out")
+        raise DataError(f"split {name!r} is empty (0 rows in {len(parts)} partition(s))",
+                        "pass a split with at least one row, or leave it out")
     live = [p for p in parts if p["n"]]  # the pandas path skips empty chunks alike
 
     def cat(role: str) -> pd.Series | None:
@@ -453,7 +466,8 @@ def _part_histogram(time: pd.Series, edges: np.ndarray) -> np.ndarray:
 def _client_for(d: Any) -> Any:
     client = current_client()
     if client is None:
-        raise DataError(f"split {d.name!r}: its time column is held by a Dask Client that has closed since the split was read",
+        raise DataError(f"split {d.name!r}: its time column is held by a Dask Client "
+                        "that has closed since the split was read",
                         "keep the Client open while the checks run (or read the split again)")
     return client
 
@@ -461,7 +475,8 @@ def _client_for(d: Any) -> Any:
 def distributed_time_summary(d: Any, time: Any) -> dict:
     """Min, max and finite count of a split's times, per partition on the workers, reduced here."""
     client = _client_for(d)
-    return merge_time_summaries(client.gather([client.submit(_part_time_summary, f, pure=False) for f in d.dask_parts["time"]]))
+    return merge_time_summaries(client.gather([client.submit(_part_time_summary, f, pure=False)
+                                               for f in d.dask_parts["time"]]))
 
 
 def distributed_rows_before(d: Any, stat: dict, ends: list, max_evidence: int) -> list:
@@ -475,4 +490,5 @@ def distributed_rows_before(d: Any, stat: dict, ends: list, max_evidence: int) -
 def distributed_time_histogram(d: Any, edges: np.ndarray) -> np.ndarray:
     """Counts of the split's finite times on ``edges``: the partitions' histograms, summed."""
     client = _client_for(d)
-    return np.sum(client.gather([client.submit(_part_histogram, f, edges, pure=False) for f in d.dask_parts["time"]]), axis=0)
+    return np.sum(client.gather([client.submit(_part_histogram, f, edges, pure=False)
+                                 for f in d.dask_parts["time"]]), axis=0)

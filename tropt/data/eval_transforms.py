@@ -44,7 +44,9 @@ class Moments:
 
     def __init__(self) -> None:
         self.shape: tuple | None = None
-        self.shift = self.sum = self.sumsq = None
+        self.shift: torch.Tensor | None = None
+        self.sum: torch.Tensor | None = None
+        self.sumsq: torch.Tensor | None = None
         self.count = 0
         self.per_sample: list[torch.Tensor] = []
         self.mixed = False
@@ -70,6 +72,7 @@ class Moments:
 
     def stats(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(per-channel mean, per-channel std over every element, per-sample per-channel means (N, C))."""
+        assert self.sum is not None and self.sumsq is not None and self.shift is not None  # set by the first add()
         m = self.sum / self.count
         std = (self.sumsq / self.count - m ** 2).clamp_min(0).sqrt()
         return m + self.shift.double().cpu(), std, torch.cat(self.per_sample)
@@ -101,8 +104,10 @@ def compare_inputs(train: Moments, val: Moments, name: str) -> pd.DataFrame:
     var_t = (_kurtosis(pt).clamp_min(3.0) - 1) / (4 * max(nt - 1, 1))
     var_v = (_kurtosis(pv).clamp_min(3.0) - 1) / (4 * max(nv - 1, 1))
     z_std = log_ratio.abs() / (var_t + var_v).sqrt()
+    assert train.shape is not None  # compared only after a batch was added (stats() above)
     kind = "channel" if len(train.shape) >= 2 else "feature"
-    return pd.DataFrame({"input": name, "kind": kind, "index": np.arange(len(mt)), "train_mean": mt.numpy(), "val_mean": mv.numpy(),
+    return pd.DataFrame({"input": name, "kind": kind, "index": np.arange(len(mt)), "train_mean": mt.numpy(),
+                         "val_mean": mv.numpy(),
                          "train_std": st.numpy(), "val_std": sv.numpy(), "effect": effect.numpy(), "z_mean": z.numpy(),
                          "std_ratio": log_ratio.exp().numpy(), "z_std": z_std.numpy()})
 
@@ -157,7 +162,8 @@ class Reads:
         rows: dict[tuple, dict] = {}
         for i, batch in enumerate(batches):
             for path, t in _leaves(batch, self.dim):
-                row = rows.setdefault(path, {"input": path_name(path), "samples": 0, "differing": 0, "max_abs_diff": 0.0})
+                row = rows.setdefault(path, {"input": path_name(path), "samples": 0, "differing": 0,
+                                             "max_abs_diff": 0.0})
                 before = self.hashes.get(path, [])
                 now = row_hashes(t)
                 row["samples"] += len(now)
@@ -187,8 +193,8 @@ def _training_inputs(setup: Setup, n_batches: int) -> Iterator[Any]:
     ds = getattr(loader, "dataset", None)
     if isinstance(loader, torch.utils.data.DataLoader) and not isinstance(ds, torch.utils.data.IterableDataset):
         torch.manual_seed(setup.seed)
-        uniform = torch.utils.data.DataLoader(ds, batch_size=loader.batch_size or setup.batch_size, shuffle=True,
-                                              collate_fn=loader.collate_fn)
+        uniform = torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size or setup.batch_size,
+                                              shuffle=True, collate_fn=loader.collate_fn)
         return iter_pass(uniform, n_batches, "train_data")
     return setup.batches(n_batches, cycle=False)
 
@@ -203,7 +209,8 @@ def _population_shift(df: pd.DataFrame, bad: pd.DataFrame) -> bool:
         return False
     if float(np.median(np.abs(np.log(df["std_ratio"].to_numpy(dtype=float))))) > math.log(1.25):
         return False
-    moved = np.where(bad["z_mean"] >= bad["z_std"], np.sign(bad["val_mean"] - bad["train_mean"]), np.sign(np.log(bad["std_ratio"])))
+    moved = np.where(bad["z_mean"] >= bad["z_std"], np.sign(bad["val_mean"] - bad["train_mean"]),
+                     np.sign(np.log(bad["std_ratio"])))
     if not ((moved > 0).any() and (moved < 0).any()):
         return False
     # No feature may carry a transform's signature: a scaling (mean and spread multiplied by one factor: values left
@@ -254,6 +261,7 @@ def _val_reads(setup: Setup, val_loader: Any, n_batches: int,
         if how == "two passes over the validation loader":
             diffs = first.compare(iter_pass(val_loader, n_batches, "val_data"))
         elif how is not None:
+            assert ds is not None  # how names the items of ds
             idx = list(range(min(len(ds), 64)))
             first = Reads(0)  # one-sample batches collated here: samples along dimension 0
             for i, batch in enumerate(_items(ds, idx)):
@@ -276,13 +284,16 @@ def _randomness(setup: Setup, how: str | None, diffs: Any, metrics: dict, tables
     if len(random):
         worst = random.sort_values("max_abs_diff", ascending=False).iloc[0]
         what = (f"{how} give different tensors ({', '.join(random['input'])}: {int(random['differing'].sum())} of "
-                f"{int(random['samples'].sum())} samples; max |difference| in the first batch {worst['max_abs_diff']:.3g})")
+                f"{int(random['samples'].sum())} samples; max |difference| in the first batch "
+                f"{worst['max_abs_diff']:.3g})")
         if setup.eval_augmentation:
             notes.append(f"{what}: declared test-time augmentation (eval_augmentation=True)")
         else:
             findings.append((Status.WARN, f"random transforms in evaluation: {what}, so validation scores are noisy",
-                             "Use deterministic validation transforms (e.g. Resize + CenterCrop instead of RandomResizedCrop, "
-                             "no random flips); if test-time augmentation is intended, declare it with Setup(eval_augmentation=True)."))
+                             "Use deterministic validation transforms "
+                             "(e.g. Resize + CenterCrop instead of RandomResizedCrop, "
+                             "no random flips); if test-time augmentation is intended, "
+                             "declare it with Setup(eval_augmentation=True)."))
     elif setup.eval_augmentation:
         notes.append("eval_augmentation=True, but two reads of the validation data gave identical tensors")
 
@@ -310,25 +321,29 @@ def _judge_features(df: pd.DataFrame, fail_effect: float, fail_std_ratio: float,
     fail = (eff_ok & (df["effect"] >= fail_effect)) | (std_ok & (np.abs(lr) >= math.log(fail_std_ratio)))
     warn = ~fail & ((eff_ok & (df["effect"] >= warn_effect)) | (std_ok & (np.abs(lr) >= math.log(warn_std_ratio))))
     df["verdict"] = np.where(fail, "fail", np.where(warn, "warn", "ok"))
-    df = df.sort_values(["verdict", "effect"], key=lambda s: s.map({"fail": 0, "warn": 1, "ok": 2}) if s.name == "verdict" else -s,
+    df = df.sort_values(["verdict", "effect"],
+                        key=lambda s: s.map({"fail": 0, "warn": 1, "ok": 2}) if s.name == "verdict" else -s,
                         kind="stable").reset_index(drop=True)
     tables["features"] = df.head(MAX_ROWS)
     metrics.update(features_compared=len(df), features_fail=int(fail.sum()), features_warn=int(warn.sum()),
-                   max_effect=float(df["effect"].replace(np.inf, np.nan).max() if np.isfinite(df["effect"]).any() else 0.0),
+                   max_effect=float(df["effect"].replace(np.inf, np.nan).max()
+                                    if np.isfinite(df["effect"]).any() else 0.0),
                    max_std_ratio=float(np.exp(np.abs(lr)).max()))
     bad = df[df["verdict"] != "ok"]
     population = _population_shift(df, bad)
     metrics["pattern"] = "none" if not len(bad) else "population" if population else "transform"
     if not len(bad):
         return
-    names = [f"{r.input} {r.kind} {r.index} (mean {r.train_mean:.3g} vs {r.val_mean:.3g}, std {r.train_std:.3g} vs {r.val_std:.3g})"
+    names = [f"{r.input} {r.kind} {r.index} (mean {r.train_mean:.3g} vs {r.val_mean:.3g}, "
+             f"std {r.train_std:.3g} vs {r.val_std:.3g})"
              for r in bad.head(4).itertuples()]
     more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
     if population:
         # A few features, shifted both ways, the rest alike: rows drawn from elsewhere, not a preprocessing step
         # (a missing normalisation moves most features the same way). Judgement, not a defect of the transforms.
         findings.append((Status.WARN,
-                         f"{len(bad)} of {len(df)} input {bad['kind'].iloc[0]}(s) of the validation data differ from training "
+                         f"{len(bad)} of {len(df)} input {bad['kind'].iloc[0]}(s) of the validation data "
+                         "differ from training "
                          f"beyond sampling noise, in both directions, while the others agree (median std ratio "
                          f"{float(np.exp(np.median(np.abs(lr)))):.2f}): the validation rows look drawn from another "
                          f"population, not prepared differently: {'; '.join(names)}{more}",
@@ -337,11 +352,13 @@ def _judge_features(df: pd.DataFrame, fail_effect: float, fail_std_ratio: float,
                          "purpose (see data.label_shift and data.group_leakage)."))
         return
     status = Status.FAIL if fail.any() else Status.WARN
-    sentence = (f"{len(bad)} input {bad['kind'].iloc[0]}(s) of the validation data are distributed differently from training "
+    sentence = (f"{len(bad)} input {bad['kind'].iloc[0]}(s) of the validation data "
+                "are distributed differently from training "
                 f"{'far ' if status is Status.FAIL else ''}beyond sampling noise: {'; '.join(names)}{more}")
     if status is Status.FAIL:
         findings.append((status, sentence, "Apply the training transform's preprocessing (normalisation, scaling, "
-                         "feature encoding) to the validation data too, with the statistics fitted on the training data."))
+                         "feature encoding) to the validation data too, "
+                         "with the statistics fitted on the training data."))
     else:
         findings.append((status, sentence + " (a transform difference, or a genuine shift between the splits)",
                          "Check that the validation transform normalises like the training transform; if it does, "
@@ -368,17 +385,20 @@ def check_eval_transforms(setup: Setup, *, n_batches: int = 8, fail_effect: floa
     warn_effect, warn_std_ratio
         WARN thresholds, same rule.
     z
-        The z-score a difference needs (per-sample means for the mean; the std of a log std ratio, widened by each feature's kurtosis).
+        The z-score a difference needs (per-sample means for the mean; the std of a log std ratio, widened by each
+        feature's kurtosis).
     progress
         Unused (the check is quick); accepted for uniformity.
     """
     if setup.val_data is None:
-        return CheckResult(CHECK, Status.SKIP, "no val_data: pass Setup(val_data=...) to compare how evaluation data is prepared")
+        return CheckResult(CHECK, Status.SKIP,
+                           "no val_data: pass Setup(val_data=...) to compare how evaluation data is prepared")
     val_loader = setup.loader("val")
     dim = sample_dim(setup)
     xt, n_train = _train_moments(setup, n_batches, dim)
     xv, n_val, how, diffs = _val_reads(setup, val_loader, n_batches, dim)
-    metrics: dict[str, Any] = {"train_batches": n_train, "val_batches": n_val, "eval_augmentation": setup.eval_augmentation}
+    metrics: dict[str, Any] = {"train_batches": n_train, "val_batches": n_val,
+                               "eval_augmentation": setup.eval_augmentation}
     tables: dict[str, pd.DataFrame] = {}
     findings: list[tuple[Status, str, str]] = []
     notes: list[str] = []

@@ -26,7 +26,8 @@ def _exact_stats(datas: list, labels: list | None, max_evidence: int) -> dict:
 def _leaks(datas: list, stats: dict, max_evidence: int) -> tuple[dict, list, list]:
     """(metrics, pair rows, evidence) of the copies of every (later, earlier) pair of splits."""
     metrics: dict[str, Any] = {"leaked_rows": 0, "leaked_fraction": 0.0, "max_pair_fraction": 0.0}
-    pair_rows, evidence = [], []
+    pair_rows: list[dict] = []
+    evidence: list[pd.DataFrame] = []
     compared = 0
     for (li, ei), (count, later_pos, earlier_pos, fps) in stats["pairs"].items():
         later, earlier = datas[li], datas[ei]
@@ -36,7 +37,8 @@ def _leaks(datas: list, stats: dict, max_evidence: int) -> tuple[dict, list, lis
         metrics[f"leaked_rows.{_pkey(later, earlier)}"] = count
         metrics[f"leaked_fraction.{_pkey(later, earlier)}"] = frac
         metrics["max_pair_fraction"] = max(metrics["max_pair_fraction"], frac)
-        pair_rows.append({"split": later.name, "earlier_split": earlier.name, "rows": later.n, "leaked_rows": count, "leaked_fraction": frac})
+        pair_rows.append({"split": later.name, "earlier_split": earlier.name, "rows": later.n, "leaked_rows": count,
+                          "leaked_fraction": frac})
         room = max_evidence - len(evidence)
         if room > 0 and count:
             take, match = later_pos[:room], earlier_pos[:room]
@@ -56,6 +58,7 @@ def _conflicts(datas: list, labels: list | None, stats: dict) -> pd.DataFrame | 
     """The rows whose features are the same while their labels differ (anywhere in the splits), or None."""
     if not stats["conflict_rows"]:
         return None
+    assert labels is not None  # conflicts are only counted with labels
     sid, pos, fps = stats["conflict_evidence"]
     return pd.DataFrame({
         "split": [datas[s].name for s in sid],
@@ -71,6 +74,7 @@ def _words(datas: list, stats: dict, metrics: dict, pair_rows: list, chance: boo
     leaked, conflicting, within_total = metrics["leaked_rows"], stats["conflicting"], metrics["duplicates_within"]
     advice = []
     if leaked and chance:
+        assert space is not None  # chance comes with the feature space it was judged by
         # Few possible feature vectors for the rows: copies across splits are what chance gives (rows repeat within
         # each split too), so they say nothing about leakage. Not FAIL; the numbers and the evidence stay.
         worst_pair = max(pair_rows, key=lambda r: r["leaked_fraction"])
@@ -78,7 +82,8 @@ def _words(datas: list, stats: dict, metrics: dict, pair_rows: list, chance: boo
         summary = (f"feature space too small to judge exact copies: {space_words(space)} ({stats['distinct']} distinct "
                    f"vectors) for "
                    f"{sum(d.n for d in datas)} rows, so {worst_pair['leaked_rows']} of {worst_pair['rows']} {wl} rows "
-                   f"matching {worst_pair['earlier_split']} ({_pct(worst_pair['leaked_fraction'])}) is expected by chance; "
+                   f"matching {worst_pair['earlier_split']} ({_pct(worst_pair['leaked_fraction'])}) "
+                   "is expected by chance; "
                    f"{_pct(metrics[f'within_repeat_rate.{wl}'])} of {wl} rows repeat within {wl} too")
         advice.append("Exact copies cannot show leakage here: check it by the entity instead (pass group= with the "
                       "user/patient/session id), or include the columns that identify a record in features=.")
@@ -87,15 +92,18 @@ def _words(datas: list, stats: dict, metrics: dict, pair_rows: list, chance: boo
         advice.append(f"Drop the {leaked} leaked rows from the later splits (listed in 'leaked_rows'), or de-duplicate "
                       "the data before splitting so every copy lands in one split.")
         if group is None:
-            advice.append("If copies come from one entity (user, patient, document), re-split by that id and pass group= to check it.")
+            advice.append("If copies come from one entity (user, patient, document), "
+                          "re-split by that id and pass group= to check it.")
         summary = (f"{leaked} row(s) of later splits have an exact copy in an earlier split "
                    f"(worst: {worst_pair['leaked_rows']} of {worst_pair['rows']} {worst_pair['split']} rows in "
                    f"{worst_pair['earlier_split']}, {_pct(worst_pair['leaked_fraction'])})")
     else:
-        summary = f"no row of a later split has an exact copy in an earlier split ({', '.join(f'{d.name}: {d.n}' for d in datas)} rows)"
+        summary = ("no row of a later split has an exact copy in an earlier split "
+                   f"({', '.join(f'{d.name}: {d.n}' for d in datas)} rows)")
     if conflicting:
         summary += f"; {conflicting} feature vector(s) appear with different labels ({stats['conflict_rows']} rows)"
-        advice.append("Review the rows with identical features but different labels ('conflicting_labels'): fix the labels or drop them.")
+        advice.append("Review the rows with identical features but different labels ('conflicting_labels'): "
+                      "fix the labels or drop them.")
     if within_total:
         summary += f"; {within_total} duplicate row(s) within splits"
     return summary, advice
@@ -141,6 +149,7 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
     space, chance = None, False
     if worst > max_fraction and datas[0].tabular:
         chance, space = too_small_to_judge(splits, label, group, time, features, progress, datas, small_space)
+        assert space is not None  # measured for a tabular split
         if np.isfinite(space[0]):
             metrics["feature_combinations_log10"] = round(space[0], 3)
         for d, distinct, repeat in zip(datas, stats["split_distinct"], stats["repeat_rows"]):

@@ -46,7 +46,8 @@ def repeated_rows(fps: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
-def exact_join(fps: list[np.ndarray], labels: list[pd.Series] | None, label_kind: str | None, max_evidence: int) -> dict:
+def exact_join(fps: list[np.ndarray], labels: list[pd.Series] | None, label_kind: str | None,
+               max_evidence: int) -> dict:
     """Exact copies among the rows of every split, from their fingerprints ``fps[s]`` (and labels, compared by
     ``label_kind``). Only rows whose fingerprint occurs more than once (:func:`repeated_rows`) can pair, repeat or
     conflict, so only those are factorised and have their labels hashed.
@@ -91,5 +92,6 @@ def exact_join(fps: list[np.ndarray], labels: list[pd.Series] | None, label_kind
         first = bad[:max_evidence]
         sid = np.searchsorted(bounds, first, side="right") - 1
         local_first = first - bounds[sid]
-        out["conflict_evidence"] = (sid, local_first, np.array([fps[i][p] for i, p in zip(sid, local_first)], dtype=np.uint64))
+        out["conflict_evidence"] = (sid, local_first,
+                                    np.array([fps[i][p] for i, p in zip(sid, local_first)], dtype=np.uint64))
     return out

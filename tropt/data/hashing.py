@@ -9,8 +9,8 @@ array; nothing passed in is modified.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -75,7 +75,7 @@ def _string_hash_series(s: pd.Series) -> np.ndarray:
     return out
 
 
-def hash_column(s: pd.Series, kind: str) -> np.ndarray:
+def hash_column(s: pd.Series, kind: str | None) -> np.ndarray:
     """Canonical uint64 value hashes of one column (a new array; ``s`` is not touched)."""
     if kind == "numeric" and (pd.api.types.is_numeric_dtype(s.dtype) or pd.api.types.is_bool_dtype(s.dtype)):
         if pd.api.types.is_timedelta64_dtype(s.dtype):
@@ -137,7 +137,9 @@ def _hash_plain_numeric(columns: list, acc: np.ndarray) -> None:
     rows at a time into preallocated buffers: a whole column's ten passes would each stream it through memory,
     and the fingerprints of a wide table were most of a partition's time (issue #22)."""
     n = len(acc)
-    f, z, t = (np.empty(min(n, _BLOCK), dtype=d) for d in (np.float64, np.uint64, np.uint64))
+    # cast: numpy's stubs give all three one joined (float) dtype, and uint64 arrays support ^=
+    f, z, t = cast("Iterator[np.ndarray]",
+                   (np.empty(min(n, _BLOCK), dtype=d) for d in (np.float64, np.uint64, np.uint64)))
     s27, s30, s31 = np.uint64(27), np.uint64(30), np.uint64(31)
     for a in range(0, n, _BLOCK):
         m = min(_BLOCK, n - a)

@@ -49,10 +49,12 @@ def _split_problems(found: _Problems, d: SplitData, s: pd.Series, first: bool, t
     num = is_numeric(s)
     v = numeric_values(s) if num else None
     if num:
+        assert v is not None  # numeric_values(s) when num
         inf = np.isinf(v)
         if inf.any():
             found.note(d, "infinite label", inf, True, s)
     if task == "classification" and num:
+        assert v is not None
         fin = np.isfinite(v)
         nonint = fin & (v != np.round(v))
         if nonint.any():
@@ -79,7 +81,8 @@ def _id_gaps(found: _Problems, all_ids: list[np.ndarray]) -> int:
         return 0
     gaps = int(ids.max() + 1 - ids.size)
     found.problems.append({"split": "all", "problem": f"class ids have {gaps} gap(s) in 0..{int(ids.max())}", "rows": 0,
-                           "examples": ", ".join(str(int(x)) for x in np.setdiff1d(np.arange(int(ids.max()) + 1), ids)[:5]),
+                           "examples": ", ".join(str(int(x))
+                                                 for x in np.setdiff1d(np.arange(int(ids.max()) + 1), ids)[:5]),
                            "severity": "warn"})
     found.warn = True
     return gaps
@@ -91,17 +94,20 @@ def _advice(problems: list[dict], gaps: int) -> list[str]:
     if any(k.startswith(("missing label", "infinite label")) for k in kinds):
         advice.append("Drop or fix the rows with missing/infinite labels (listed in 'bad_rows') before training.")
     if any(k.startswith(("non-integer", "negative", "class id >=")) for k in kinds):
-        advice.append("Map labels to integer class ids 0..num_classes-1 (e.g. pd.factorize or sklearn LabelEncoder) and set the "
+        advice.append("Map labels to integer class ids 0..num_classes-1 "
+                      "(e.g. pd.factorize or sklearn LabelEncoder) and set the "
                       "output layer to num_classes units.")
     if "constant label" in kinds:
         advice.append("A constant label teaches nothing: check the label column and how the split was made.")
     if gaps:
-        advice.append("Re-index the class ids contiguously, or confirm the missing ids are real classes (the model needs max id + 1 outputs).")
+        advice.append("Re-index the class ids contiguously, or confirm the missing ids are real classes "
+                      "(the model needs max id + 1 outputs).")
     return advice
 
 
 @register("data.label_sanity", title="Label sanity",
-          description="missing/inf labels, non-integer or negative class ids, ids outside [0, num_classes), constant labels", needs="splits")
+          description="missing/inf labels, non-integer or negative class ids, ids outside [0, num_classes), "
+                      "constant labels", needs="splits")
 def check_label_sanity(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
                        num_classes: int | None = None, task: str | None = None, max_evidence: int = MAX_EVIDENCE,
                        progress: bool = True) -> CheckResult:
@@ -116,6 +122,7 @@ def check_label_sanity(splits: Mapping[str, Any], *, label=None, group=None, tim
     if _labels(datas) is None:
         return _skip(cid, "no label= given: pass the label column to check its values")
     labels = _labels(datas, label)
+    assert labels is not None  # checked just above
     task = infer_task(labels, task, num_classes)
     found = _Problems(max_evidence)
     all_ids = []
@@ -127,7 +134,9 @@ def check_label_sanity(splits: Mapping[str, Any], *, label=None, group=None, tim
     if task == "classification" and all_ids and num_classes is None:
         gaps = _id_gaps(found, all_ids)
     problems = found.problems
-    metrics = {"task": task, "problems": len(problems), "bad_rows": sum(p["rows"] for p in problems if p["problem"] != "constant label" and p["split"] != "all"),
+    metrics = {"task": task, "problems": len(problems),
+               "bad_rows": sum(p["rows"] for p in problems
+                               if p["problem"] != "constant label" and p["split"] != "all"),
                "class_id_gaps": gaps}
     if num_classes is not None:
         metrics["num_classes"] = num_classes
@@ -137,7 +146,8 @@ def check_label_sanity(splits: Mapping[str, Any], *, label=None, group=None, tim
     if found.bad_rows:
         tables["bad_rows"] = pd.DataFrame(found.bad_rows)
     if problems:
-        summary = "; ".join(f"{p['split']}: {p['problem']}" + (f" ({p['rows']} rows)" if p["rows"] else "") for p in problems[:4])
+        summary = "; ".join(f"{p['split']}: {p['problem']}" + (f" ({p['rows']} rows)" if p["rows"] else "")
+                            for p in problems[:4])
         if len(problems) > 4:
             summary += f"; and {len(problems) - 4} more"
     else:

@@ -22,8 +22,8 @@ def _class_pairs(datas: list, labels: list[pd.Series], names: list[str], tables:
     counts = _counts_table(labels, names)
     props = counts / counts.sum(axis=0).replace(0, 1)
     dist = counts.copy()
-    for n in names:
-        dist[f"share_{n}"] = props[n]
+    for name in names:
+        dist[f"share_{name}"] = props[name]
     tables["class_distribution"] = dist.reset_index()
     pair_rows = []
     for later, earlier in _pairs(datas):
@@ -48,7 +48,8 @@ def _value_pairs(datas: list, vals: list[np.ndarray], names: list[str], tables: 
 
     index = {n: i for i, n in enumerate(names)}
     q = [0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0]
-    tables["quantiles"] = pd.DataFrame({n: (np.quantile(v, q) if v.size else np.full(len(q), np.nan)) for n, v in zip(names, vals)},
+    tables["quantiles"] = pd.DataFrame({n: (np.quantile(v, q) if v.size else np.full(len(q), np.nan))
+                                        for n, v in zip(names, vals)},
                                        index=pd.Index(q, name="quantile")).reset_index()
     allv = np.concatenate(vals)
     if allv.size:
@@ -98,21 +99,25 @@ def _verdict(pairs: pd.DataFrame, metrics: dict, time: Any, warn_effect: float, 
         # which a time-ordered split shows by design. Judgement, not a defect; and a random re-split would leak.
         w = drift.sort_values("effect", ascending=False).iloc[0]
         metrics["time_drift"] = True
-        outside = (f"; {w['outside_earlier_range']:.0%} of {w['split']!r} labels lie outside {w['earlier_split']!r}'s range"
+        outside = (f"; {w['outside_earlier_range']:.0%} of {w['split']!r} labels lie outside "
+                   f"{w['earlier_split']!r}'s range"
                    if "outside_earlier_range" in w and w["outside_earlier_range"] > 0 else "")
         summary = (f"label distribution of {w['split']!r} differs from {w['earlier_split']!r}: {eff} {w['effect']:.3f} "
                    f"(p={w['p_value']:.2g}); {w['split']!r} is a later period (the splits are time-ordered by "
                    f"{time!r}), so the target drifted over time{outside}")
         advice = ["Keep the time-ordered split: a random or stratified re-split would leak the future into training.",
                   "Check that the model handles the later period: compare its errors per period; for a trending "
-                  "target, predict changes (differences, returns) or detrend, and re-fit or recalibrate on recent data."]
+                  "target, predict changes (differences, returns) or detrend, "
+                  "and re-fit or recalibrate on recent data."]
         return Status.WARN, summary, advice
     if len(warn):
         w = warn.sort_values("effect", ascending=False).iloc[0]
-        summary = f"label distribution of {w['split']!r} differs from {w['earlier_split']!r}: {eff} {w['effect']:.3f} (p={w['p_value']:.2g})"
+        summary = (f"label distribution of {w['split']!r} differs from {w['earlier_split']!r}: "
+                   f"{eff} {w['effect']:.3f} (p={w['p_value']:.2g})")
         advice = ["Re-split with stratification on the label (e.g. sklearn train_test_split(..., stratify=y)) if the "
                   "splits should share one distribution.",
-                  "If the shift is real (a later period), evaluate with per-class metrics and re-weight or recalibrate."]
+                  "If the shift is real (a later period), "
+                  "evaluate with per-class metrics and re-weight or recalibrate."]
         return Status.FAIL if len(fail[~fail["time_ordered"]]) else Status.WARN, summary, advice
     return Status.PASS, f"label distributions agree across splits (largest {eff} {metrics['max_effect']:.3f})", []
 
@@ -134,6 +139,7 @@ def check_label_shift(splits: Mapping[str, Any], *, label=None, group=None, time
     if _labels(datas) is None:
         return _skip(cid, "no label= given: pass the label column to compare its distribution across splits")
     labels = _labels(datas, label)
+    assert labels is not None  # checked just above
     task = infer_task(labels, task)
     names = [d.name for d in datas]
     tables: dict[str, pd.DataFrame] = {}

@@ -28,7 +28,8 @@ def validate_splits(splits: Any, min_splits: int = 1) -> list[tuple[str, Any]]:
                         "pass e.g. {'train': df_train, 'test': df_test}")
     items = [(str(k), v) for k, v in splits.items()]
     if len(items) < min_splits:
-        raise DataError(f"got {len(items)} split(s) ({', '.join(k for k, _ in items) or 'none'}); this check compares at least {min_splits}",
+        raise DataError(f"got {len(items)} split(s) ({', '.join(k for k, _ in items) or 'none'}); "
+                        f"this check compares at least {min_splits}",
                         "pass e.g. {'train': df_train, 'test': df_test}, earlier splits first")
     for k, v in items:
         if v is None:
@@ -43,7 +44,8 @@ def load_splits(splits: Any, opts: Options, progress: bool = False, min_splits: 
     readers = [Reader(obj, name, opts) for name, obj in items]
     tables = [r for r in readers if r.kind not in ("array", "dataset")]
     if tables and len(tables) != len(readers):
-        kinds_seen = ", ".join(f"{r.name}: {'table' if r.kind not in ('array', 'dataset') else r.kind}" for r in readers)
+        kinds_seen = ", ".join(f"{r.name}: {'table' if r.kind not in ('array', 'dataset') else r.kind}"
+                               for r in readers)
         raise DataError(f"the splits mix tables and tensors/Datasets ({kinds_seen}), which cannot be compared",
                         "pass every split in the same form")
     kinds = _table_kinds(tables, opts) if tables else {}
@@ -75,14 +77,16 @@ def _table_kinds(tables: list[Reader], opts: Options) -> dict:
         head = r.frame.iloc[:10_000][feats] if r.kind == "frame" else cache.session_head(r, feats)
         if head is None or len(head) == 0:
             if r.kind == "frame":
-                raise DataError(f"split {r.name!r} is empty (0 rows)", "pass a split with at least one row, or leave it out")
+                raise DataError(f"split {r.name!r} is empty (0 rows)",
+                                "pass a split with at least one row, or leave it out")
             continue
         for c in feats:
             per_col.setdefault(c, []).append(column_kind(head[c], r.name))
             heads.setdefault(c, []).append(head[c])
     kinds = {c: unify_kinds(v) for c, v in per_col.items()}
     for c, k in kinds.items():
-        if k == "string" and looks_like_text(pd.concat(heads[c], ignore_index=True) if len(heads[c]) > 1 else heads[c][0]):
+        if k == "string" and looks_like_text(pd.concat(heads[c], ignore_index=True)
+                                             if len(heads[c]) > 1 else heads[c][0]):
             kinds[c] = "text"
     return kinds
 
@@ -102,8 +106,10 @@ def _start_dask_maps(readers: list, opts: Options, kinds: dict) -> list:
 
 def _check_columns(tables: list[Reader]) -> None:
     first = tables[0]
+    assert first.columns is not None  # table splits have their column lists
     base = [c for c in first.columns if c != LABEL_COLUMN]
     for r in tables[1:]:
+        assert r.columns is not None
         cols = [c for c in r.columns if c != LABEL_COLUMN]
         if set(cols) != set(base):
             missing = [c for c in base if c not in set(cols)]

@@ -70,7 +70,8 @@ def shingle_hashes(texts, k: int = SHINGLE) -> tuple[np.ndarray, np.ndarray]:
         h *= np.uint64(0xFF51AFD7ED558CCD)
         h ^= h >> np.uint64(29)
     key = (row.astype(np.uint64) << np.uint64(32)) | (h & np.uint64(0xFFFFFFFF))
-    key.sort()  # one entry per distinct shingle of a text, grouped by text (a sort: numpy's hash-based unique is slower)
+    # one entry per distinct shingle of a text, grouped by text (a sort: numpy's hash-based unique is slower)
+    key.sort()
     key = key[np.r_[True, key[1:] != key[:-1]]]
     rows = (key >> np.uint64(32)).astype(np.int64)
     starts = np.searchsorted(rows, np.arange(n))
@@ -92,7 +93,8 @@ def permutations(num_perm: int = NUM_PERM, seed: int = SEED) -> tuple[np.ndarray
     try:
         a, b = ds.MinHash(num_perm=num_perm, seed=seed, scheme="affine32").permutations
     except TypeError as exc:  # datasketch < 2.0: no affine32 scheme
-        raise MissingDependencyError(f"datasketch {getattr(ds, '__version__', '?')} is too old for tropt's MinHash ({exc})",
+        raise MissingDependencyError(f"datasketch {getattr(ds, '__version__', '?')} "
+                                     f"is too old for tropt's MinHash ({exc})",
                                      "pip install 'datasketch>=2.0' (or 'tropt[ann]')") from exc
     return np.asarray(a, dtype=np.uint32), np.asarray(b, dtype=np.uint32)
 

@@ -46,7 +46,8 @@ def _shape_mismatch(cid: str, datas: list) -> CheckResult:
     summary = (f"{what} of {first.name!r} are {_shape_text(first)} but "
                + ", ".join(f"{d.name!r} {what} are {_shape_text(d)}" for d in odd)
                + ": the splits are not prepared alike (a resize, crop or padding applied to one split only), so the "
-                 "model is evaluated on inputs unlike those it trains on; near duplicates cannot be compared across them")
+                 "model is evaluated on inputs unlike those it trains on; "
+                 "near duplicates cannot be compared across them")
     advice = [f"Give every split the same preprocessing as {first.name!r} (the same resize/crop, e.g. "
               f"transforms.Resize and CenterCrop to {_shape_text(first)}, or the same padding length) and rerun."]
     metrics = {"shape_mismatch": True, **{f"sample_shape.{d.name}": _shape_text(d) for d in datas}}
@@ -81,7 +82,8 @@ def _plan(datas: list, o: NearDuplicateOptions) -> SearchPlan | CheckResult:
     total = sum(d.n for d in datas)
     missing = [d for d in datas if d.numeric is None]
     if missing and not use_text:
-        return _skip(cid, f"no vectors to compare in split {missing[0].name!r}: {missing[0].numeric_note or 'not numeric'}"
+        return _skip(cid, f"no vectors to compare in split {missing[0].name!r}: "
+                          f"{missing[0].numeric_note or 'not numeric'}"
                           + (" and no free-text columns" if tabular else ""))
     dims = {d.numeric.shape[1] for d in datas} if not missing else set()
     layouts = {d.image_shape for d in datas}
@@ -92,7 +94,8 @@ def _plan(datas: list, o: NearDuplicateOptions) -> SearchPlan | CheckResult:
     # else rows with the same text and different numbers would score 1.0.
     use_numeric = bool(num_dim) and (use_text or not (tabular and num_dim < 3))
     if not use_numeric and not use_text:
-        return _skip(cid, f"only {num_dim} numeric feature column(s): cosine similarity cannot tell rows apart in so few dimensions")
+        return _skip(cid, f"only {num_dim} numeric feature column(s): "
+                          "cosine similarity cannot tell rows apart in so few dimensions")
     dev = nb.pick_device(o.device)
     num_vec_dim = num_dim + (1 if tabular else 0)
     cost = sum(a.n * b.n * (num_vec_dim + nb.TEXT_DIM * use_text) for a, b in _pairs(datas))
@@ -114,9 +117,12 @@ def _words(s: NearSearch, datas: list) -> tuple[str, list[str]]:
     what = "samples" if not plan.tabular else "rows"
     if leaked:
         wp = max(pair_rows, key=lambda r: r["fraction"])
-        summary = (f"{leaked} {what} of later splits have a near duplicate in an earlier split (worst: {wp['near_duplicates']} "
-                   f"of {wp['rows']} {wp['split']} {what}, {_pct(wp['fraction'])}; {wp['of_which_exact']} exact copies)")
-        advice = [f"Remove the near-duplicate {what} listed in 'near_duplicates' from the later split, or group near copies "
+        summary = (f"{leaked} {what} of later splits have a near duplicate in an earlier split "
+                   f"(worst: {wp['near_duplicates']} "
+                   f"of {wp['rows']} {wp['split']} {what}, {_pct(wp['fraction'])}; "
+                   f"{wp['of_which_exact']} exact copies)")
+        advice = [f"Remove the near-duplicate {what} listed in 'near_duplicates' from the later split, "
+                  "or group near copies "
                   "(same source, augmentations, re-encodings) and split by that group.",
                   "If these are legitimately similar but distinct samples, raise threshold= (the similarity cut-off)."]
         return summary, advice
@@ -143,10 +149,12 @@ def _judged(splits: Mapping[str, Any], datas: list, s: NearSearch, o: NearDuplic
                                            o.small_space)
         metrics["small_feature_space"] = chance
         if chance:
+            assert space is not None  # chance comes with the feature space it was judged by
             judged = max((r["near_duplicates"] - r["of_which_exact"]) / r["rows"] for r in pair_rows)
             metrics["max_pair_fraction_not_exact"] = judged
             summary = (f"feature space too small to judge exact copies ({space_words(space)} for "
-                       f"{sum(d.n for d in datas)} rows): the {sum(r['of_which_exact'] for r in pair_rows)} exact copies "
+                       f"{sum(d.n for d in datas)} rows): the {sum(r['of_which_exact'] for r in pair_rows)} "
+                       "exact copies "
                        f"among the near duplicates are expected by chance; " + summary)
             advice = ["Exact copies cannot show leakage here: check it by the entity instead (pass group= with the "
                       "user/patient/session id)."] + (advice if judged > 0 else [])
@@ -154,7 +162,8 @@ def _judged(splits: Mapping[str, Any], datas: list, s: NearSearch, o: NearDuplic
 
 
 @register("data.near_duplicates", title="Near duplicates across splits",
-          description="rows/samples of a later split nearly identical (cosine) to one in an earlier split", needs="splits",
+          description="rows/samples of a later split nearly identical (cosine) to one in an earlier split",
+          needs="splits",
           plot="tropt.plots.data")
 def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
                           enabled: bool | str = "auto", threshold: float | None = None, calibration: float = 0.05,
@@ -169,11 +178,13 @@ def check_near_duplicates(splits: Mapping[str, Any], *, label=None, group=None, 
 
     Vectors are the numeric features (tables: standardised with the first split's finite mean/std, plus a constant
     component of 1 so that magnitude counts, not only direction; tensors: centred), L2-normalised; the similarity of
-    each nearest pair is recomputed in float64 from the distance, so cut-offs within 1e-7 of 1 are resolved. A table's free-text columns (strings with mostly distinct values, or long multi-word ones with
+    each nearest pair is recomputed in float64 from the distance, so cut-offs within 1e-7 of 1 are resolved. A
+    table's free-text columns (strings with mostly distinct values, or long multi-word ones with
     many different values; low-cardinality strings are categories and are not compared) add a block of hashed
     character trigrams of the row's text, lower-cased with punctuation and spacing collapsed (so copies that differ
     only in case, spacing or punctuation match exactly); with both blocks the similarity is their average, and a
-    table needs 3 numeric columns or free text (beside free text, every numeric column is compared). A pair is a near duplicate when its similarity is at least ``threshold``, by default
+    table needs 3 numeric columns or free text (beside free text, every numeric column is compared). A pair is a
+    near duplicate when its similarity is at least ``threshold``, by default
     ``max(min_similarity, cos(calibration * median nearest-neighbour angle))``, the angle measured among the earlier
     split's own rows (a later split made mostly of copies cannot move it): far closer than rows typically are.
     Images additionally get a 16x16 average hash; a Hamming distance up to the hash threshold also counts:
@@ -240,7 +251,7 @@ def _say_index(metrics: dict, methods: dict, recalls: list, big: bool, total: in
         said += f", recall {metrics['recall']:.3f} at the threshold against exact search on a sample"
         if metrics["recall"] < min_recall:
             said += f" — LOW RECALL (< {min_recall}): near duplicates may be missed"
-            advice = advice + [f"The index's recall ({metrics['recall']:.3f}) is below {min_recall}: rerun with "
+            advice = [*advice, f"The index's recall ({metrics['recall']:.3f}) is below {min_recall}: rerun with "
                                "search='exact' (device='cuda' helps) to search every pair."]
     if "lsh_recall_at_threshold" in metrics:
         said += (f", texts paired from Jaccard {metrics['threshold']:.2f} with probability "

@@ -251,7 +251,8 @@ class NearSearch:
         if room > 0 and len(hit):
             prepared, hashes = self.prepared, self.hashes
             order = hit[np.argsort(-best[hit], kind="stable")][:room]
-            sim = best[order] if text_lsh else nb.pair_similarity(prepared[later.name][order], prepared[earlier.name][match[order]])
+            sim = best[order] if text_lsh else nb.pair_similarity(prepared[later.name][order],
+                                                                  prepared[earlier.name][match[order]])
             ev = pd.DataFrame({"split": later.name, "row": later.row_id[order], "earlier_split": earlier.name,
                                "earlier_row": earlier.row_id[match[order]], "similarity": sim,
                                "exact": later.fp[order] == earlier.fp[match[order]]})
@@ -277,7 +278,7 @@ class NearSearch:
             tables["near_duplicates"] = pd.concat([e[0] for e in self.evidence], ignore_index=True)
             if self.images:
                 thumbs = []
-                for ev, later, earlier, order, m in self.evidence:
+                for _ev, later, earlier, order, m in self.evidence:
                     for a, b in zip(order, m):
                         if len(thumbs) >= 6:
                             break

@@ -86,7 +86,8 @@ def nearest(query: np.ndarray, ref: np.ndarray, device: str = "cpu", progress: b
     best = np.empty(len(query), dtype=np.float32)
     arg = np.empty(len(query), dtype=np.int64)
     with torch.no_grad():
-        for a in tqdm(range(0, len(query), step), desc=desc or "tropt: nearest neighbours", disable=not progress, leave=False):
+        for a in tqdm(range(0, len(query), step), desc=desc or "tropt: nearest neighbours", disable=not progress,
+                      leave=False):
             q = q_all[a:a + step].to(device)
             sims = q @ r.T
             v, i = sims.max(dim=1)
@@ -119,7 +120,8 @@ def self_nearest(ref: np.ndarray, max_queries: int = 2048, device: str = "cpu") 
 
 
 def _self_nearest_rows(ref: np.ndarray, max_queries: int, device: str) -> tuple[np.ndarray, np.ndarray]:
-    """Positions of up to ``max_queries`` evenly spaced rows of ``ref`` and of each one's largest-dot-product other row."""
+    """Positions of up to ``max_queries`` evenly spaced rows of ``ref`` and of each one's largest-dot-product other
+    row."""
     import torch
 
     n = len(ref)
@@ -237,7 +239,8 @@ def text_vectors(texts: pd.Series | np.ndarray, dim: int = TEXT_DIM) -> np.ndarr
         ends = starts + lengths - back
         valid[ends[ends >= starts]] = False
     idx = np.flatnonzero(valid[:-2]) if codes.size >= 3 else np.empty(0, dtype=np.int64)
-    h = (codes[idx] * np.uint64(0x9E3779B1) + codes[idx + 1] * np.uint64(0x85EBCA77) + codes[idx + 2] * np.uint64(0xC2B2AE3D))
+    h = (codes[idx] * np.uint64(0x9E3779B1) + codes[idx + 1] * np.uint64(0x85EBCA77)
+         + codes[idx + 2] * np.uint64(0xC2B2AE3D))
     bucket = ((h ^ (h >> np.uint64(29))) % np.uint64(dim)).astype(np.int64)
     row = np.repeat(np.arange(n), lengths)[idx]
     import torch  # its scatter-add is ~8x faster than numpy's bincount/add.at here

@@ -50,7 +50,8 @@ def class_labels(batch: Any) -> tuple[torch.Tensor | None, str]:
     """The batch's class labels as a 1-d int64 CPU tensor, or (None, the reason they cannot be read)."""
     path = label_path(batch)
     if path is None:
-        return None, (f"a {type(batch).__name__} batch has no label by tropt's rule (the second element of a tuple/list "
+        return None, (f"a {type(batch).__name__} batch has no label by tropt's rule "
+                      "(the second element of a tuple/list "
                       f"batch, or a {'/'.join(LABEL_KEYS)} key of a dict batch)")
     y = batch[path[0]]
     if isinstance(y, np.ndarray):
@@ -127,13 +128,15 @@ def iter_pass(loader: Any, limit: int | None, what: str) -> Iterator[Any]:
         if limit is not None and count >= limit:
             return
     if count == 0:
-        raise SetupError(f"Setup: {what} yielded no batches", "check the dataset is not empty and drop_last/batch_size leave a batch")
+        raise SetupError(f"Setup: {what} yielded no batches",
+                         "check the dataset is not empty and drop_last/batch_size leave a batch")
 
 
 def input_leaves(batch: Any) -> list[tuple[tuple, torch.Tensor]]:
     """The floating-point tensors of a batch other than its label (the inputs whose statistics are compared)."""
     label = label_path(batch)
-    return [(p, t) for p, t in leaves(batch) if t.is_floating_point() and t.ndim >= 1 and (label is None or p[:1] != label)]
+    return [(p, t) for p, t in leaves(batch)
+            if t.is_floating_point() and t.ndim >= 1 and (label is None or p[:1] != label)]
 
 
 def path_name(path: tuple) -> str:

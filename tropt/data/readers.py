@@ -57,7 +57,8 @@ def to_numpy(x: Any, where: str = "a tensor") -> np.ndarray:
     """A tensor's values as numpy (``where`` names it in the error for a tensor that holds no values)."""
     if is_tensor(x):
         if getattr(x, "is_meta", False):
-            raise DataError(f"{where} is on the meta device (shape {tuple(x.shape)}): it has a shape but no values to check",
+            raise DataError(f"{where} is on the meta device (shape {tuple(x.shape)}): "
+                            "it has a shape but no values to check",
                             "pass the materialised data (a CPU tensor or array), not a meta-device placeholder")
         x = x.detach()
         if str(x.dtype) == "torch.bfloat16" or str(x.dtype) == "torch.float16":
@@ -70,12 +71,14 @@ def _check_column_names(columns: pd.Index, name: str) -> None:
     """Columns must be addressable by one unique name each (label=, group=, features= and the evidence use them)."""
     if isinstance(columns, pd.MultiIndex):
         raise DataError(f"split {name!r} has MultiIndex columns ({columns.nlevels} levels, e.g. {columns[0]!r}), which "
-                        "tropt cannot address by one name", "flatten them first: df.columns = ['_'.join(map(str, c)) for c in df.columns]")
+                        "tropt cannot address by one name",
+                        "flatten them first: df.columns = ['_'.join(map(str, c)) for c in df.columns]")
     dup = columns[columns.duplicated()].unique()
     if len(dup):
         shown = ", ".join(repr(c) for c in dup[:10]) + (f" and {len(dup) - 10} more" if len(dup) > 10 else "")
         raise DataError(f"split {name!r} has duplicate column names: {shown}",
-                        "give every column its own name (df.columns = [...]), or drop the copies: df.loc[:, ~df.columns.duplicated()]")
+                        "give every column its own name (df.columns = [...]), "
+                        "or drop the copies: df.loc[:, ~df.columns.duplicated()]")
 
 
 def _is_dataset(x: Any) -> bool:
@@ -83,7 +86,8 @@ def _is_dataset(x: Any) -> bool:
         from torch.utils.data import Dataset
     except ImportError:  # pragma: no cover
         return False
-    return isinstance(x, Dataset) or (hasattr(x, "__getitem__") and hasattr(x, "__len__") and not isinstance(x, (str, bytes, list, tuple, dict)))
+    return isinstance(x, Dataset) or (hasattr(x, "__getitem__") and hasattr(x, "__len__")
+                                      and not isinstance(x, (str, bytes, list, tuple, dict)))
 
 
 def _table_from_array(x: np.ndarray, y: np.ndarray | None, name: str) -> pd.DataFrame:
@@ -91,7 +95,8 @@ def _table_from_array(x: np.ndarray, y: np.ndarray | None, name: str) -> pd.Data
         x = x[:, None]
     df = pd.DataFrame(x, columns=list(range(x.shape[1])), copy=False)
     if y is not None:
-        df[LABEL_COLUMN] = y  # df is our own frame (it shares x's memory read-only; adding a column copies nothing of x)
+        # df is our own frame (it shares x's memory read-only; adding a column copies nothing of x)
+        df[LABEL_COLUMN] = y
     return df
 
 
@@ -103,6 +108,7 @@ class Reader:
         self.obj, self.name, self.opts = obj, name, opts
         self.y: np.ndarray | None = None
         self.label_col: Any = opts.label
+        self.columns: list | None
         if isinstance(obj, pd.Series):
             obj = obj.to_frame()
         if dask_splits.is_dask_frame(obj):
@@ -116,7 +122,8 @@ class Reader:
         elif is_path(obj):
             path = os.fspath(obj)
             if not os.path.exists(path):
-                raise DataError(f"split {name!r}: the file {path!r} does not exist", "check the path (relative paths start at the current directory)")
+                raise DataError(f"split {name!r}: the file {path!r} does not exist",
+                                "check the path (relative paths start at the current directory)")
             self.kind, self.path = _file_kind(path, name), path
             self.columns = self._file_columns()
             _check_column_names(pd.Index(self.columns, tupleize_cols=False), name)
@@ -124,13 +131,16 @@ class Reader:
             x = to_numpy(obj[0], f"split {name!r}: X of the (X, y) tuple")
             y = to_numpy(obj[1], f"split {name!r}: y of the (X, y) tuple")
             if len(x) != len(y):
-                raise DataError(f"split {name!r}: (X, y) have different lengths {len(x)} and {len(y)}", "pass arrays with one label per sample")
+                raise DataError(f"split {name!r}: (X, y) have different lengths {len(x)} and {len(y)}",
+                                "pass arrays with one label per sample")
             self._init_array(x, y)
         elif isinstance(obj, np.ndarray) or is_tensor(obj):
             self._init_array(to_numpy(obj, f"split {name!r}"), None)
-        elif isinstance(obj, Mapping) and obj and all(isinstance(v, (np.ndarray, list)) or is_tensor(v) for v in obj.values()):
-            self.kind, self.frame = "frame", pd.DataFrame({k: to_numpy(v, f"split {name!r}: column {k!r}") if is_tensor(v) else v
-                                                 for k, v in obj.items()})
+        elif isinstance(obj, Mapping) and obj and all(isinstance(v, (np.ndarray, list)) or is_tensor(v)
+                                                      for v in obj.values()):
+            self.kind, self.frame = "frame", pd.DataFrame({k: to_numpy(v, f"split {name!r}: column {k!r}")
+                                                           if is_tensor(v) else v
+                                                           for k, v in obj.items()})
             self.columns = list(self.frame.columns)
         elif _is_dataset(obj):
             self.kind = "dataset"
@@ -138,13 +148,15 @@ class Reader:
                 self.n = len(obj)
             except TypeError:
                 raise DataError(f"split {name!r}: the {type(obj).__name__} has no length (an iterable-style dataset?)",
-                                "pass a map-style Dataset (with __len__ and __getitem__), or materialise it as a tensor") from None
+                                "pass a map-style Dataset (with __len__ and __getitem__), "
+                                "or materialise it as a tensor") from None
             self.columns = None
         else:
             raise DataError(
                 f"split {name!r} is a {type(obj).__name__}, which tropt cannot read as data",
                 "pass a pandas DataFrame, a numpy array or torch tensor (N, ...), a tuple (X, y), a map-style torch "
-                "Dataset, a Dask DataFrame, or a path to a .csv/.parquet file or a Parquet dataset (directory, glob, URL)",
+                "Dataset, a Dask DataFrame, or a path to a .csv/.parquet file "
+                "or a Parquet dataset (directory, glob, URL)",
             )
 
     def _init_dask(self, ddf: Any, path: str | None) -> None:
@@ -164,7 +176,8 @@ class Reader:
         if x.ndim == 0:
             raise DataError(f"split {self.name!r} is a scalar array", "pass an array of samples, shape (N, ...)")
         if x.dtype.kind not in "biuf" and x.ndim > 2:
-            raise DataError(f"split {self.name!r}: arrays of dtype {x.dtype} with {x.ndim} dimensions cannot be fingerprinted",
+            raise DataError(f"split {self.name!r}: arrays of dtype {x.dtype} with {x.ndim} dimensions "
+                            "cannot be fingerprinted",
                             "pass numeric arrays, or a DataFrame for text columns")
         if x.ndim <= 2:
             self.kind, self.frame = "frame", _table_from_array(x, y, self.name)
@@ -183,7 +196,8 @@ class Reader:
                 raise DataError(f"split {self.name!r} is an array of shape {x.shape}: group=/time= need named columns",
                                 "pass a DataFrame with those columns, or use the data checks without group/time")
             if self.opts.label is not None and y is None:
-                raise DataError(f"split {self.name!r} is an array of shape {x.shape}; label={self.opts.label!r} cannot index it",
+                raise DataError(f"split {self.name!r} is an array of shape {x.shape}; "
+                                f"label={self.opts.label!r} cannot index it",
                                 "pass the split as a tuple (X, y) with the labels in y")
             if y is not None:
                 self.label_col = LABEL_COLUMN
@@ -202,14 +216,16 @@ class Reader:
         except DataError:
             raise
         except Exception as exc:
-            raise DataError(f"split {self.name!r}: cannot read {self.path!r} as {self.kind}: {type(exc).__name__}: {exc}",
+            raise DataError(f"split {self.name!r}: cannot read {self.path!r} as {self.kind}: "
+                            f"{type(exc).__name__}: {exc}",
                             "check that the file is a valid CSV/Parquet file") from exc
 
     def unreadable(self, exc: BaseException) -> DataError:
         """The error for a file its parser rejects, naming the split, the file and the parser's reason."""
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())
         return DataError(f"split {self.name!r}: cannot read {self.path!r} as {self.kind}: {reason}",
-                         "fix or re-export the file (an unterminated quote makes the rest of a CSV one field; check the "
+                         "fix or re-export the file "
+                         "(an unterminated quote makes the rest of a CSV one field; check the "
                          "quoting, the delimiter and the encoding)")
 
     def read_csv(self, read: Any, **kwargs: Any) -> Any:
@@ -268,6 +284,7 @@ class Reader:
 def resolve(reader: Reader, opts: Options) -> tuple[list, Any, Any, Any]:
     """(feature columns, label column, group column, time column) of a table split; names checked."""
     cols = reader.columns
+    assert cols is not None  # a table split (the only kind resolved) has its column list
     label = reader.label_col
     present = set(cols)
 

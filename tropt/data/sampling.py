@@ -16,7 +16,7 @@ Labels follow the rule in :mod:`tropt.data.pipeline`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -77,13 +77,15 @@ def _last_batch(setup: Setup, loader: Any, read: list[tuple]) -> tuple[int | Non
     if isinstance(data, (list, tuple)):
         sizes = [samples_in(setup, b) for b in data]
         return sizes[-1], max(sizes), False
-    if isinstance(loader, torch.utils.data.DataLoader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
+    if (isinstance(loader, torch.utils.data.DataLoader)
+            and not isinstance(loader.dataset, torch.utils.data.IterableDataset)):
         bs, drop = loader.batch_size, bool(loader.drop_last)
         try:
             if bs is not None:
-                n = len(loader.sampler)
+                n = len(cast(Any, loader.sampler))  # an iterable sampler's TypeError is caught below
                 return (bs if drop or n % bs == 0 else n % bs), bs, drop
-            sizes = [len(ix) for ix in loader.batch_sampler]  # indices only: no sample is loaded
+            # indices only: no sample is loaded (batch_sampler None: the TypeError is caught below)
+            sizes = [len(ix) for ix in cast(Any, loader.batch_sampler)]
             return (sizes[-1], max(sizes), False) if sizes else (None, None, False)
         except TypeError:  # an iterable-style sampler without len
             pass
@@ -93,13 +95,14 @@ def _last_batch(setup: Setup, loader: Any, read: list[tuple]) -> tuple[int | Non
     return None, None, False
 
 
-def _dataset_labels(data: Any, loader: Any, max_samples: int, seed: int) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+def _dataset_labels(data: Any, loader: Any, max_samples: int,
+                    seed: int) -> tuple[np.ndarray | None, np.ndarray | None, str]:
     """(labels, their dataset indices or None, how they were read) for the whole split, or (None, None, why not)."""
     if isinstance(data, (list, tuple)):
         ys = [class_labels(b)[0] for b in data]
         if any(y is None for y in ys):
             return None, None, ""
-        return torch.cat(ys).numpy(), None, "every batch of the list"
+        return torch.cat(cast("list[torch.Tensor]", ys)).numpy(), None, "every batch of the list"
     ds = getattr(loader, "dataset", None)
     if ds is None or isinstance(ds, torch.utils.data.IterableDataset) or not hasattr(ds, "__getitem__"):
         return None, None, ""
@@ -107,13 +110,14 @@ def _dataset_labels(data: Any, loader: Any, max_samples: int, seed: int) -> tupl
         n = len(ds)
     except TypeError:
         return None, None, ""
-    tensors = getattr(ds, "tensors", None)
+    tensors: Any = getattr(ds, "tensors", None)
     if isinstance(ds, torch.utils.data.TensorDataset) and len(tensors) >= 2:
         y = tensors[1]
         if not (y.is_floating_point() or y.is_complex()) and y.ndim >= 1 and y[0].numel() == 1:
             return y.reshape(-1).long().cpu().numpy(), np.arange(n), "the TensorDataset's label tensor"
         return None, None, ""
-    idx = np.arange(n) if n <= max_samples else np.sort(np.random.default_rng(seed).choice(n, max_samples, replace=False))
+    idx = (np.arange(n) if n <= max_samples
+           else np.sort(np.random.default_rng(seed).choice(n, max_samples, replace=False)))
     labels = []
     for i in idx:
         y = sample_label(ds[int(i)])
@@ -124,7 +128,8 @@ def _dataset_labels(data: Any, loader: Any, max_samples: int, seed: int) -> tupl
     return np.asarray(labels, dtype=np.int64), idx, how
 
 
-def _shuffled_expectation(p: np.ndarray, sizes: list[int], seed: int, draws: int = 200) -> tuple[np.ndarray, np.ndarray, float]:
+def _shuffled_expectation(p: np.ndarray, sizes: list[int], seed: int,
+                          draws: int = 200) -> tuple[np.ndarray, np.ndarray, float]:
     """Per batch (by its size): the mean and std of the class entropy of shuffled batches of the data (simulated), and
     the share of one-class batches shuffling gives."""
     rng = np.random.default_rng(seed)
@@ -162,14 +167,16 @@ def _same_order(found: _Found, first: list, second: list, owner: Any, is_list: b
     same = a[:m] == b[:m]
     found.metrics["same_order_every_pass"] = bool(same)
     found.tables["order"] = pd.DataFrame({"batch": np.arange(m), "first_pass": [h[:12] for h in a[:m]],
-                                          "second_pass": [h[:12] for h in b[:m]], "same": [x == y for x, y in zip(a[:m], b[:m])]})
+                                          "second_pass": [h[:12] for h in b[:m]],
+                                          "same": [x == y for x, y in zip(a[:m], b[:m])]})
     if same:
         if owner is not None:
             advice = (f"Call {type(owner).__name__}.set_epoch(epoch) at the start of every epoch: it reshuffles only "
                       "when its epoch changes. If your loop already does, pass set_epoch=True to check_sampling.")
             why = f"the {type(owner).__name__}'s set_epoch is never called between passes"
         else:
-            advice = "Shuffle every epoch: DataLoader(..., shuffle=True), or a sampler that draws a new order each pass."
+            advice = ("Shuffle every epoch: DataLoader(..., shuffle=True), "
+                      "or a sampler that draws a new order each pass.")
             why = "the loader does not reshuffle"
         found.findings.append((Status.WARN, f"the same batches in the same order in two passes ({m} batches compared): "
                                f"{why}", advice))
@@ -183,11 +190,13 @@ def _tiny_last_batch(found: _Found, model: Any, last: int | None, full: int | No
                          batch_size=full if full is not None else "unknown",
                          drop_last=drop_last, batch_dependent_layers=len(layers))
     if last is not None and full is not None and layers and not drop_last and last <= tiny_last and last < full:
-        effect = "BatchNorm raises on a batch of 1 in training" if last == 1 else "BatchNorm's batch statistics are noise at this size"
+        effect = ("BatchNorm raises on a batch of 1 in training" if last == 1
+                  else "BatchNorm's batch statistics are noise at this size")
         named = ", ".join(repr(n) for n in layers[:3]) + ("..." if len(layers) > 3 else "")
         found.findings.append((Status.WARN, f"the last batch of every epoch holds {last} sample(s) of {full} and the "
                                f"model has batch-dependent layers ({named}): {effect}",
-                               "Pass drop_last=True to the training DataLoader (or choose a batch size that divides the data)."))
+                               "Pass drop_last=True to the training DataLoader "
+                               "(or choose a batch size that divides the data)."))
 
 
 def _batch_classes(ys: list, classes: np.ndarray) -> pd.DataFrame:
@@ -196,7 +205,8 @@ def _batch_classes(ys: list, classes: np.ndarray) -> pd.DataFrame:
     for i, (y, _) in enumerate(ys):
         c = _counts(y.numpy(), classes)
         top = int(c.argmax()) if c.sum() else 0
-        rows.append({"batch": i, "size": int(y.numel()), "classes": int((c > 0).sum()), "dominant_class": int(classes[top]) if len(classes) else -1,
+        rows.append({"batch": i, "size": int(y.numel()), "classes": int((c > 0).sum()),
+                     "dominant_class": int(classes[top]) if len(classes) else -1,
                      "dominant_share": float(c[top] / max(c.sum(), 1)), "entropy": _entropy(c)})
     return pd.DataFrame(rows)
 
@@ -247,7 +257,8 @@ def _class_mix(found: _Found, loader: Any, first: list, y_data: np.ndarray | Non
     deficit_z = float((expected.mean() - batches["entropy"].mean()) / se) if se > 0 else 0.0
     found.metrics.update(classes=len(classes), data_entropy=_entropy(data_counts),
                          mean_batch_entropy=float(batches["entropy"].mean()),
-                         shuffled_batch_entropy=float(expected.mean()), entropy_ratio=ratio, one_class_batches=one_class,
+                         shuffled_batch_entropy=float(expected.mean()), entropy_ratio=ratio,
+                         one_class_batches=one_class,
                          shuffled_one_class_batches=expected_pure, entropy_deficit_z=deficit_z,
                          label_source=how or "the batches read")
     effective, eff_how, weighted = _effective(loader, seen, classes, y_data, y_index)
@@ -295,7 +306,8 @@ def _verdict(found: _Found, missing: str | None, is_list: bool, per_pass: int | 
 
 
 @register(CHECK, title="Training order and sampling",
-          description="class mix of the first batches vs shuffling, a new order every pass, tiny last batch with BatchNorm, sampler weights",
+          description="class mix of the first batches vs shuffling, a new order every pass, "
+                      "tiny last batch with BatchNorm, sampler weights",
           plot="tropt.plots.contract")
 def check_sampling(setup: Setup, *, n_batches: int = 20, max_samples: int = 2000, fail_one_class: float = 0.5,
                    warn_entropy_ratio: float = 0.5, tiny_last: int = 3, set_epoch: bool = False,

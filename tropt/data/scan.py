@@ -247,7 +247,8 @@ def _sample_parts(sample: Any, label: Any, name: str, i: int) -> tuple[list[np.n
             a = np.asarray(v)
         else:
             raise DataError(f"split {name!r}: sample {i}{where} is a {type(v).__name__}, which cannot be fingerprinted",
-                            "make the Dataset return tensors, numpy arrays, numbers or strings (e.g. add a ToTensor() transform)")
+                            "make the Dataset return tensors, numpy arrays, numbers or strings "
+                            "(e.g. add a ToTensor() transform)")
         if a.dtype.kind not in "biuf":
             raise DataError(f"split {name!r}: sample {i}{where} has dtype {a.dtype}, which cannot be fingerprinted",
                             "return numeric tensors from the Dataset")
@@ -255,14 +256,16 @@ def _sample_parts(sample: Any, label: Any, name: str, i: int) -> tuple[list[np.n
 
     if isinstance(sample, Mapping):
         if label is not None and label not in sample:
-            raise DataError(f"split {name!r}: label={label!r} is not a key of the samples; they have: {', '.join(map(repr, sample))}",
+            raise DataError(f"split {name!r}: label={label!r} is not a key of the samples; "
+                            f"they have: {', '.join(map(repr, sample))}",
                             "pass label= one of those keys")
         keys = [k for k in sorted(sample, key=str) if k != label]
         return [arr(sample[k], f"[{k!r}]") for k in keys], (sample[label] if label is not None else None)
     if isinstance(sample, (tuple, list)):
         if label is not None:
             if not isinstance(label, int) or isinstance(label, bool):
-                raise DataError(f"split {name!r}: samples are {type(sample).__name__}s of length {len(sample)}; label={label!r} cannot index them",
+                raise DataError(f"split {name!r}: samples are {type(sample).__name__}s of length {len(sample)}; "
+                                f"label={label!r} cannot index them",
                                 f"pass the label's position, e.g. label={len(sample) - 1}")
             if not -len(sample) <= label < len(sample):
                 raise DataError(f"split {name!r}: label={label} is out of range for samples of length {len(sample)}",
@@ -271,7 +274,8 @@ def _sample_parts(sample: Any, label: Any, name: str, i: int) -> tuple[list[np.n
             return [arr(v, f"[{j}]") for j, v in enumerate(sample) if j != idx], sample[idx]
         return [arr(v, f"[{j}]") for j, v in enumerate(sample)], None
     if label is not None:
-        raise DataError(f"split {name!r}: samples are single {type(sample).__name__}s; label={label!r} cannot be taken from them",
+        raise DataError(f"split {name!r}: samples are single {type(sample).__name__}s; "
+                        f"label={label!r} cannot be taken from them",
                         "return (input, label) tuples or dicts from the Dataset, or drop label=")
     return [arr(sample, "")], None
 
@@ -293,12 +297,14 @@ def _scan_dataset(reader: Reader, progress: bool) -> SplitData:
         try:
             sample = ds[i]
         except Exception as exc:
-            raise DataError(f"split {name!r}: reading sample {i} raised {type(exc).__name__}: {exc}", "fix the Dataset's __getitem__") from exc
+            raise DataError(f"split {name!r}: reading sample {i} raised {type(exc).__name__}: {exc}",
+                            "fix the Dataset's __getitem__") from exc
         parts, y = _sample_parts(sample, label, name, i)
         flat = np.concatenate([p.reshape(-1).astype(np.float64) for p in parts]) if parts else np.zeros(0)
         fps[i] = hash_array_rows(flat[None, :])[0] ^ mix(np.asarray([len(flat)], dtype=np.uint64))[0]
         if label is not None:
-            yv = to_numpy(y, f"split {name!r}: the label of sample {i}") if (is_tensor(y) or isinstance(y, np.ndarray)) else None
+            yv = (to_numpy(y, f"split {name!r}: the label of sample {i}")
+                  if (is_tensor(y) or isinstance(y, np.ndarray)) else None)
             labels.append(yv.item() if yv is not None and yv.size == 1 else y)
         if rows is not None:
             shape = tuple(parts[0].shape) if len(parts) == 1 else (flat.size,)

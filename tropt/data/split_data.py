@@ -91,7 +91,8 @@ class SplitData:
     text: np.ndarray | None = None  # uint8 (n, TEXT_DIM): hashed trigram counts of the normalised free-text columns
     text_columns: list = field(default_factory=list)
     text_preview: np.ndarray | None = None  # object (n,): each row's normalised text, cut to TEXT_PREVIEW characters
-    text_norm: np.ndarray | None = None  # object (n,): each row's whole normalised text (MinHash LSH above TEXT_MAX_ROWS)
+    # object (n,): each row's whole normalised text (MinHash LSH above TEXT_MAX_ROWS)
+    text_norm: np.ndarray | None = None
     tabular: bool = True  # a table (columns) rather than tensors/images
     image_shape: tuple | None = None  # (C, H, W)-like shape of one sample when samples are images
     sample: pd.DataFrame | None = None  # up to SAMPLE_ROWS rows: feature columns (+ LABEL_COLUMN)

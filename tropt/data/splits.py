@@ -50,7 +50,10 @@ def check_splits(splits: Mapping[str, Any], *, label=None, group=None, time=None
             opts = dict(options)
             if cid == "data.near_duplicates":
                 opts["enabled"] = near_duplicates
-            results.append(run_check(find_spec(cid), splits, opts))
+            spec = find_spec(cid)
+            assert spec is not None  # every id in CHECKS is a registered check
+            results.append(run_check(spec, splits, opts))
         # Inside the session: the data fingerprint reuses the scan the checks made.
-        identity = run_identity(None, splits, checks=list(CHECKS), label=label, group=group, time=time, features=features)
+        identity = run_identity(None, splits, checks=list(CHECKS), label=label, group=group, time=time,
+                                features=features)
     return Report(results, identity)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -69,10 +69,12 @@ def _apply_bins(x: pd.Series, spec) -> np.ndarray:
     return codes
 
 
-def _encode(codes_fit: np.ndarray, target: np.ndarray, codes_apply: np.ndarray, nb: int, prior: np.ndarray, m: float = 1.0) -> np.ndarray:
+def _encode(codes_fit: np.ndarray, target: np.ndarray, codes_apply: np.ndarray, nb: int, prior: np.ndarray,
+            m: float = 1.0) -> np.ndarray:
     """Smoothed per-bin target means (target: (n, k) one-hot or (n, 1)) applied to other rows."""
     counts = np.bincount(codes_fit, minlength=nb).astype(np.float64)
-    sums = np.stack([np.bincount(codes_fit, weights=target[:, k], minlength=nb) for k in range(target.shape[1])], axis=1)
+    sums = np.stack([np.bincount(codes_fit, weights=target[:, k], minlength=nb) for k in range(target.shape[1])],
+                    axis=1)
     enc = (sums + m * prior[None, :]) / (counts[:, None] + m)
     return enc[np.minimum(codes_apply, nb - 1)]
 
@@ -84,7 +86,8 @@ def _label_of(col: Any) -> Any:
     return col if isinstance(col, (str, int, float)) and not isinstance(col, bool) else str(col)
 
 
-def _smooth(x_fit: np.ndarray, t_fit: np.ndarray, x_new: np.ndarray, prior: np.ndarray, linear: bool, k: int = 10) -> np.ndarray:
+def _smooth(x_fit: np.ndarray, t_fit: np.ndarray, x_new: np.ndarray, prior: np.ndarray, linear: bool,
+            k: int = 10) -> np.ndarray:
     """Mean target (``t_fit``: (n, m) one-hot classes or (n, 1) values) of the ~k fitted rows nearest in feature value,
     for each new value: a one-feature nearest-neighbour smoother. ``linear`` fits a line in the window instead (a
     window mean is biased wherever a numeric label has a slope, most at the ends: a noisy copy of the label got R²
@@ -133,7 +136,7 @@ def _smooth_preds(x: pd.Series, t: np.ndarray, fold: np.ndarray, folds: int, lat
     pred = np.empty((len(v), t.shape[1]))
     vl = [numeric_values(smp[col]) for _, smp, _ in later]
     cuts = np.cumsum([0] + [len(a) for a in vl])
-    outs = [[] for _ in later]
+    outs: list[list[np.ndarray]] = [[] for _ in later]
     for k in range(folds):
         fit, app = fold != k, fold == k
         got = _smooth(v[fit], t[fit], np.concatenate([v[app], *vl]), prior, linear)  # one sort of the fitted rows
@@ -143,7 +146,8 @@ def _smooth_preds(x: pd.Series, t: np.ndarray, fold: np.ndarray, folds: int, lat
     return pred, [np.stack(o) for o in outs]
 
 
-def _fold_powers(pred: np.ndarray, y: np.ndarray, fold: np.ndarray, later: np.ndarray | None, y_later: np.ndarray | None,
+def _fold_powers(pred: np.ndarray, y: np.ndarray, fold: np.ndarray, later: np.ndarray | None,
+                 y_later: np.ndarray | None,
                  power, rows: np.ndarray | None = None, rows_later: np.ndarray | None = None) -> tuple[float, float]:
     """Mean power of each fold's model on its held-out rows, and on the later split's rows (optionally resampled).
 
@@ -156,6 +160,7 @@ def _fold_powers(pred: np.ndarray, y: np.ndarray, fold: np.ndarray, later: np.nd
     if later is None:
         return first, float("nan")
     if rows_later is not None:
+        assert y_later is not None  # passed with later
         later, y_later = later[:, rows_later], y_later[rows_later]
     return first, float(np.nanmean([power(later[k], y_later) for k in range(folds)]))
 
@@ -261,7 +266,7 @@ def _one_feature(f: _Fit, c: Any) -> tuple[np.ndarray, list[np.ndarray]]:
     nb_ = max(nb_, (len(spec[1]) + 2))
     pred = np.empty((len(tr), t_tr.shape[1]))
     later_codes = [_apply_bins(smp[c], spec) for _, smp, _ in f.later]
-    outs = [[] for _ in f.later]
+    outs: list[list[np.ndarray]] = [[] for _ in f.later]
     for k in range(folds):
         fit, app = fold != k, fold == k
         pred[app] = _encode(codes[fit], t_tr[fit], codes[app], nb_, prior)
@@ -296,7 +301,7 @@ def _significant_gaps(table: pd.DataFrame, f: _Fit, preds: list[tuple], base: st
     z_crit = float(norm.isf(gap_alpha / (2 * max(1, n_feats))))
     rng = np.random.default_rng(seed)
     big = np.zeros(len(table), dtype=bool)
-    for j, (d, smp, y) in enumerate(f.later):
+    for j, (d, _smp, y) in enumerate(f.later):
         pc = table[f"power_{d.name}"]
         strong = (table[base] >= min_power_for_gap) | (pc >= min_power_for_gap)
         cand = ((table[f"gap_{d.name}"].abs() > max_gap) & strong).to_numpy()
@@ -344,7 +349,8 @@ def _verdict(table: pd.DataFrame, leaky: pd.DataFrame, strong: pd.DataFrame, gap
     advice = []
     if len(leaky):
         names = ", ".join(repr(c) for c in leaky["feature"][:5])
-        summary = (f"{len(leaky)} feature(s) alone predict {label!r} almost perfectly ({metric} >= {max_power} in every "
+        summary = (f"{len(leaky)} feature(s) alone predict {label!r} almost perfectly "
+                   f"({metric} >= {max_power} in every "
                    f"split, or >= {warn_power} and at least {rest_gap} above all the other features combined): {names}")
         if after_outcome.any():
             r0 = table[after_outcome].iloc[0]
@@ -359,13 +365,15 @@ def _verdict(table: pd.DataFrame, leaky: pd.DataFrame, strong: pd.DataFrame, gap
             names = ", ".join(repr(c) for c in strong["feature"][:5])
             parts.append(f"{len(strong)} feature(s) alone predict {label!r} very well ({metric} >= {warn_power} in "
                          f"{first}, not >= {max_power} in every split): {names}")
-            advice.append(f"Check {names}: this may be a genuinely strong feature on an easy task; it is a leak only if it "
+            advice.append(f"Check {names}: this may be a genuinely strong feature on an easy task; "
+                          "it is a leak only if it "
                           "is derived from the label or recorded after the outcome (then remove it).")
         if len(gapped):
             names = ", ".join(repr(c) for c in gapped["feature"][:5])
             parts.append(f"{len(gapped)} feature(s) predict {label!r} very differently across splits (gap > {max_gap} "
                          f"{metric}, significant at {gap_alpha} after correcting for {n_feats} features): {names}")
-            advice.append(f"Inspect {names}: a feature that is predictive in one split only often leaks split membership or drifts; "
+            advice.append(f"Inspect {names}: a feature that is predictive in one split only "
+                          "often leaks split membership or drifts; "
                           "drop it or fix how it is computed.")
         return Status.WARN, "; ".join(parts), advice
     summary = (f"no single feature predicts {label!r} suspiciously well (best: {metrics['top_feature']!r}, "
@@ -374,11 +382,13 @@ def _verdict(table: pd.DataFrame, leaky: pd.DataFrame, strong: pd.DataFrame, gap
 
 
 @register("data.target_leakage", title="Target leakage (single-feature power)",
-          description="a single feature that predicts the label almost perfectly, or far better in one split", needs="splits",
+          description="a single feature that predicts the label almost perfectly, or far better in one split",
+          needs="splits",
           budgets={'quick': {'bootstrap': 50}, 'thorough': {'bootstrap': 500}},
           plot="tropt.plots.data")
 def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, time=None, features=None,
-                         max_power: float = 0.995, warn_power: float = 0.98, max_gap: float = 0.15, min_power_for_gap: float = 0.6,
+                         max_power: float = 0.995, warn_power: float = 0.98, max_gap: float = 0.15,
+                         min_power_for_gap: float = 0.6,
                          gap_alpha: float = 0.01, task: str | None = None, bins: int = 64, rows_per_bin: int = 10,
                          folds: int = 5, seed: int = 0, bootstrap: int = 200, max_features: int = 1000,
                          rest_gap: float = 0.1, rest_features: int = 50, progress: bool = True) -> CheckResult:
@@ -392,7 +402,8 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
     rows per value) is encoded per value like a category. FAIL for a feature
     with near-perfect power ``>= max_power`` in the first split and in every later one (0.995: a copy of the label,
     or a value recorded after the outcome); WARN for power ``>= warn_power`` in the first split otherwise (0.98: a
-    leak, or a genuinely strong feature on an easy task, like iris petal width), and when a feature's power differs between the first split and a later one by
+    leak, or a genuinely strong feature on an easy task, like iris petal width), and when a feature's power differs
+    between the first split and a later one by
     more than ``max_gap`` (one of them at least ``min_power_for_gap``) and the difference is significant: its
     bootstrap z-score (``bootstrap`` resamples of both splits' rows) beyond the two-sided ``gap_alpha`` level,
     Bonferroni-corrected for the features checked.
@@ -411,14 +422,17 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
         return _skip(cid, "no label= given: pass the label column to measure each feature's predictive power")
     if datas[0].sample is None:  # 2-D arrays are tables (their columns are features); samples/images are not
         return _skip(cid, "target leakage is measured per column of tables; these splits are tensors/samples")
-    labels = [d.sample[LABEL_COLUMN] for d in datas]
+    # cast: every split is a table (splits do not mix kinds), so each has the sample it was loaded with
+    labels = [cast(pd.DataFrame, d.sample)[LABEL_COLUMN] for d in datas]
     task = infer_task([d.label for d in datas], task)
     feats = [c for c in datas[0].feature_columns][:max_features]
     y0, ok0, classes = _target_of(labels[0], task)
     if ok0.sum() < 2 * folds:
-        return _skip(cid, f"too few labelled rows in {datas[0].name!r} ({int(ok0.sum())}) for {folds}-fold cross-validation")
+        return _skip(cid, f"too few labelled rows in {datas[0].name!r} ({int(ok0.sum())}) "
+                          f"for {folds}-fold cross-validation")
     if task == "classification" and len(classes) < 2:
-        return _skip(cid, f"the label has a single class in {datas[0].name!r}: nothing to predict (see data.label_sanity)")
+        return _skip(cid, f"the label has a single class in {datas[0].name!r}: "
+                          "nothing to predict (see data.label_sanity)")
     f = _fit(datas, labels, task, y0, ok0, classes, folds, seed, bins, rows_per_bin)
     rows, preds = _feature_powers(f, feats, datas[0].name, progress)
     table = pd.DataFrame(rows)
@@ -439,10 +453,12 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
     leaky = table[perfect]
     strong = table[(table[base] >= warn_power) & ~perfect]
     metrics: dict[str, Any] = {"task": task, "metric": metric, "features_checked": len(feats), "rows_used": len(f.tr),
-                               "leaky_features": len(leaky), "strong_features": len(strong), "gap_features": len(gapped),
+                               "leaky_features": len(leaky), "strong_features": len(strong),
+                               "gap_features": len(gapped),
                                "beyond_rest_features": int(after_outcome.sum()),
                                "bins": f.nbins,
-                               "max_power": float(top[base]) if top is not None and np.isfinite(top[base]) else float("nan"),
+                               "max_power": (float(top[base]) if top is not None and np.isfinite(top[base])
+                                             else float("nan")),
                                "top_feature": _label_of(table["feature"].iloc[0]) if top is not None else ""}
     status, summary, advice = _verdict(table, leaky, strong, gapped, after_outcome, metrics, datas[0].name, label,
                                        len(feats), max_power, warn_power, max_gap, gap_alpha, rest_gap)

@@ -33,7 +33,8 @@ def temporal_stats(datas: list, time: Any, max_evidence: int) -> list[dict]:
 
 
 def _rows_before(datas: list, stats: list[dict], ends: list, max_evidence: int) -> list:
-    """``[later][earlier] -> (rows, first times, first positions)`` of later rows dated before each earlier split's end."""
+    """``[later][earlier] -> (rows, first times, first positions)`` of later rows dated before each earlier split's
+    end."""
     out = []
     for li, d in enumerate(datas):
         wanted = [ends[ei] if ei < li and stats[ei]["finite"] else None for ei in range(len(datas))]
@@ -70,7 +71,8 @@ def _same_time_kind(datas: list, stats: list[dict], time: Any) -> None:
         # Nanoseconds since 1970 against e.g. epoch seconds or day numbers: any comparison would be meaningless.
         raise DataError(f"time column {time!r} holds dates in some splits and plain numbers in others "
                         f"({', '.join(f'{k}: {v}' for k, v in kinds.items())})",
-                        "give every split the same kind of time column: convert numbers with pd.to_datetime(..., unit='s') "
+                        "give every split the same kind of time column: "
+                        "convert numbers with pd.to_datetime(..., unit='s') "
                         "(or the unit they are in), or use numbers everywhere")
 
 
@@ -78,7 +80,8 @@ def _overlaps(datas: list, stats: list[dict], is_dt: bool, random_split_fraction
               max_evidence: int) -> tuple[dict, list, list, list]:
     """(metrics, pair rows, evidence frames, pairs that look randomly split) of every (later, earlier) pair."""
     metrics: dict[str, Any] = {"overlap_rows": 0, "overlap_fraction": 0.0, "max_pair_fraction": 0.0}
-    pair_rows, evidence = [], []
+    pair_rows: list[dict] = []
+    evidence: list[pd.DataFrame] = []
     compared = 0
     index = {d.name: i for i, d in enumerate(datas)}
     random_pairs = []
@@ -99,15 +102,18 @@ def _overlaps(datas: list, stats: list[dict], is_dt: bool, random_split_fraction
         metrics["max_pair_fraction"] = max(metrics["max_pair_fraction"], frac)
         if frac >= random_split_fraction:
             random_pairs.append(f"{later.name}/{earlier.name}")
-        pair_rows.append({"split": later.name, "earlier_split": earlier.name, "rows": later.n, "earlier_end": _fmt_time(end, is_dt),
+        pair_rows.append({"split": later.name, "earlier_split": earlier.name, "rows": later.n,
+                          "earlier_end": _fmt_time(end, is_dt),
                           "rows_before_end": rows, "fraction": frac})
         room = max_evidence - sum(len(e) for e in evidence)
         if rows and room > 0:
             evidence.append(pd.DataFrame({"split": later.name, "row": later.row_id[cand_pos[:room]],
-                                          "time": [_fmt_time(v, is_dt) for v in cand_t[:room]], "earlier_split": earlier.name,
+                                          "time": [_fmt_time(v, is_dt) for v in cand_t[:room]],
+                                          "earlier_split": earlier.name,
                                           "earlier_end": _fmt_time(end, is_dt)}))
     metrics["overlap_fraction"] = metrics["overlap_rows"] / compared if compared else 0.0
-    metrics["pattern"] = "random split of time-ordered data" if random_pairs else ("partial overlap" if metrics["overlap_rows"] else "time-ordered")
+    metrics["pattern"] = ("random split of time-ordered data" if random_pairs
+                          else ("partial overlap" if metrics["overlap_rows"] else "time-ordered"))
     return metrics, pair_rows, evidence, random_pairs
 
 
@@ -153,15 +159,19 @@ def check_temporal_leakage(splits: Mapping[str, Any], *, time=None, label=None, 
     series = _timeline(datas, stats)
     rows, worst = metrics["overlap_rows"], metrics["max_pair_fraction"]
     if random_pairs:
-        summary = (f"the splits look like a random split of time-ordered data: {_pct(worst)} of a later split lies before "
+        summary = ("the splits look like a random split of time-ordered data: "
+                   f"{_pct(worst)} of a later split lies before "
                    f"the end of an earlier one ({', '.join(random_pairs)})")
-        advice = [f"Split by time: sort by {time!r} and cut at one date, so every later split comes after every earlier one.",
+        advice = [f"Split by time: sort by {time!r} and cut at one date, "
+                  "so every later split comes after every earlier one.",
                   "If time order does not matter for this task, drop time= (and say why in the report)."]
     elif rows:
         wp = max(pair_rows, key=lambda r: r["fraction"])
-        summary = (f"{rows} row(s) of later splits are dated before the end of an earlier split (worst: {wp['rows_before_end']} "
+        summary = (f"{rows} row(s) of later splits are dated before the end of an earlier split "
+                   f"(worst: {wp['rows_before_end']} "
                    f"of {wp['rows']} {wp['split']} rows before {wp['earlier_end']}, the end of {wp['earlier_split']})")
-        advice = [f"Drop the rows listed in 'rows_before_end' from the later split, or re-split at one cut-off date on {time!r}."]
+        advice = [f"Drop the rows listed in 'rows_before_end' from the later split, "
+                  f"or re-split at one cut-off date on {time!r}."]
     else:
         summary = "every later split starts after the earlier splits end (time-ordered)"
         advice = []

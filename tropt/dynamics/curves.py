@@ -265,10 +265,8 @@ def _spikes(c: _Shape, th: CurveThresholds, lrs: Any, n: int, metrics: dict, ser
     scale = np.where(scale > 0, scale, float(np.std(dz)) or 1.0)
     rz = (dz - np.median(dz)) / scale
     up = np.flatnonzero((rz > th.spike_z) & (dz > th.spike_min_jump))
-    if up.size:
-        events = up[np.concatenate(([True], np.diff(up) > 1))]  # consecutive jumps are one event
-    else:
-        events = up
+    # consecutive jumps are one event
+    events = up[np.concatenate(([True], np.diff(up) > 1))] if up.size else up
     scheduled = np.zeros(events.size, dtype=bool)
     if lrs is not None:
         lr = _as_float_array(lrs, "lrs")
@@ -312,10 +310,8 @@ def _validation(c: _Shape, end: float, val: Any, val_steps: Any, x: np.ndarray, 
         return
     vv, vxx = v[ok], vx[ok]
     vz = np.log(vv) if (vv > 0).all() else vv / (float(np.subtract(*np.percentile(vv, [90, 10]))) or 1.0)
-    if vz.size >= 5:  # light smoothing: a running median of 3 keeps one noisy evaluation from deciding
-        vz_s = np.median(np.stack([np.r_[vz[0], vz[:-1]], vz, np.r_[vz[1:], vz[-1]]]), axis=0)
-    else:
-        vz_s = vz
+    # light smoothing (from 5 points): a running median of 3 keeps one noisy evaluation from deciding
+    vz_s = np.median(np.stack([np.r_[vz[0], vz[:-1]], vz, np.r_[vz[1:], vz[-1]]]), axis=0) if vz.size >= 5 else vz
     bi = int(np.argmin(vz_s))
     v_tail = max(1, vz_s.size // 5)
     v_end = float(np.median(vz_s[-v_tail:]))

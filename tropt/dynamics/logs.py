@@ -21,8 +21,10 @@ import pandas as pd
 from ..errors import TroptError
 
 TRAIN_NAMES = ("train_loss_step", "train_loss", "train/loss", "loss/train", "training_loss", "train_loss_epoch", "loss")
-VAL_NAMES = ("val_loss", "val/loss", "loss/val", "valid_loss", "validation_loss", "val_loss_epoch", "eval_loss", "eval/loss")
-LOSS_WORDS = ("loss", "nll", "mse", "mae", "rmse", "xent", "cross_entropy", "crossentropy")  # a lone column named so is a loss
+VAL_NAMES = ("val_loss", "val/loss", "loss/val", "valid_loss", "validation_loss", "val_loss_epoch", "eval_loss",
+             "eval/loss")
+# a lone column named so is a loss
+LOSS_WORDS = ("loss", "nll", "mse", "mae", "rmse", "xent", "cross_entropy", "crossentropy")
 STEP_NAMES = ("step", "Step", "global_step", "iteration", "iter", "epoch")
 
 Curve = tuple[np.ndarray | None, np.ndarray]  # (steps or None, values)
@@ -43,6 +45,7 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
 def _fields(buf: bytes):
     """Yield (field_number, wire_type, value) of one protobuf message (value: int, or bytes for len/fixed)."""
     i, n = 0, len(buf)
+    val: int | bytes
     while i < n:
         key, i = _varint(buf, i)
         num, wt = key >> 3, key & 7
@@ -88,7 +91,8 @@ def _event_files(path: str) -> list[str]:
         for root, _, names in os.walk(path):
             files += sorted(os.path.join(root, f) for f in names if "tfevents" in f)
         if not files:
-            raise TroptError(f"no TensorBoard event files (*tfevents*) under {path}", "point at the run's log directory or an events file")
+            raise TroptError(f"no TensorBoard event files (*tfevents*) under {path}",
+                             "point at the run's log directory or an events file")
         return files
     return [path]
 
@@ -216,7 +220,8 @@ def read_mlflow(run: Any = None, *, experiment: str | None = None, tracking_uri:
             raise TroptError(f"no MLflow experiment named {experiment!r}", "check the experiment name and tracking URI")
         runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)
         if not runs:
-            raise TroptError(f"MLflow experiment {experiment!r} has no runs", "check the experiment name and tracking URI")
+            raise TroptError(f"MLflow experiment {experiment!r} has no runs",
+                             "check the experiment name and tracking URI")
         run_id = runs[0].info.run_id
     try:
         keys = list(client.get_run(run_id).data.metrics)
@@ -226,7 +231,8 @@ def read_mlflow(run: Any = None, *, experiment: str | None = None, tracking_uri:
     out = {k: [(int(m.step), float(m.value)) for m in client.get_metric_history(run_id, k)] for k in keys}
     out = {k: v for k, v in out.items() if v}
     if not out:
-        raise TroptError(f"MLflow run {run_id} has no metrics", "log the loss with mlflow.log_metric('train_loss', loss, step=step)")
+        raise TroptError(f"MLflow run {run_id} has no metrics",
+                         "log the loss with mlflow.log_metric('train_loss', loss, step=step)")
     return _sorted_curves(out)
 
 
@@ -306,7 +312,7 @@ def read_wandb(path: str | os.PathLike, *, step_key: str = "_step") -> dict[str,
         data = fh.read()
     out: dict[str, list[tuple[int, float]]] = {}
     for payload in _wandb_records(data):
-        rec = pb.Record()
+        rec = pb.Record()  # type: ignore[attr-defined]  # generated protobuf module: classes built at import
         try:
             rec.ParseFromString(payload)
         except Exception:  # noqa: BLE001 - a torn record at the end of a crashed run
@@ -346,7 +352,7 @@ def wandb_finished(path: str | os.PathLike) -> bool:
     except TroptError:
         return False
     for payload in _wandb_records(data):
-        rec = pb.Record()
+        rec = pb.Record()  # type: ignore[attr-defined]  # generated protobuf module: classes built at import
         try:
             rec.ParseFromString(payload)
         except Exception:  # noqa: BLE001 - a torn record: not finished
@@ -469,7 +475,8 @@ def read_curve(obj: Any, role: str = "train") -> Curve | None:
         path = os.fspath(obj)
         source = path
         if not os.path.exists(path):
-            raise TroptError(f"{path} does not exist", "pass the path of a CSV file, an events file or a TensorBoard log directory")
+            raise TroptError(f"{path} does not exist",
+                             "pass the path of a CSV file, an events file or a TensorBoard log directory")
         if _is_wandb_run(path):
             return _from_tags(read_wandb(path), role, source)
         if os.path.isdir(path) or "tfevents" in os.path.basename(path):
@@ -478,7 +485,8 @@ def read_curve(obj: Any, role: str = "train") -> Curve | None:
             obj = pd.read_csv(path)
         except Exception as exc:  # noqa: BLE001 - any parse failure gets the same advice
             raise TroptError(f"cannot read {path} as CSV ({type(exc).__name__}: {exc})",
-                             "pass a CSV with a loss column, a TensorBoard events file/directory, or an array") from None
+                             "pass a CSV with a loss column, a TensorBoard events file/directory, "
+                             "or an array") from None
     if isinstance(obj, pd.DataFrame):
         return _from_frame(obj, role, source)
     if isinstance(obj, pd.Series):
@@ -494,5 +502,6 @@ def read_curve(obj: Any, role: str = "train") -> Curve | None:
         values = np.asarray(obj, dtype=np.float64).reshape(-1)
     except (TypeError, ValueError):
         raise TroptError(f"cannot read a loss curve from a {source}",
-                         "pass an array/list of losses, a pandas Series or DataFrame, a CSV path or a TensorBoard log directory") from None
+                         "pass an array/list of losses, a pandas Series or DataFrame, a CSV path "
+                         "or a TensorBoard log directory") from None
     return None, values

@@ -47,7 +47,8 @@ def _n(count: Any, noun: str) -> str:
 
 
 def _step(x: float) -> str:
-    return str(int(round(x))) if math.isfinite(x) else str(x)
+    # int(): under numpy 1.x, round() of a numpy float returns a numpy float ("3.0", not "3")
+    return str(int(round(x))) if math.isfinite(x) else str(x)  # noqa: RUF046
 
 
 def _clip_advice(m: dict) -> str:
@@ -210,7 +211,9 @@ def diagnose_curves(
         FAIL for diverging / non-finite / flat, WARN for unstable, noisy late, overfitting, still improving;
         PASS for a healthy curve. ``metrics['class']`` is the primary class, ``metrics['classes']`` all of them.
     """
-    t_steps, t_values = read_curve(train, "train")
+    curve = read_curve(train, "train")
+    assert curve is not None  # role "train" raises instead of returning None
+    t_steps, t_values = curve
     if steps is not None:
         t_steps = np.asarray(steps, dtype=np.float64).reshape(-1)
     v = None

@@ -46,7 +46,8 @@ class Budget:
         _positive("steps", self.steps, integer=True, owner="Budget", example="steps=300")
         _positive("samples", self.samples, integer=True, owner="Budget", example="samples=20_000")
         _positive("seconds", self.seconds, integer=False, owner="Budget", example="steps=300, seconds=60")
-        if self.cost_per_hour is not None and (isinstance(self.cost_per_hour, bool) or not isinstance(self.cost_per_hour, (int, float))
+        if self.cost_per_hour is not None and (isinstance(self.cost_per_hour, bool)
+                                               or not isinstance(self.cost_per_hour, (int, float))
                                                or not math.isfinite(self.cost_per_hour) or self.cost_per_hour < 0):
             raise TroptError(f"Budget: cost_per_hour={self.cost_per_hour!r}; it must be a number >= 0 or None",
                              "e.g. Budget(steps=300, cost_per_hour=2.5)")
@@ -80,8 +81,10 @@ class EarlyStopping:
 
     def __post_init__(self) -> None:
         _positive("patience", self.patience, integer=True, owner="EarlyStopping", example="patience=3")
-        if isinstance(self.min_delta, bool) or not isinstance(self.min_delta, (int, float)) or not math.isfinite(self.min_delta) or self.min_delta < 0:
-            raise TroptError(f"EarlyStopping: min_delta={self.min_delta!r}; it must be a number >= 0", "e.g. EarlyStopping(patience=3, min_delta=1e-4)")
+        if (isinstance(self.min_delta, bool) or not isinstance(self.min_delta, (int, float))
+                or not math.isfinite(self.min_delta) or self.min_delta < 0):
+            raise TroptError(f"EarlyStopping: min_delta={self.min_delta!r}; it must be a number >= 0",
+                             "e.g. EarlyStopping(patience=3, min_delta=1e-4)")
 
     @classmethod
     def coerce(cls, value: Any) -> EarlyStopping | None:
@@ -93,7 +96,8 @@ class EarlyStopping:
         if isinstance(value, dict):
             return cls(**value)
         raise TroptError(f"early_stopping={value!r} is not understood",
-                         "pass a patience (e.g. early_stopping=3), tropt.experiments.EarlyStopping(patience=3, min_delta=1e-4) or None")
+                         "pass a patience (e.g. early_stopping=3), "
+                         "tropt.experiments.EarlyStopping(patience=3, min_delta=1e-4) or None")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,7 +137,8 @@ class Guardrails:
             raise TroptError(f"Guardrails: relative={self.relative!r}; it must be True or False", "e.g. relative=True")
         k = self.max_instability_increase
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise TroptError(f"Guardrails: max_instability_increase={k!r}; it must be an integer >= 0", "e.g. max_instability_increase=0")
+            raise TroptError(f"Guardrails: max_instability_increase={k!r}; it must be an integer >= 0",
+                             "e.g. max_instability_increase=0")
         if isinstance(self.budget, Budget):
             if self.budget.seconds is None:
                 raise TroptError("Guardrails: budget=Budget(...) without seconds sets no limit",

@@ -58,9 +58,11 @@ class ScaledLR:
 
 def validate_candidates(candidates: Any) -> dict[str, dict[str, Any]]:
     """Check names and keywords of ``candidates``; returns a plain dict (never the user's mapping)."""
-    fix = "pass candidates={'adam': {'optimizer': lambda m: torch.optim.Adam(m.parameters(), lr=1e-3)}, 'lr_x3': {'lr': 0.3}}"
+    fix = ("pass candidates={'adam': {'optimizer': lambda m: torch.optim.Adam(m.parameters(), lr=1e-3)}, "
+           "'lr_x3': {'lr': 0.3}}")
     if not isinstance(candidates, Mapping):
-        raise TroptError(f"compare: candidates is a {type(candidates).__name__}, expected a dict of name -> overrides", fix)
+        raise TroptError(f"compare: candidates is a {type(candidates).__name__}, expected a dict of name -> "
+                         "overrides", fix)
     if not candidates:
         raise TroptError("compare: the candidate set is empty, so there is nothing to compare the baseline with "
                          "(the baseline, the Setup itself, is always run)", fix)
@@ -72,10 +74,12 @@ def validate_candidates(candidates: Any) -> dict[str, dict[str, Any]]:
             raise TroptError(f"compare: a candidate is named {BASELINE!r}, the name of the Setup's own run",
                              "rename the candidate (the baseline is always run)")
         if not isinstance(overrides, Mapping):
-            raise TroptError(f"compare: candidate {name!r} is a {type(overrides).__name__}, expected a dict of Setup keywords", fix)
+            raise TroptError(f"compare: candidate {name!r} is a {type(overrides).__name__}, expected a dict of "
+                             "Setup keywords", fix)
         for key in overrides:
             if key in FIXED:
-                raise TroptError(f"compare: candidate {name!r} overrides {key!r}, which every run must share: {FIXED[key]}",
+                raise TroptError(f"compare: candidate {name!r} overrides {key!r}, which every run must share: "
+                                 f"{FIXED[key]}",
                                  f"remove {key!r} from the candidate")
             if key not in OVERRIDABLE:
                 close = difflib.get_close_matches(str(key), OVERRIDABLE, n=1)
@@ -83,17 +87,21 @@ def validate_candidates(candidates: Any) -> dict[str, dict[str, Any]]:
                 raise TroptError(f"compare: candidate {name!r} has an unknown Setup keyword {key!r}",
                                  f"{hint}a candidate may override {', '.join(OVERRIDABLE)}")
         lr = overrides.get("lr")
-        if "lr" in overrides and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0):
-            raise TroptError(f"compare: candidate {name!r} has lr={lr!r}; it must be a positive number", "e.g. {'lr': 3e-4}")
+        if "lr" in overrides and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr)
+                                  or lr <= 0):
+            raise TroptError(f"compare: candidate {name!r} has lr={lr!r}; it must be a positive number",
+                             "e.g. {'lr': 3e-4}")
         model = overrides.get("model")
         if "model" in overrides and not (isinstance(model, nn.Module) or callable(model)):
-            raise TroptError(f"compare: candidate {name!r} has model={type(model).__name__}; expected an nn.Module or a factory",
+            raise TroptError(f"compare: candidate {name!r} has model={type(model).__name__}; expected an nn.Module "
+                             "or a factory",
                              "pass model=lambda: MyNet(width=256) (called with the run's seed set) or a module")
         out[name] = dict(overrides)
     return out
 
 
-def candidate_setup(setup: Setup, name: str, overrides: Mapping[str, Any]) -> tuple[Any, Callable[[], nn.Module] | None]:
+def candidate_setup(setup: Setup, name: str,
+                    overrides: Mapping[str, Any]) -> tuple[Any, Callable[[], nn.Module] | None]:
     """The Setup of one candidate (Setup keywords applied, validated) and its model factory, if it has one.
 
     A bad value (e.g. ``accumulation_steps=0``) raises here, before any run, naming the candidate.

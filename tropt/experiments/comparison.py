@@ -74,7 +74,8 @@ class Comparison:
         return pd.DataFrame(rows)
 
     def curves(self, candidate: str, seed: int) -> dict[str, list]:
-        """The curves of one run: ``step``/``train_loss``/``lr`` per step, ``eval_step`` and the scores per evaluation."""
+        """The curves of one run: ``step``/``train_loss``/``lr`` per step, ``eval_step`` and the scores per
+        evaluation."""
         for r in self.records:
             if r["candidate"] == candidate and r["seed"] == seed:
                 return r["curves"]
@@ -170,7 +171,8 @@ class Comparison:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Comparison:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise TroptError(f"not a tropt comparison (format {d.get('format') if isinstance(d, dict) else type(d).__name__!r})",
+            raise TroptError("not a tropt comparison "
+                             f"(format {d.get('format') if isinstance(d, dict) else type(d).__name__!r})",
                              f"pass what Comparison.to_dict() wrote (format {FORMAT!r})")
         return cls([_restore_nan(r) for r in d["records"]], d.get("meta", {}))
 
@@ -195,7 +197,8 @@ class Comparison:
         direction = "higher is better" if self.higher_is_better else "lower is better"
         seeds = self.meta.get("seeds", [])
         notes = "".join(f"<li>{e(n)}</li>" for n in self.notes)
-        frame = self.to_frame().drop(columns=["overrides"]).to_html(float_format=lambda x: f"{x:.4g}", na_rep="–", border=0)
+        frame = self.to_frame().drop(columns=["overrides"]).to_html(float_format=lambda x: f"{x:.4g}", na_rep="–",
+                                                                    border=0)
         return (f'<div class="tropt-comparison"><b>tropt.compare</b> — selection metric <code>{e(self.metric)}</code> '
                 f"({direction}) on the validation split, budget {e(budget)}, seeds {e(str(seeds))}"
                 f"<ul>{items}</ul>{frame}" + (f"<div><b>Notes</b><ul>{notes}</ul></div>" if notes else "") + "</div>")

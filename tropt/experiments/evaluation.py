@@ -61,7 +61,7 @@ def _default_scores(setup: Setup, ctx: Any, prefix: str, cache: dict | None = No
     objective, classify = cache.get("objective"), setup.num_classes is not None and cache.get("classify", True)
     # The split is read as it is (no reseeding per evaluation: the order does not change a mean, and _EvalMode
     # puts back whatever RNG state a shuffling loader draws from).
-    for i, raw in enumerate(setup.loader("val")):
+    for _i, raw in enumerate(setup.loader("val")):
         batch = to_device(raw, ctx.device)
         with (Capture(ctx.model) if classify else contextlib.nullcontext()) as cap, ctx.autocast():
             loss = float(setup.loss(ctx.model, batch).float())
@@ -99,7 +99,8 @@ def score(setup: Setup, ctx: Any, metric: Metric | None, data: Any = None, prefi
             scores = _default_scores(target, ctx, prefix, cache)
             name = f"{prefix}_loss"
             if not math.isfinite(scores[name]):
-                raise StepError(f"the validation loss is {scores[name]} (non-finite)", "the run diverged or the split has NaNs")
+                raise StepError(f"the validation loss is {scores[name]} (non-finite)",
+                                "the run diverged or the split has NaNs")
             return scores
         raw = target.val_data
         value = metric(ctx.model, raw)

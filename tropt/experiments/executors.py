@@ -98,7 +98,7 @@ def check_executor(executor: Any) -> None:
                          "pass a concurrent.futures.Executor (e.g. ProcessPoolExecutor(2)), "
                          "tropt.experiments.dask_executor(), or None to run sequentially")
     if isinstance(executor, cf.ThreadPoolExecutor):
-        raise TroptError("compare: a ThreadPoolExecutor runs every run in this process, where they share torch's global "
-                         "random state (seeding, dropout, data order), so results would depend on thread timing",
-                         "use processes: concurrent.futures.ProcessPoolExecutor(2) or tropt.experiments.dask_executor(), "
-                         "or executor=None to run sequentially")
+        raise TroptError("compare: a ThreadPoolExecutor runs every run in this process, where they share torch's "
+                         "global random state (seeding, dropout, data order), so results would depend on thread timing",
+                         "use processes: concurrent.futures.ProcessPoolExecutor(2) or "
+                         "tropt.experiments.dask_executor(), or executor=None to run sequentially")

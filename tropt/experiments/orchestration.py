@@ -32,7 +32,8 @@ def _check_seeds(seeds: Any) -> list[int]:
     if any(isinstance(s, bool) or not isinstance(s, int) for s in out):
         raise TroptError(f"compare: seeds={out!r}; every seed must be an integer", fix)
     if len(set(out)) != len(out):
-        raise TroptError(f"compare: seeds={out!r} repeat a seed, which would count one run twice", "give distinct seeds")
+        raise TroptError(f"compare: seeds={out!r} repeat a seed, which would count one run twice",
+                         "give distinct seeds")
     return out
 
 
@@ -47,10 +48,10 @@ def _selection(setup: Setup, splits: Mapping | None, select_split: str) -> tuple
     if not isinstance(select_split, str):
         raise TroptError(f"compare: select_split={select_split!r} is not a split name", "e.g. select_split='val'")
     if _is_test_name(select_split):
-        raise TroptError(f"compare: the selection split is named {select_split!r}; choosing a candidate on the test split "
-                         "leaks it into the choice, so its score no longer estimates performance on new data",
-                         "select on a validation split (Setup.val_data, or splits={'val': ...}) and evaluate the winner "
-                         "on test once, after the choice")
+        raise TroptError(f"compare: the selection split is named {select_split!r}; choosing a candidate on the test "
+                         "split leaks it into the choice, so its score no longer estimates performance on new data",
+                         "select on a validation split (Setup.val_data, or splits={'val': ...}) and evaluate the "
+                         "winner on test once, after the choice")
     if select_split in splits:
         data = splits.pop(select_split)
     elif select_split == "val" and setup.val_data is not None:
@@ -58,7 +59,8 @@ def _selection(setup: Setup, splits: Mapping | None, select_split: str) -> tuple
     else:
         raise SetupError(f"compare: no {select_split!r} split to select on (Setup.val_data is "
                          f"{'set' if setup.val_data is not None else 'None'}, splits has {sorted(splits)})",
-                         "give the Setup val_data=..., or pass splits={'val': ...}: compare selects on a validation split only")
+                         "give the Setup val_data=..., or pass splits={'val': ...}: compare selects on a validation "
+                         "split only")
     for name in splits:
         if _is_test_name(name):
             notes.append(f"split {name!r} was evaluated once at the end of every run, for reporting only: it was never "
@@ -197,7 +199,8 @@ def _validated(setup: Setup, candidates: Any, budget: Any, seeds: Any, metric: A
         raise TroptError(f"compare: metric is a {type(metric).__name__}, expected a tropt.Metric",
                          "wrap it: metric=tropt.Metric(fn, higher_is_better=True)")
     if eval_every is not None and (isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1):
-        raise TroptError(f"compare: eval_every={eval_every!r}; it must be an integer >= 1 or None", "e.g. eval_every=50")
+        raise TroptError(f"compare: eval_every={eval_every!r}; it must be an integer >= 1 or None",
+                         "e.g. eval_every=50")
     es = EarlyStopping.coerce(early_stopping)
     guardrails = guardrails if guardrails is not None else Guardrails()
     if not isinstance(guardrails, Guardrails):

@@ -73,7 +73,8 @@ class OptimizationPlan:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_report(cls, report: Any, comparison: Any = None, *, budget: Budget | None = None,
-                    guardrails: Guardrails | None = None, suggestions: Any = None, setup: Setup = None) -> OptimizationPlan:
+                    guardrails: Guardrails | None = None, suggestions: Any = None,
+                    setup: Setup | None = None) -> OptimizationPlan:
         """The plan from a diagnosis (a Report or findings.json) and, when it ran, the :class:`Comparison`.
 
         ``budget`` defaults to the comparison's; ``guardrails`` to the comparison's (else the defaults).
@@ -84,18 +85,21 @@ class OptimizationPlan:
         rep = load_report(report)
         if comparison is not None and not isinstance(comparison, Comparison):
             if isinstance(comparison, (str, dict)):
-                comparison = Comparison.from_dict(comparison) if isinstance(comparison, dict) else Comparison.from_json(comparison)
+                comparison = (Comparison.from_dict(comparison) if isinstance(comparison, dict)
+                              else Comparison.from_json(comparison))
             else:
                 raise TroptError(f"OptimizationPlan: comparison is a {type(comparison).__name__}",
                                  "pass the Comparison tropt.compare returned, its to_dict(), or a comparison.json path")
         if budget is None and comparison is not None and comparison.meta.get("budget"):
             budget = Budget(**comparison.meta["budget"])
         if budget is not None and not isinstance(budget, Budget):
-            raise TroptError(f"OptimizationPlan: budget is a {type(budget).__name__}", "pass tropt.Budget(steps=300) or None")
+            raise TroptError(f"OptimizationPlan: budget is a {type(budget).__name__}",
+                             "pass tropt.Budget(steps=300) or None")
         if guardrails is None:
             guardrails = comparison.guardrails if comparison is not None else Guardrails()
         if not isinstance(guardrails, Guardrails):
-            raise TroptError(f"OptimizationPlan: guardrails is a {type(guardrails).__name__}", "pass tropt.Guardrails(...) or None")
+            raise TroptError(f"OptimizationPlan: guardrails is a {type(guardrails).__name__}",
+                             "pass tropt.Guardrails(...) or None")
         sugg = suggestions if suggestions is not None else suggest(rep, setup)
         return _build(rep, comparison, budget, guardrails, sugg)
 
@@ -113,7 +117,8 @@ class OptimizationPlan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OptimizationPlan:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise TroptError(f"not a tropt plan (format {d.get('format') if isinstance(d, dict) else type(d).__name__!r})",
+            raise TroptError("not a tropt plan "
+                             f"(format {d.get('format') if isinstance(d, dict) else type(d).__name__!r})",
                              f"pass what OptimizationPlan.to_dict() wrote (format {FORMAT!r})")
         return cls(**{k: d[k] for k in FIELDS}, why_empty=d.get("why_empty", {}), notes=d.get("notes", []),
                    outcome_reason=d.get("outcome_reason", ""))
@@ -136,7 +141,8 @@ class OptimizationPlan:
         lines += ["## Baseline", ""] + [f"- **{t(k)}**: {t(show(v))}" for k, v in self.baseline.items()]
         lines += ["", "## Bottlenecks (worst first)", ""]
         lines += [f"- **{t(b['status'].upper())}** `{t(b['check'])}` — {t(b['summary'])}"
-                  + (f" *Fix:* {t(b['fix'])}" if b.get("fix") else "") for b in self.bottlenecks] or [f"_{t(self.why_empty.get('bottlenecks', ''))}_"]
+                  + (f" *Fix:* {t(b['fix'])}" if b.get("fix") else "")
+                  for b in self.bottlenecks] or [f"_{t(self.why_empty.get('bottlenecks', ''))}_"]
         lines += ["", "## Prioritised interventions", ""]
         if not self.interventions:
             lines.append(f"_{t(self.why_empty.get('interventions', ''))}_")
@@ -146,7 +152,8 @@ class OptimizationPlan:
                 lines.append(f"- **{k}**: {t(show(iv[k]))}")
             lines.append("")
         lines += ["## Adopted changes", ""]
-        lines += [f"- **{t(a['name'])}**: {t(show(a['changed']))} — {t(a['observed'])}" for a in self.adopted] or [f"_{t(self.why_empty.get('adopted', ''))}_"]
+        lines += [f"- **{t(a['name'])}**: {t(show(a['changed']))} — {t(a['observed'])}"
+                  for a in self.adopted] or [f"_{t(self.why_empty.get('adopted', ''))}_"]
         lines += ["", "## Stop conditions", ""] + [f"- {t(c)}" for c in self.stop_conditions]
         lines += ["", "## Escalate conditions", ""] + [f"- {t(c)}" for c in self.escalate_conditions]
         if self.notes:
@@ -157,7 +164,8 @@ class OptimizationPlan:
     def _repr_html_(self) -> str:
         e = lambda x: html.escape(show(x))  # noqa: E731
         colour = {BLOCKED: "#cf222e", ESCALATED: "#9a6700", ADOPTED: "#1a7f37"}.get(self.outcome, "#6e7781")
-        parts = [f'<div class="tropt-plan"><h1>tropt optimization plan — <span style="color:{colour}">{e(self.outcome.upper())}</span></h1>',
+        parts = [f'<div class="tropt-plan"><h1>tropt optimization plan — '
+                 f'<span style="color:{colour}">{e(self.outcome.upper())}</span></h1>',
                  f"<p>{e(self.outcome_reason)}</p><h2>Baseline</h2><table>"]
         parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in self.baseline.items()]
         parts.append("</table><h2>Bottlenecks (worst first)</h2><ol>")
@@ -169,7 +177,8 @@ class OptimizationPlan:
         if not self.interventions:
             parts.append(f"<p><i>{e(self.why_empty.get('interventions', ''))}</i></p>")
         for iv in self.interventions:
-            parts.append(f"<h3>{iv['priority']}. {e(iv['name'])} <small>({e(iv['kind'])}, from <code>{e(iv['finding'])}</code>)</small></h3><table>")
+            parts.append(f"<h3>{iv['priority']}. {e(iv['name'])} <small>({e(iv['kind'])}, from "
+                         f"<code>{e(iv['finding'])}</code>)</small></h3><table>")
             parts += [f"<tr><th>{k}</th><td>{e(iv[k])}</td></tr>"
                       for k in INTERVENTION_FIELDS[4:] + tuple(k for k in ("fix", "evidence") if iv.get(k))]
             parts.append("</table>")
@@ -178,11 +187,13 @@ class OptimizationPlan:
         if not self.adopted:
             parts.append(f"<li><i>{e(self.why_empty.get('adopted', ''))}</i></li>")
         parts.append("</ul><h2>Stop conditions</h2><ul>" + "".join(f"<li>{e(c)}</li>" for c in self.stop_conditions))
-        parts.append("</ul><h2>Escalate conditions</h2><ul>" + "".join(f"<li>{e(c)}</li>" for c in self.escalate_conditions) + "</ul>")
+        parts.append("</ul><h2>Escalate conditions</h2><ul>"
+                     + "".join(f"<li>{e(c)}</li>" for c in self.escalate_conditions) + "</ul>")
         if self.notes:
             parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in self.notes) + "</ul>")
         parts.append("<details><summary>run identity</summary><table>"
-                     + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in self.identity.items()) + "</table></details></div>")
+                     + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in self.identity.items())
+                     + "</table></details></div>")
         return "".join(parts)
 
     def to_html(self, path: Any = None, title: str = "tropt optimization plan") -> str:
@@ -206,11 +217,14 @@ def _build(rep: Report, comp: Any, budget: Budget | None, g: Guardrails, sugg: A
     why: dict[str, str] = {}
     notes: list[str] = []
     baseline = _baseline(rep, comp, budget)
-    bottlenecks = [{"check": r.check, "status": r.status.value, "summary": r.summary, "fix": r.advice[0] if r.advice else ""}
-                   for r in sorted((r for r in rep if r.status in (Status.FAIL, Status.ERROR, Status.WARN)), key=_order_key)]
+    bottlenecks = [{"check": r.check, "status": r.status.value, "summary": r.summary,
+                    "fix": r.advice[0] if r.advice else ""}
+                   for r in sorted((r for r in rep if r.status in (Status.FAIL, Status.ERROR, Status.WARN)),
+                                   key=_order_key)]
     if not bottlenecks:
         why["bottlenecks"] = f"none: all {len(rep)} checks passed or were skipped"
-    identity = {k: rep.identity.get(k) for k in ("tropt", "torch", "device", "seed", "config_hash", "data_fingerprint", "git_commit")
+    identity = {k: rep.identity.get(k)
+                for k in ("tropt", "torch", "device", "seed", "config_hash", "data_fingerprint", "git_commit")
                 if rep.identity.get(k) is not None} or {"note": "the findings carry no run identity"}
     if comp is not None:
         identity.update(comparison_id=comp.meta.get("comparison_id"), seeds=comp.meta.get("seeds"))
@@ -228,31 +242,34 @@ def _build(rep: Report, comp: Any, budget: Budget | None, g: Guardrails, sugg: A
     for i, iv in enumerate(interventions, 1):
         iv["priority"] = i
     if not interventions:
-        why["interventions"] = ("none: no finding suggests a change tropt can test (no LR range outside the Setup's LR, "
-                                "no faster precision, no data-bound or compute-bound step, no unstable or overfitting "
-                                "curve); the baseline stands")
+        why["interventions"] = ("none: no finding suggests a change tropt can test (no LR range outside the Setup's "
+                                "LR, no faster precision, no data-bound or compute-bound step, no unstable or "
+                                "overfitting curve); the baseline stands")
     adopted = [iv for iv in interventions if iv.get("verdict") == ADOPT][:1]
     others = [iv["name"] for iv in interventions if iv.get("verdict") == ADOPT][1:]
     if others:
-        notes.append(f"{', '.join(others)} also beat the baseline alone; their combination with {adopted[0]['name']} was not "
-                     "compared, so only the best by gain per cost is adopted: compare the combination next")
+        notes.append(f"{', '.join(others)} also beat the baseline alone; their combination with {adopted[0]['name']} "
+                     "was not compared, so only the best by gain per cost is adopted: compare the combination next")
     if blocking:
         outcome, reason = BLOCKED, (f"{len(blocking)} correctness FAIL{'s' if len(blocking) > 1 else ''} "
                                     f"({', '.join(r.check for r in blocking)}) block every comparison: fix "
-                                    f"{'them' if len(blocking) > 1 else 'it'} first, then diagnose again. No comparison was run.")
+                                    f"{'them' if len(blocking) > 1 else 'it'} first, then diagnose again. "
+                                    "No comparison was run.")
         why["adopted"] = "none: correctness FAILs block every comparison until fixed"
     elif over:
         outcome, reason = ESCALATED, over
         why["adopted"] = "none: the budget is not met, so no candidate could be judged at it"
     elif comp is not None and any(iv.get("verdict") == ESCALATE for iv in interventions):
         names = [iv["name"] for iv in interventions if iv.get("verdict") == ESCALATE]
-        outcome, reason = ESCALATED, f"{', '.join(names)} did not meet the budget (escalate: budget); see their observed results"
+        outcome, reason = ESCALATED, (f"{', '.join(names)} did not meet the budget (escalate: budget); "
+                                      "see their observed results")
         if not adopted:
             why["adopted"] = "none: escalated candidates are not adopted until they meet the budget"
     elif adopted:
         outcome, reason = ADOPTED, f"adopt {adopted[0]['name']}: {adopted[0]['observed']}"
     elif comp is not None:
-        outcome, reason = KEEP, "no candidate beat the baseline beyond seed noise inside the guardrails: keep the baseline"
+        outcome, reason = KEEP, ("no candidate beat the baseline beyond seed noise inside the guardrails: "
+                                 "keep the baseline")
         why["adopted"] = "none: no candidate was adopted (see each intervention's observed result)"
     else:
         outcome, reason = UNCOMPARED, "no comparison was run: every intervention is a hypothesis until compared"
@@ -279,7 +296,8 @@ def _compared_and_hypotheses(comp: Any, g: Guardrails, budget: Budget | None, su
     if comp is not None:
         rows = comp.decision(g)
         table = comp.to_frame(g)
-        items = [compared_candidate(r, table, comp, g, budget, details.get(r["candidate"])) for r in rows.to_dict("records")]
+        items = [compared_candidate(r, table, comp, g, budget, details.get(r["candidate"]))
+                 for r in rows.to_dict("records")]
         items.sort(key=priority)
         out += items
         compared = {r["candidate"] for r in rows.to_dict("records")}
@@ -294,8 +312,8 @@ def _compared_and_hypotheses(comp: Any, g: Guardrails, budget: Budget | None, su
 
 def _baseline(rep: Report, comp: Any, budget: Budget | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    thr = rep["perf.throughput"] if "perf.throughput" in rep else None
-    curve = rep["dynamics.loss_curve"] if "dynamics.loss_curve" in rep else None
+    thr = rep["perf.throughput"] if "perf.throughput" in rep else None  # noqa: SIM401 - Report has no .get()
+    curve = rep["dynamics.loss_curve"] if "dynamics.loss_curve" in rep else None  # noqa: SIM401 - Report has no .get()
     base_runs = [r for r in comp.records if r["candidate"] == BASELINE] if comp is not None else []
     tm = thr.metrics if thr is not None and thr.status in (Status.PASS, Status.WARN) else {}
     if finite(tm.get("step_ms")):
@@ -336,9 +354,11 @@ def _baseline(rep: Report, comp: Any, budget: Budget | None) -> dict[str, Any]:
         else:
             out["final_metric"] = "not measured: every baseline run failed"
     elif curve is not None and finite(curve.metrics.get("val_end_loss")):
-        out["final_metric"] = f"val loss {curve.metrics['val_end_loss']:.4g} at the end of the {curve.metrics.get('steps_run', '?')}-step probe"
+        out["final_metric"] = (f"val loss {curve.metrics['val_end_loss']:.4g} at the end of the "
+                               f"{curve.metrics.get('steps_run', '?')}-step probe")
     elif curve is not None and finite(curve.metrics.get("end_loss")):
-        out["final_metric"] = f"train loss {curve.metrics['end_loss']:.4g} at the end of the probe (no validation split)"
+        out["final_metric"] = (f"train loss {curve.metrics['end_loss']:.4g} at the end of the probe "
+                               "(no validation split)")
     else:
         out["final_metric"] = "not measured: no comparison and no loss-curve probe"
     if budget is not None:
@@ -353,40 +373,47 @@ def _budget_exceeded(baseline: dict, comp: Any, budget: Budget | None, g: Guardr
         if capped:
             r = capped[0]
             want = ", ".join(f"{k}={v}" for k, v in (comp.meta.get("budget") or {}).items() if v is not None)
-            return (f"the baseline alone exceeds the budget: {len(capped)} of its runs hit the seconds cap (seed {r['seed']} "
-                    f"stopped after {r['steps']} steps, {r['samples']} samples, {r['seconds']:.3g} s) before the budget "
-                    f"({want}): raise Budget(seconds=...), lower steps/samples, or make the step faster first")
+            return (f"the baseline alone exceeds the budget: {len(capped)} of its runs hit the seconds cap "
+                    f"(seed {r['seed']} stopped after {r['steps']} steps, {r['samples']} samples, "
+                    f"{r['seconds']:.3g} s) before the budget ({want}): raise Budget(seconds=...), lower "
+                    "steps/samples, or make the step faster first")
     step_ms = baseline.get("runtime_per_step_ms")
     if budget is None or not finite(step_ms) or not budget.steps:
         return ""
     need = budget.steps * step_ms / 1e3
     for limit, what in ((budget.seconds, "Budget(seconds=...)"), (g.max_seconds, "the guardrail's per-run limit")):
         if limit is not None and need > limit:
-            return (f"the baseline alone exceeds the budget: {budget.steps} steps × {step_ms:.3g} ms per step (perf.throughput) "
-                    f"≈ {need:.3g} s per run, above {what} of {limit:.3g} s: raise the limit to at least {need * 1.2:.3g} s, "
-                    f"lower the steps to {max(1, int(limit * 1e3 / step_ms / 1.2))}, or make the step faster first")
+            return (f"the baseline alone exceeds the budget: {budget.steps} steps × {step_ms:.3g} ms per step "
+                    f"(perf.throughput) ≈ {need:.3g} s per run, above {what} of {limit:.3g} s: raise the limit to at "
+                    f"least {need * 1.2:.3g} s, lower the steps to {max(1, int(limit * 1e3 / step_ms / 1.2))}, or make "
+                    "the step faster first")
     return ""
 
 
 def _stop_conditions(g: Guardrails, comp: Any) -> list[str]:
     metric = comp.metric if comp is not None else "the selection metric"
     return [
-        "stop before any comparison when a correctness check (data.*, model.*, loop.*) FAILs: fix it and diagnose again",
+        "stop before any comparison when a correctness check (data.*, model.*, loop.*) FAILs: fix it and diagnose "
+        "again",
         f"reject (quality) a candidate when {metric} drops by more than {fmt(g.max_quality_drop)}"
         f"{' of the baseline' if g.relative else ''} beyond seed noise",
-        f"reject (instability) a candidate with more than {g.max_instability_increase} unstable runs (non-finite, spiking "
-        "or diverging) beyond the baseline's, even when it is faster",
-        f"call it inconclusive, never a winner, when fewer than {MIN_SEEDS} seeds pair or the gain is within seed noise",
+        f"reject (instability) a candidate with more than {g.max_instability_increase} unstable runs (non-finite, "
+        "spiking or diverging) beyond the baseline's, even when it is faster",
+        f"call it inconclusive, never a winner, when fewer than {MIN_SEEDS} seeds pair or the gain is within seed "
+        "noise",
     ]
 
 
 def _escalate_conditions(g: Guardrails, budget: Budget | None) -> list[str]:
-    out = ["escalate when the baseline alone exceeds the budget (its measured time per step × the steps is over the limit)",
-           "escalate (budget) when a run hits Budget(seconds=...) before its steps/samples: the comparison is not at the stated budget"]
+    out = ["escalate when the baseline alone exceeds the budget (its measured time per step × the steps is over the "
+           "limit)",
+           "escalate (budget) when a run hits Budget(seconds=...) before its steps/samples: the comparison is not at "
+           "the stated budget"]
     if g.max_seconds is not None:
         out.append(f"escalate (budget) a candidate whose runs take longer than {fmt(g.max_seconds)} s on average")
     if budget is not None and budget.cost_per_hour is not None:
-        out.append(f"report cost at {fmt(budget.cost_per_hour)} per hour; escalate when the adopted change costs more per run than the baseline without a quality gain")
+        out.append(f"report cost at {fmt(budget.cost_per_hour)} per hour; escalate when the adopted change costs more "
+                   "per run than the baseline without a quality gain")
     return out
 
 

@@ -86,7 +86,8 @@ def _reinit(model: torch.nn.Module, seed: int) -> None:
 
 def _optimizer_label(opt: torch.optim.Optimizer) -> str:
     lr = opt.param_groups[0].get("lr") if opt.param_groups else None
-    return f"{type(opt).__name__}(lr={float(lr):.3g})" if isinstance(lr, (int, float, torch.Tensor)) else type(opt).__name__
+    return (f"{type(opt).__name__}(lr={float(lr):.3g})" if isinstance(lr, (int, float, torch.Tensor))
+            else type(opt).__name__)
 
 
 class _Run:
@@ -205,14 +206,16 @@ def _curve_signals(losses: list[float], lrs: list[float]) -> dict[str, Any]:
 
 
 def _start(spec: RunSpec, run: _Run) -> tuple[Any, Any]:
-    """The run's Setup (its seed) and fresh training objects: the model factory's or a copy, re-initialised on request."""
+    """The run's Setup (its seed) and fresh training objects: the model factory's or a copy, re-initialised on
+    request."""
     setup = spec.setup.replace(seed=spec.seed)
     model = None
     if spec.model_factory is not None:
         torch.manual_seed(spec.seed)  # the factory's initialisation is the seed's
         model = spec.model_factory()
         if not isinstance(model, torch.nn.Module):
-            raise TroptError(f"the model factory returned a {type(model).__name__}, not an nn.Module", "return the module")
+            raise TroptError(f"the model factory returned a {type(model).__name__}, not an nn.Module",
+                             "return the module")
     ctx = setup.build(seed=spec.seed, model=model)
     if spec.reinit:
         _reinit(ctx.model, spec.seed)

@@ -73,13 +73,15 @@ def paired(base: dict[int, float], cand: dict[int, float], higher_is_better: boo
     n = int(d.size)
     nan = math.nan
     if n == 0:
-        return Paired(0, nan, nan, nan, nan, nan, nan, False, "no seed where both the candidate and the baseline completed")
+        return Paired(0, nan, nan, nan, nan, nan, nan, False,
+                      "no seed where both the candidate and the baseline completed")
     gain, gain_std = float(d.mean()), _std(d)
     base_all = np.array([v for v in base.values() if math.isfinite(v)], dtype=float)
     noise = _std(base_all)
     if n < min_seeds:
         return Paired(n, gain, gain_std, nan, nan, nan, noise, False,
-                      f"{n} paired seed{'s' if n != 1 else ''}; telling a difference from seed noise needs at least {min_seeds}")
+                      f"{n} paired seed{'s' if n != 1 else ''}; telling a difference from seed noise needs at least "
+                      f"{min_seeds}")
     if (noise == 0 or not math.isfinite(noise)) and _std(c) == 0:
         return Paired(n, gain, gain_std, nan, nan, nan, 0.0, False,
                       "every seed gave the same score, so seed noise cannot be measured (the seeds change neither the "
@@ -139,25 +141,32 @@ def decide(name: str, cand_runs: list[dict], base_runs: list[dict], stats: Paire
                  "diverging": sum(r.get("curve_class") == "diverging" for r in cand_runs)}
         detail = ", ".join(f"{k} {v}" for k, v in kinds.items() if v)
         faster = f"; it was faster ({_g(secs_c)} s vs {_g(secs_b)} s per run)" if secs_c < secs_b else ""
-        return verdict(REJECT_INSTABILITY, f"{unstable_c}/{n_c} runs unstable ({detail}) vs baseline {unstable_b}/{n_b}, "
-                                           f"allowed +{guardrails.max_instability_increase}{faster}")
+        return verdict(REJECT_INSTABILITY, f"{unstable_c}/{n_c} runs unstable ({detail}) vs baseline "
+                                           f"{unstable_b}/{n_b}, allowed "
+                                           f"+{guardrails.max_instability_increase}{faster}")
     if base_runs and all(r["status"] == "failed" for r in base_runs):
-        return verdict(INCONCLUSIVE, f"every baseline run failed ({base_runs[0]['reason']}); there is nothing to compare with")
+        return verdict(INCONCLUSIVE, f"every baseline run failed ({base_runs[0]['reason']}); there is nothing to "
+                                     "compare with")
     if errors:
-        return verdict(INCONCLUSIVE, f"{len(errors)}/{n_c} runs raised ({errors[0]['reason']}); fix the candidate and compare again")
+        return verdict(INCONCLUSIVE, f"{len(errors)}/{n_c} runs raised ({errors[0]['reason']}); fix the candidate "
+                                     "and compare again")
     capped = [r for r in cand_runs + base_runs if r.get("stopped_by") == "seconds"]
     if capped:
         mine = sum(r["candidate"] == name for r in capped)
         r = capped[0]
-        return verdict(ESCALATE, f"{mine}/{n_c} of its runs and {len(capped) - mine}/{n_b} of the baseline's hit the seconds cap before the steps/samples budget "
-                                 f"(e.g. seed {r['seed']} after {r['steps']} steps, {r['samples']} samples, {_g(r['seconds'])} s): "
-                                 "the comparison is not at the stated budget; raise Budget(seconds=...) or lower steps/samples")
+        return verdict(ESCALATE, f"{mine}/{n_c} of its runs and {len(capped) - mine}/{n_b} of the baseline's hit the "
+                                 "seconds cap before the steps/samples budget "
+                                 f"(e.g. seed {r['seed']} after {r['steps']} steps, {r['samples']} samples, "
+                                 f"{_g(r['seconds'])} s): the comparison is not at the stated budget; raise "
+                                 "Budget(seconds=...) or lower steps/samples")
     allowed = guardrails.allowed_drop(b_mean) if math.isfinite(b_mean) else 0.0
     if stats.beyond_noise and stats.gain < 0 and -stats.gain > allowed:
-        return verdict(REJECT_QUALITY, f"quality dropped by {_g(-stats.gain)} (> guardrail {_g(allowed)}), beyond seed noise: {numbers}")
+        return verdict(REJECT_QUALITY, f"quality dropped by {_g(-stats.gain)} (> guardrail {_g(allowed)}), beyond "
+                                       f"seed noise: {numbers}")
     limit = guardrails.max_seconds
     if limit is not None and secs_c > limit:
-        return verdict(ESCALATE, f"{_g(secs_c)} s per run exceeds the guardrail's {_g(limit)} s (baseline {_g(secs_b)} s)")
+        return verdict(ESCALATE, f"{_g(secs_c)} s per run exceeds the guardrail's {_g(limit)} s "
+                                 f"(baseline {_g(secs_b)} s)")
     if stats.beyond_noise and stats.gain > 0:
         return verdict(ADOPT, f"better beyond seed noise, inside every guardrail: {numbers}")
     return verdict(INCONCLUSIVE, f"{stats.note}: {numbers}")

@@ -105,7 +105,8 @@ def load_report(report: Any) -> Report:
             try:
                 data = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise FindingsError(f"findings are not JSON ({exc})", "pass the findings.json a tropt report wrote") from None
+                raise FindingsError(f"findings are not JSON ({exc})",
+                                    "pass the findings.json a tropt report wrote") from None
         if not isinstance(data, dict) or not isinstance(data.get("results"), list):
             raise FindingsError("these are not tropt findings (no 'results' list)",
                                 "pass the findings.json that `tropt diagnose` or Report.to_json() wrote")
@@ -133,7 +134,7 @@ def blocking_findings(report: Report) -> list[CheckResult]:
 
 # ---------------------------------------------------------------------------------------------- helpers
 def _get(report: Report, check: str) -> CheckResult | None:
-    return report[check] if check in report else None
+    return report[check] if check in report else None  # noqa: SIM401 - Report has no .get()
 
 
 def _num(m: dict, key: str) -> float | None:
@@ -184,7 +185,8 @@ class WithWeightDecay:
 
     def __init__(self, factory: Any, weight_decay: float) -> None:
         self.factory, self.weight_decay = factory, weight_decay
-        self.__qualname__ = f"{getattr(factory, '__qualname__', type(factory).__name__)} with weight_decay={weight_decay:g}"
+        self.__qualname__ = (f"{getattr(factory, '__qualname__', type(factory).__name__)} "
+                             f"with weight_decay={weight_decay:g}")
 
     def __call__(self, model: torch.nn.Module) -> torch.optim.Optimizer:
         opt = self.factory(model)
@@ -278,7 +280,8 @@ def _from_loss_curve(report: Report, setup: Setup) -> list[Suggestion]:
             out.append(Suggestion(
                 "lower_lr", {"lr": float(f"{lr / 3:.3g}")},
                 f"the loss curve is {what}: a learning rate 3× lower ({lr / 3:.3g} instead of {lr:.3g}) should steady "
-                "it, at the price of slower progress per step", r.check, r.summary, [f"learning rate {lr:.3g} → {lr / 3:.3g}"]))
+                "it, at the price of slower progress per step", r.check, r.summary,
+                [f"learning rate {lr:.3g} → {lr / 3:.3g}"]))
         else:
             out.append(Suggestion(
                 "lower_lr", {}, f"the loss curve is {what}: a learning rate 3× lower should steady it", r.check,
@@ -326,13 +329,14 @@ def _from_batch(report: Report, setup: Setup) -> list[Suggestion]:
     factor = math.sqrt(2) if adaptive else 2.0
     rule = "square-root scaling for an adaptive optimizer" if adaptive else "the linear scaling rule"
     hyp = (f"the step is compute-bound ({thr.metrics.get('samples_per_s', math.nan):.4g} samples/s at batch "
-           f"{bs or '?'}), so a 2× batch should raise samples/s; the LR is scaled ×{factor:.3g} ({rule}). The effective "
-           "batch changes the optimization statistics (gradient noise, steps per epoch), so the quality must be "
-           "compared, not assumed; with a steps budget each run also sees 2× the samples")
+           f"{bs or '?'}), so a 2× batch should raise samples/s; the LR is scaled ×{factor:.3g} ({rule}). The "
+           "effective batch changes the optimization statistics (gradient noise, steps per epoch), so the quality "
+           "must be compared, not assumed; with a steps budget each run also sees 2× the samples")
     words = [f"batch size {bs or '?'} → {2 * bs if bs else '2×'}", f"learning rate ×{factor:.3g}"]
     loader = loader_like(setup.train_data, batch_size=2 * bs) if setup is not None and bs else None
     if loader is None or lr is None:
-        why = "no Setup was given" if setup is None else "the Setup's train_data is not a plain DataLoader tropt can rebuild"
+        why = ("no Setup was given" if setup is None
+               else "the Setup's train_data is not a plain DataLoader tropt can rebuild")
         return [Suggestion("batch_x2", {}, hyp, thr.check, thr.summary, words, False, why, goal="speed")]
     return [Suggestion("batch_x2", {"train_data": loader, "lr": float(f"{lr * factor:.3g}")}, hyp, thr.check,
                        thr.summary, words, goal="speed")]
@@ -341,7 +345,7 @@ def _from_batch(report: Report, setup: Setup) -> list[Suggestion]:
 RULES = (_from_lr_range, _from_loss_curve, _from_precision, _from_throughput, _from_batch)
 
 
-def suggest(report: Any, setup: Setup = None) -> Suggestions:
+def suggest(report: Any, setup: Setup | None = None) -> Suggestions:
     """Candidate interventions derived from the findings, ready for :func:`tropt.compare`.
 
     Parameters

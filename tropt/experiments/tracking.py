@@ -23,7 +23,8 @@ def tracking_uri(tracking: Any) -> str:
     """``"mlflow"`` → ``sqlite:///mlflow.db`` here; a directory → ``sqlite:///<dir>/mlflow.db``; a URI as given."""
     if not isinstance(tracking, (str, os.PathLike)):
         raise TroptError(f"compare: tracking={tracking!r} is not understood",
-                         'pass tracking="mlflow" (sqlite:///mlflow.db here), an MLflow tracking URI, a directory, or None')
+                         'pass tracking="mlflow" (sqlite:///mlflow.db here), an MLflow tracking URI, a directory, '
+                         "or None")
     text = os.fspath(tracking)
     if text == "mlflow":
         return f"sqlite:///{DEFAULT_DB}"
@@ -63,12 +64,14 @@ def log_comparison(comparison: Any, tracking: Any, *, experiment: str = EXPERIME
         name = r["candidate"]
         tags = {"tropt.candidate": name, "tropt.seed": str(r["seed"]), "tropt.status": r["status"],
                 "tropt.stopped_by": r["stopped_by"], "tropt.comparison": meta.get("comparison_id", ""),
-                "tropt.metric": comparison.metric, **{f"tropt.identity.{k}": _str(v) for k, v in identity.items() if v is not None}}
+                "tropt.metric": comparison.metric,
+                **{f"tropt.identity.{k}": _str(v) for k, v in identity.items() if v is not None}}
         if r["reason"]:
             tags["tropt.reason"] = _str(r["reason"])
         run = client.create_run(exp_id, run_name=f"{name}/seed{r['seed']}", tags=tags)
         rid = run.info.run_id
-        params = {"candidate": name, "seed": r["seed"], **{f"override.{k}": v for k, v in overrides.get(name, {}).items()},
+        params = {"candidate": name, "seed": r["seed"],
+                  **{f"override.{k}": v for k, v in overrides.get(name, {}).items()},
                   **{f"budget.{k}": v for k, v in budget.items() if v is not None}, "optimizer": r.get("optimizer", "")}
         now = int(time.time() * 1000)
         scalars = {k: r[k] for k in ("score", "final", "best", "steps", "samples", "seconds", "samples_per_s",
@@ -78,10 +81,12 @@ def log_comparison(comparison: Any, tracking: Any, *, experiment: str = EXPERIME
         metrics = [Metric(k, float(v), now, 0) for k, v in scalars.items()]
         c = r["curves"]
         for key in ("train_loss", "lr"):
-            metrics += [Metric(key, float(v), now, int(s)) for s, v in zip(c.get("step", []), c.get(key, [])) if _finite(v)]
+            metrics += [Metric(key, float(v), now, int(s))
+                        for s, v in zip(c.get("step", []), c.get(key, [])) if _finite(v)]
         for key, values in c.items():
             if key not in ("step", "train_loss", "lr", "eval_step"):
-                metrics += [Metric(f"curve.{key}", float(v), now, int(s)) for s, v in zip(c["eval_step"], values) if _finite(v)]
+                metrics += [Metric(f"curve.{key}", float(v), now, int(s))
+                            for s, v in zip(c["eval_step"], values) if _finite(v)]
         client.log_batch(rid, params=[Param(k, _str(v)) for k, v in params.items()])
         for i in range(0, len(metrics), _BATCH):
             client.log_batch(rid, metrics=metrics[i:i + _BATCH])

@@ -21,7 +21,8 @@ def supported(dist: str, low: str, high: str, extra: str) -> str:
     try:
         found = metadata.version(dist)
     except metadata.PackageNotFoundError as exc:
-        raise MissingDependencyError(f"{dist} is not installed", f'install it with: pip install "tropt[{extra}]"') from exc
+        raise MissingDependencyError(f"{dist} is not installed",
+                                     f'install it with: pip install "tropt[{extra}]"') from exc
     if not (_parse(low) <= _parse(found) < _parse(high)):
         raise SetupError(
             f"{dist} {found} is installed; tropt's {extra} integration supports {dist} >={low},<{high} "
@@ -39,7 +40,8 @@ def api_changed(dist: str, low: str, high: str, what: str, exc: BaseException) -
     return SetupError(
         f"{dist} {found}: {what} is not there as tropt expects ({type(exc).__name__}: {exc}); tropt's integration "
         f"supports {dist} >={low},<{high}",
-        f'install a supported version: pip install "{dist}>={low},<{high}", or report the version at tropt\'s issue tracker')
+        f'install a supported version: pip install "{dist}>={low},<{high}", or report the version at tropt\'s '
+        "issue tracker")
 
 
 def import_from(dist: str, low: str, high: str, module: str, *names: str) -> list[Any]:

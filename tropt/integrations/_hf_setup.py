@@ -75,8 +75,9 @@ def _update_steps(args: Any, batches_per_epoch: int | None) -> int:
     if args.max_steps and args.max_steps > 0:
         return int(args.max_steps)
     if batches_per_epoch is None:
-        raise SetupError("setup_from_trainer: the train dataloader has no length and TrainingArguments.max_steps is not set, "
-                         "so the scheduler's number of training steps is unknown", "set max_steps in TrainingArguments")
+        raise SetupError("setup_from_trainer: the train dataloader has no length and TrainingArguments.max_steps is "
+                         "not set, so the scheduler's number of training steps is unknown",
+                         "set max_steps in TrainingArguments")
     ga = args.gradient_accumulation_steps
     per_epoch = max(batches_per_epoch // ga + int(batches_per_epoch % ga > 0), 1)
     return math.ceil(args.num_train_epochs * per_epoch)
@@ -109,7 +110,8 @@ def _make_step(trainer: Any) -> Any:
             skipped = scaler.get_scale() < before  # accelerate's optimizer_step_was_skipped
         else:
             opt.step()
-        if ctx.scheduler is not None and not skipped and not isinstance(ctx.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        if (ctx.scheduler is not None and not skipped
+                and not isinstance(ctx.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
             ctx.scheduler.step()
         model.zero_grad()
         return total
@@ -170,7 +172,8 @@ def setup_from_trainer(trainer: Any, *, seed: int | None = None) -> Setup:
         raise SetupError(f"setup_from_trainer: got a {type(trainer).__name__}, not a transformers.Trainer",
                          "pass the Trainer you would call .train() on")
     if getattr(trainer, "train_dataset", None) is None:
-        raise SetupError("setup_from_trainer: the Trainer has no train_dataset, so there are no batches to check the step on",
+        raise SetupError("setup_from_trainer: the Trainer has no train_dataset, so there are no batches to check the "
+                         "step on",
                          "build it with Trainer(..., train_dataset=your_dataset)")
     args = trainer.args
     for name in ("get_batch_samples", "training_step", "compute_loss", "create_optimizer", "create_scheduler",

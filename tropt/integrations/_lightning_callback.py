@@ -56,7 +56,8 @@ class TroptCallback(_Callback):
         from ._lightning_setup import HIGH, LOW
 
         # the callback relies on the Callback hooks of these versions
-        supported("lightning" if _Callback.__module__.startswith("lightning.") else "pytorch-lightning", LOW, HIGH, "lightning")
+        supported("lightning" if _Callback.__module__.startswith("lightning.") else "pytorch-lightning", LOW, HIGH,
+                  "lightning")
         self._options = dict(checks=checks, every=every, sample_every=sample_every, stop_on=stop_on, warn=warn,
                              thresholds=thresholds, curve_thresholds=curve_thresholds, budget=budget,
                              logger=logging.getLogger("lightning.pytorch"))

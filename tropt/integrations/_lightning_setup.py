@@ -1,4 +1,5 @@
-"""``setup_from_lightning``: a :class:`tropt.Setup` whose step is Lightning's automatic optimization of the user's module.
+"""``setup_from_lightning``: a :class:`tropt.Setup` whose step is Lightning's automatic optimization of the user's
+module.
 
 The step reproduces what ``Trainer.fit`` does for one optimizer step (Lightning 2.x, ``loops/optimization/automatic.py``
 and the precision plugins), calling the module's own hooks:
@@ -107,8 +108,8 @@ def _call_training_step(model: nn.Module, module: Any, batch: Any, batch_idx: in
 def _loss_of(out: Any, name: str) -> torch.Tensor:
     if out is None:
         raise StepError(
-            f"{name}.training_step returned None for a batch (Lightning skips such a step); tropt needs a loss from every "
-            "batch to compare updates",
+            f"{name}.training_step returned None for a batch (Lightning skips such a step); tropt needs a loss from "
+            "every batch to compare updates",
             "return the loss (a tensor, or a dict with a 'loss' key) from training_step for the batches tropt checks, "
             "or build tropt.Setup yourself with a step that skips explicitly")
     if isinstance(out, torch.Tensor):
@@ -194,10 +195,12 @@ def _make_step(spec: Spec, pass_idx: bool) -> Callable:
                 else:
                     holder: list = []
                     module.optimizer_step(ctx.lightning_epoch, batch_idx, _StepOptimizer(ctx, module, spec),
-                                          lambda: holder.append(closure()) or holder[-1])
+                                          # optimizer_step calls the closure now, within this iteration
+                                          lambda: holder.append(closure()) or holder[-1])  # noqa: B023
                     if not holder:
                         raise StepError(f"{name}.optimizer_step did not run the optimizer closure",
-                                        "call optimizer.step(closure=optimizer_closure) in your optimizer_step override")
+                                        "call optimizer.step(closure=optimizer_closure) in your optimizer_step "
+                                        "override")
                     total += holder[-1]
             _advance_schedule(ctx, module, spec, configs)
         return total
@@ -224,8 +227,8 @@ def _advance_schedule(ctx: Any, module: Any, spec: Spec, configs: list) -> None:
 
 # ------------------------------------------------------------------ data
 def _data(module: Any, datamodule: Any, train: Any, val: Any, pkg: str) -> tuple[Any, Any]:
-    """Train and validation loaders: explicit loaders, else the datamodule's (prepare_data + setup('fit') on a deep copy,
-    as Trainer.fit does, so the user's datamodule keeps its state), else the module's own hooks."""
+    """Train and validation loaders: explicit loaders, else the datamodule's (prepare_data + setup('fit') on a deep
+    copy, as Trainer.fit does, so the user's datamodule keeps its state), else the module's own hooks."""
     import importlib
 
     core = importlib.import_module(pkg)
@@ -238,7 +241,8 @@ def _data(module: Any, datamodule: Any, train: Any, val: Any, pkg: str) -> tuple
             source.setup("fit")
         except Exception as exc:
             raise StepError(f"{name}.prepare_data/setup('fit') raised {type(exc).__name__}: {exc}",
-                            "make the datamodule's setup('fit') work outside a Trainer, or pass train_dataloaders=...") from exc
+                            "make the datamodule's setup('fit') work outside a Trainer, "
+                            "or pass train_dataloaders=...") from exc
     elif train is None and _overrides(module, core.LightningModule, "train_dataloader"):
         source, name = module, type(module).__name__
     if train is None and source is not None:
@@ -252,15 +256,17 @@ def _data(module: Any, datamodule: Any, train: Any, val: Any, pkg: str) -> tuple
                 val = None
     if train is None:
         raise SetupError(
-            "setup_from_lightning: no training data: no train_dataloaders, no datamodule with train_dataloader(), and the "
-            "module defines no train_dataloader()",
+            "setup_from_lightning: no training data: no train_dataloaders, no datamodule with train_dataloader(), and "
+            "the module defines no train_dataloader()",
             "pass datamodule=YourDataModule(...) or train_dataloaders=DataLoader(...)")
     if isinstance(val, (list, tuple)):
         val = val[0] if len(val) == 1 and isinstance(val[0], torch.utils.data.DataLoader) else val
-    if isinstance(train, (list, tuple, dict)) and not isinstance(train, torch.utils.data.Dataset):
-        if not (isinstance(train, (list, tuple)) and train and not isinstance(train[0], torch.utils.data.DataLoader)):
-            raise SetupError("setup_from_lightning: several train dataloaders (a list or dict of DataLoaders) are not supported",
-                             "pass the one DataLoader whose batches training_step receives")
+    if (isinstance(train, (list, tuple, dict)) and not isinstance(train, torch.utils.data.Dataset)
+            and not (isinstance(train, (list, tuple)) and train
+                     and not isinstance(train[0], torch.utils.data.DataLoader))):
+        raise SetupError("setup_from_lightning: several train dataloaders (a list or dict of DataLoaders) are not "
+                         "supported",
+                         "pass the one DataLoader whose batches training_step receives")
     return train, val
 
 
@@ -291,13 +297,15 @@ def _read_kwargs(kwargs: dict[str, Any]) -> tuple[int, float | None, str, str, b
     key = "32" if raw is None else str(raw)
     if key not in _PRECISION:
         raise SetupError(
-            f"setup_from_lightning: precision={raw!r} is not supported; tropt reproduces '32-true', 'bf16-mixed' and '16-mixed'",
-            "check with one of those precisions ('true' half precision casts the weights, which tropt's copies do not do)")
+            f"setup_from_lightning: precision={raw!r} is not supported; tropt reproduces '32-true', 'bf16-mixed' "
+            "and '16-mixed'",
+            "check with one of those precisions ('true' half precision casts the weights, which tropt's copies do "
+            "not do)")
     precision, scaler = _PRECISION[key]
     accelerator = str(kwargs.get("accelerator") or "cpu").lower()
     if accelerator not in ("cpu", "auto", "gpu", "cuda"):
-        raise SetupError(f"setup_from_lightning: accelerator={accelerator!r} is not supported; tropt runs the step on 'cpu' "
-                         "or 'cuda'", "pass trainer_kwargs={'accelerator': 'cpu'} (or 'gpu')")
+        raise SetupError(f"setup_from_lightning: accelerator={accelerator!r} is not supported; tropt runs the step "
+                         "on 'cpu' or 'cuda'", "pass trainer_kwargs={'accelerator': 'cpu'} (or 'gpu')")
     device = "cuda" if accelerator in ("gpu", "cuda") else "cpu"  # "auto" stays on CPU, where every check can run
     max_epochs = kwargs.get("max_epochs")
     max_steps = kwargs.get("max_steps", -1)
@@ -315,7 +323,8 @@ def _check_module(module: Any, pkg: str, dist: str) -> bool:
         raise SetupError(f"setup_from_lightning: {name} does not define training_step, so there is no loss to check",
                          "define training_step(self, batch, batch_idx) returning the loss")
     if not _overrides(module, base, "configure_optimizers"):
-        raise SetupError(f"setup_from_lightning: {name} does not define configure_optimizers, so there is no optimizer to check",
+        raise SetupError(f"setup_from_lightning: {name} does not define configure_optimizers, so there is no "
+                         "optimizer to check",
                          "define configure_optimizers(self) returning an optimizer (and optionally an lr_scheduler)")
     if not module.automatic_optimization:
         raise SetupError(
@@ -326,13 +335,15 @@ def _check_module(module: Any, pkg: str, dist: str) -> bool:
             "loss.backward(), and pass it as tropt.Setup(module, loss_fn, optimizer, data, step=step)")
     (signature_check,) = import_from(dist, LOW, HIGH, f"{pkg}.utilities.signature_utils", "is_param_in_hook_signature")
     if signature_check(module.training_step, "dataloader_iter", explicit=True):
-        raise SetupError(f"setup_from_lightning: {name}.training_step takes a dataloader_iter; tropt hands the step batches",
+        raise SetupError(f"setup_from_lightning: {name}.training_step takes a dataloader_iter; "
+                         "tropt hands the step batches",
                          "use training_step(self, batch, batch_idx)")
     return signature_check(module.training_step, "batch_idx", min_args=2)
 
 
-def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloaders: Any = None, val_dataloaders: Any = None,
-                         trainer_kwargs: dict[str, Any] | None = None, seed: int = 0) -> Setup:
+def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloaders: Any = None,
+                         val_dataloaders: Any = None, trainer_kwargs: dict[str, Any] | None = None,
+                         seed: int = 0) -> Setup:
     """A :class:`tropt.Setup` that checks the module's own training step as ``Trainer.fit`` runs it.
 
     Parameters
@@ -384,7 +395,8 @@ def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloade
     plateau = [c for c in configs if c.reduce_on_plateau]
     if plateau:
         warnings.warn(f"setup_from_lightning: {name}'s ReduceLROnPlateau scheduler steps on a monitored metric "
-                      f"({plateau[0].monitor!r}) that only a Trainer's validation loop produces; the checks run without it",
+                      f"({plateau[0].monitor!r}) that only a Trainer's validation loop produces; the checks run "
+                      "without it",
                       stacklevel=2)
     has_scheduler = len(plateau) < len(configs)
 

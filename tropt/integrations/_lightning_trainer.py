@@ -9,7 +9,7 @@ import contextlib
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -66,7 +66,7 @@ class TrainerStandIn:
     training = True
     sanity_checking = False
     logger = None
-    loggers: list = []
+    loggers: ClassVar[list] = []
     is_global_zero = True
     global_rank = local_rank = node_rank = 0
 

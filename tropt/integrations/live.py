@@ -33,7 +33,8 @@ CHECKS = (GRADIENT_FLOW, LOSS_CURVE)
 KINDS = ("nonfinite", "diverging", "vanishing", "exploding")
 _ALIASES = {"gradient_flow": GRADIENT_FLOW, "gradflow": GRADIENT_FLOW, "loss_curve": LOSS_CURVE, "loss": LOSS_CURVE}
 # model.gradient_flow's problem names -> the live warning kind
-_PROBLEM_KIND = {"non-finite gradient": "nonfinite", "vanishing gradient": "vanishing", "exploding gradient": "exploding"}
+_PROBLEM_KIND = {"non-finite gradient": "nonfinite", "vanishing gradient": "vanishing",
+                 "exploding gradient": "exploding"}
 
 log = logging.getLogger("tropt")
 
@@ -365,7 +366,8 @@ class LiveMonitor:
                                advice=["Log the training loss at more steps (Lightning: self.log('train_loss', loss) "
                                        "every step; Hugging Face: logging_steps=1), or train longer."])
         val = np.asarray(self.val_loss) if self.val_loss else None
-        diag = classify_curve(y, np.asarray(self.train_steps), val, np.asarray(self.val_steps) if val is not None else None,
+        diag = classify_curve(y, np.asarray(self.train_steps), val,
+                              np.asarray(self.val_steps) if val is not None else None,
                               thresholds=self.curve_thresholds)
         return curve_result(diag, extra_metrics={"source": "live"})
 

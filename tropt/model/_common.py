@@ -92,7 +92,10 @@ def input_paths(setup: Setup, model: nn.Module, batch: Any, ctx: Any = None) -> 
     found = set()
     for path, _ in leaves(batch):
         try:
-            zeroed = map_leaves(batch, lambda p, t, path=path: torch.zeros_like(t) if p == path else t)
+            def zero_at(p: Any, t: torch.Tensor, path: Any = path) -> torch.Tensor:
+                return torch.zeros_like(t) if p == path else t
+
+            zeroed = map_leaves(batch, zero_at)
             out = _loss_output(setup, model, zeroed, ctx)
         except Exception:  # noqa: BLE001 - zeroing it broke the forward: the model reads it
             found.add(path)

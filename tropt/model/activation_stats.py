@@ -3,8 +3,8 @@
 Forward hooks on activation modules (ReLU family, GELU, SiLU, sigmoid, tanh, ...) and on Linear/Conv outputs
 record per layer the mean and standard deviation, which units are ever active (rectifiers: positive
 pre-activation), and for sigmoid/tanh the fraction of saturated pre-activations (|x| > 5, where the derivative is
-under 3% of its peak for sigmoid and 0.02% for tanh). Measured at initialisation on a few sampled batches, during a short
-training of a copy (fastai's per-step activation histograms, the "colorful dimension"), and again after it.
+under 3% of its peak for sigmoid and 0.02% for tanh). Measured at initialisation on a few sampled batches, during a
+short training of a copy (fastai's per-step activation histograms, the "colorful dimension"), and again after it.
 Functional activations (``F.relu`` inside ``forward``) have no module to hook: their inputs show up as the
 Linear/Conv outputs.
 """
@@ -12,7 +12,7 @@ Linear/Conv outputs.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 import torch
@@ -55,10 +55,10 @@ class _LayerStats:
 
     def reset(self) -> None:
         self.count = 0
-        self.sum = 0.0
-        self.sumsq = 0.0
+        self.sum: float | torch.Tensor = 0.0  # a tensor once a batch is added (no host sync per batch)
+        self.sumsq: float | torch.Tensor = 0.0
         self.active: torch.Tensor | None = None
-        self.saturated = 0.0
+        self.saturated: float | torch.Tensor = 0.0
         self.elements = 0
 
     def update(self, inp: torch.Tensor | None, out: torch.Tensor, conv_like: bool, record_hist: bool) -> None:
@@ -280,6 +280,8 @@ def check_activation_stats(setup: Setup, *, n_batches: int = 4, steps: int = 20,
         return CheckResult(CHECK, Status.SKIP, "no hooked layer ran in the forward pass", metrics)
     tables = {"layers": stats}
     if hist_layers:
-        tables["hist_ranges"] = pd.DataFrame([{"layer": st.name, "low": st.range[0], "high": st.range[1]}
-                                              for st in hist_layers])
+        # a layer with a histogram has its range (set before its first histogram step)
+        ranges = [cast("tuple[float, float]", st.range) for st in hist_layers]
+        tables["hist_ranges"] = pd.DataFrame([{"layer": st.name, "low": r[0], "high": r[1]}
+                                              for st, r in zip(hist_layers, ranges)])
     return _judge(stats, metrics, tables, series, steps, dead_fail, dead_warn, saturation_warn)

@@ -82,7 +82,8 @@ def _through_shapes(node: Any, first_only: bool = False) -> list:
 
 def _walk(root: Any, limit: int = 400) -> list:
     """Nodes of the graph from ``root`` breadth first (bounded: the loss end of the graph is what matters)."""
-    order, todo, seen = [], [root], set()
+    order: list[Any] = []
+    todo, seen = [root], set()
     while todo and len(order) < limit:
         n = todo.pop(0)
         if n is None or id(n) in seen:
@@ -133,7 +134,8 @@ def source_line(fn: Any, pattern: re.Pattern) -> str | None:
     """``file:line: `code``` of the first line of ``fn``'s source matching ``pattern`` (None when unreadable)."""
     target = fn
     if not (inspect.isfunction(target) or inspect.ismethod(target)):
-        target = getattr(type(fn), "forward", None) or getattr(type(fn), "__call__", None)
+        # fetches the __call__ method to read its source, not a test of callability
+        target = getattr(type(fn), "forward", None) or getattr(type(fn), "__call__", None)  # noqa: B004
     try:
         lines, start = inspect.getsourcelines(target)
         path = inspect.getsourcefile(target) or "?"
@@ -212,7 +214,7 @@ def _squash_finding(setup: Setup, model: nn.Module, out: torch.Tensor | None, sq
                "binary_cross_entropy_with_logits": "applies the sigmoid itself and expects raw logits"}[loss_name]
     if in_model:
         site = _model_squash_site(model, node, what, seen)
-        line = site
+        line: str | None = site
         summary = (f"{what} is applied before {loss_name}, which {expects}: the {what} sits in {site}, so the model's "
                    f"outputs are bounded probabilities and the loss can barely fall")
         advice = (f"Remove the {what} from {site} and return raw logits (apply {what} only when you need "
@@ -274,7 +276,8 @@ def _broadcast_shapes(loss: torch.Tensor, out: torch.Tensor | None, batch: Any) 
     return None
 
 
-def _broadcast(setup: Setup, loss: torch.Tensor, out: torch.Tensor | None, batch: Any, caught: list) -> LossFinding | None:
+def _broadcast(setup: Setup, loss: torch.Tensor, out: torch.Tensor | None, batch: Any,
+               caught: list) -> LossFinding | None:
     """A regression loss whose output and target shapes differ and broadcast (PyTorch's warning, or the value)."""
     message = next((w for w in caught if issubclass(w.category, UserWarning) and "target size" in str(w.message)
                     and "input size" in str(w.message)), None)
@@ -288,7 +291,9 @@ def _broadcast(setup: Setup, loss: torch.Tensor, out: torch.Tensor | None, batch
                 f"broadcast to {sb}, so every prediction is scored against every target")
     else:
         name, so, sy = "regression", None, None
-        what = f"the loss broadcasts the output against a target of another shape (PyTorch: {str(message.message).split('.')[0]})"
+        assert message is not None  # both None returned above
+        what = ("the loss broadcasts the output against a target of another shape "
+                f"(PyTorch: {str(message.message).split('.')[0]})")
     line = None
     if message is not None and not os.path.abspath(message.filename).startswith(os.path.dirname(torch.__file__)):
         try:
@@ -302,5 +307,6 @@ def _broadcast(setup: Setup, loss: torch.Tensor, out: torch.Tensor | None, batch
     at = f" ({line})" if line else ""
     fix = (f"squeeze the output to {sy} (out.squeeze(-1)) or reshape the target to {so} (y.view_as(out))"
            if so is not None else "make the output and the target the same shape (out.squeeze(-1) or y.view_as(out))")
-    return LossFinding("broadcast", what, f"In loss_fn{at}, {fix} so the loss compares each prediction with its own target.",
+    return LossFinding("broadcast", what,
+                       f"In loss_fn{at}, {fix} so the loss compares each prediction with its own target.",
                        "loss_fn", line, {"loss": name, "output_shape": str(so), "target_shape": str(sy)})

@@ -60,7 +60,8 @@ def _replace(out: Any, new: torch.Tensor) -> Any:
         return out
     if isinstance(out, Mapping):
         out = dict(out)
-        key = "logits" if isinstance(out.get("logits"), torch.Tensor) else next(k for k, v in out.items() if isinstance(v, torch.Tensor))
+        key = ("logits" if isinstance(out.get("logits"), torch.Tensor)
+               else next(k for k, v in out.items() if isinstance(v, torch.Tensor)))
         out[key] = new
         return out
     if isinstance(out, (list, tuple)):
@@ -68,7 +69,8 @@ def _replace(out: Any, new: torch.Tensor) -> Any:
         i = next(i for i, v in enumerate(items) if isinstance(v, torch.Tensor))
         items[i] = new
         return type(out)(items) if not hasattr(out, "_fields") else type(out)(*items)
-    raise TroptError(f"{CHECK}: the model returns a {type(out).__name__} with no prediction tensor", "return a tensor, .logits or a dict")
+    raise TroptError(f"{CHECK}: the model returns a {type(out).__name__} with no prediction tensor",
+                     "return a tensor, .logits or a dict")
 
 
 class TrivialPredictor(nn.Module):
@@ -95,10 +97,12 @@ class TrivialPredictor(nn.Module):
         out = self.inner(*args, **kwargs)
         pred = output_tensor(out)
         if pred is None:
-            raise TroptError(f"{CHECK}: the model's output holds no tensor", "return a tensor, .logits or a dict of tensors")
+            raise TroptError(f"{CHECK}: the model's output holds no tensor",
+                             "return a tensor, .logits or a dict of tensors")
         return _replace(out, self._trivial_output(pred.detach(), args, kwargs))
 
-    def _trivial_output(self, pred: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:  # pragma: no cover - abstract
+    def _trivial_output(self, pred: torch.Tensor, args: tuple,  # pragma: no cover - abstract
+                        kwargs: dict) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -187,7 +191,8 @@ class PerfectPredictor(TrivialPredictor):
 # ---------------------------------------------------------------------------------------------- reading the split
 def _read_targets(setup: Setup, model: nn.Module) -> tuple[Objective | None, torch.Tensor | None, dict, str]:
     """One pass of the validation data through ``loss_fn``: the objective, every target, and input-row -> target."""
-    objective, targets, lookup, why = None, [], {}, ""
+    objective, targets, why = None, [], ""
+    lookup: dict[Any, Any] | None = {}
     seen: list = []
 
     def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -203,7 +208,8 @@ def _read_targets(setup: Setup, model: nn.Module) -> tuple[Objective | None, tor
             if objective is None:
                 objective = identify_objective(loss, cap.output, batch, setup.num_classes)
                 if objective is None:
-                    return None, None, {}, ("the loss on a validation batch is not cross entropy, NLL, binary cross entropy, "
+                    return None, None, {}, ("the loss on a validation batch is not cross entropy, NLL, "
+                                            "binary cross entropy, "
                                             "MSE or L1 of the model's output against a tensor of the batch")
             y = get_leaf(batch, objective.target_path).detach().cpu()
             targets.append(y)
@@ -347,6 +353,7 @@ def _judge(metric: Any, table: pd.DataFrame, metrics: dict[str, Any], objective:
                if perfect is not None else table.iloc[:0])
     close = trivial[trivial["relative_gap_to_perfect"] <= margin] if len(trivial) else trivial
     if len(close):
+        assert perfect is not None  # trivial (hence close) is empty without a perfect score
         worst = close.sort_values("relative_gap_to_perfect").iloc[0]
         summary = (f"{worst['description']} already scores {fmt(float(worst['score']))} with {metric.name} (perfect "
                    f"{fmt(perfect)}, from {basis}): the metric barely separates a useful model from a trivial one")

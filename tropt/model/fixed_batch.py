@@ -67,7 +67,7 @@ def _train_ctx(ctx: Any, setup: Setup, batch: Any, objective: Any, steps: int, t
     handle = ctx.optimizer.register_step_pre_hook(pre_hook) if ctx.optimizer is not None else None
     hand_updates = [0]
     losses, accs = [], []
-    loss0, acc0, out0 = _evaluate(setup, ctx, batch, objective)
+    loss0, acc0, _out0 = _evaluate(setup, ctx, batch, objective)
     losses.append(loss0)
     accs.append(acc0)
     nonfinite_at = None if math.isfinite(loss0) else 0
@@ -85,8 +85,9 @@ def _train_ctx(ctx: Any, setup: Setup, batch: Any, objective: Any, steps: int, t
             setup.run_step(ctx, micro)
             _forget_batch_state(ctx)
             if watch and opt_steps[0] == seen:
+                assert before is not None  # copied whenever watch is set
                 _hand_update(params, before, got_grad, hand_updates)
-            loss, acc, out = _evaluate(setup, ctx, batch, objective)
+            loss, acc, _out = _evaluate(setup, ctx, batch, objective)
             losses.append(loss)
             accs.append(acc)
             if callback is not None:

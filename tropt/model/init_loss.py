@@ -32,6 +32,7 @@ CHECK = "model.init_loss"
 
 def _expected(kind: str, num_classes: int | None, targets: torch.Tensor) -> tuple[float, str]:
     if kind in ("cross_entropy", "nll"):
+        assert num_classes is not None  # identify_objective gives these kinds their class count
         return math.log(num_classes), f"ln C = ln {num_classes}"
     if kind in ("bce_logits", "bce"):
         return math.log(2.0), "ln 2"

@@ -28,7 +28,8 @@ one pass); for other optimizers it is ``||p_after - p_before||`` from a copy of 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -45,7 +46,8 @@ FIELDS = ("grad_norm", "param_norm", "update_norm", "nonzero", "nonfinite", "gra
 
 # Same-width integer dtypes: counting non-zero bit patterns is branch-free, while count_nonzero on CPU floats slows
 # down about 20x on sparse gradients (ReLU, embeddings) from branch misprediction.
-_INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+_INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+             torch.bfloat16: torch.int16}
 
 
 def _count_nonzero(g: torch.Tensor) -> torch.Tensor:
@@ -101,13 +103,16 @@ class GradientMonitor:
             raise TroptError(f"GradientMonitor: model is a {type(model).__name__}, expected a torch.nn.Module",
                              "pass the model you train: GradientMonitor(model)")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise TroptError(f"GradientMonitor: every={every!r}; it must be an integer >= 1", "use every=1 to record each step")
+            raise TroptError(f"GradientMonitor: every={every!r}; it must be an integer >= 1",
+                             "use every=1 to record each step")
         if isinstance(full_every, bool) or not isinstance(full_every, int) or full_every < 1:
             raise TroptError(f"GradientMonitor: full_every={full_every!r}; it must be an integer >= 1",
                              "use full_every=1 to measure every statistic at every recorded step")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TroptError(f"GradientMonitor: optimizer is a {type(optimizer).__name__}, expected a torch.optim.Optimizer",
-                             "pass the optimizer, or leave it out to watch any optimizer holding the model's parameters")
+            raise TroptError(f"GradientMonitor: optimizer is a {type(optimizer).__name__}, "
+                             "expected a torch.optim.Optimizer",
+                             "pass the optimizer, "
+                             "or leave it out to watch any optimizer holding the model's parameters")
         self.model = model
         self.every = every
         self.optimizer = optimizer
@@ -135,7 +140,8 @@ class GradientMonitor:
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> GradientMonitor:
         if self._active:
-            raise TroptError("GradientMonitor is already active", "enter it once: with GradientMonitor(model) as mon: ...")
+            raise TroptError("GradientMonitor is already active",
+                             "enter it once: with GradientMonitor(model) as mon: ...")
         named = [(n, p) for n, p in self.model.named_parameters()]
         if not named:
             raise TroptError("GradientMonitor: the model has no parameters, so there are no gradients to watch",
@@ -143,7 +149,7 @@ class GradientMonitor:
         self.frozen = [n for n, p in named if not p.requires_grad]
         watched = [(n, p) for n, p in named if p.requires_grad]
         self.names = [n for n, _ in watched]
-        self._params = [p for _, p in watched]
+        self._params: list[torch.Tensor] = [p for _, p in watched]
         self._pid = {id(p): i for i, p in enumerate(self._params)}
         self._numel = torch.tensor([p.numel() for p in self._params], dtype=torch.float64)
         self.grad_seen = np.zeros(len(self._params), dtype=np.int64)
@@ -162,7 +168,7 @@ class GradientMonitor:
         self._device = device if len(self._devices) == 1 else torch.device("cpu")
         self._data = torch.full((self._capacity, len(self._params), len(FIELDS)), float("nan"),
                                 dtype=torch.float32, device=self._device)
-        self._prev: dict[int, torch.Tensor] = {}  # parameter index -> its value before the step (update norms)
+        self._prev = {}  # parameter index -> its value before the step (update norms)
         self._pending: tuple[int, list[int], list, bool] | None = None
         self._layouts: dict[int, tuple] = {}
         self._depth: dict[int, int] = {}  # optimizer id -> step() calls in progress
@@ -248,8 +254,9 @@ class GradientMonitor:
             return
         self._record_grads(step, idx, optimizer)
 
-    def _count(self, kind: str, idx: list[int] | tuple[int, ...], times: int = 1) -> None:
-        """Add ``times`` passes over the memory of parameters ``idx`` (a fraction of all watched ones) to :attr:`passes`."""
+    def _count(self, kind: str, idx: Sequence[int], times: int = 1) -> None:
+        """Add ``times`` passes over the memory of parameters ``idx`` (a fraction of all watched ones) to
+        :attr:`passes`."""
         key = tuple(idx)
         frac = self._frac_cache.get(key)
         if frac is None:
@@ -257,8 +264,10 @@ class GradientMonitor:
         self.passes[kind] += times * frac
 
     def _record_grads(self, step: int, opt_idx: list[int], optimizer: torch.optim.Optimizer | None = None) -> None:
+        assert self._data is not None  # allocated by __enter__, which registers the hooks that call this
         if self._rows == self._data.shape[0]:
-            grown = torch.full((2 * self._rows, *self._data.shape[1:]), float("nan"), dtype=self._data.dtype, device=self._device)
+            grown = torch.full((2 * self._rows, *self._data.shape[1:]), float("nan"), dtype=self._data.dtype,
+                               device=self._device)
             grown[: self._rows] = self._data
             self._data = grown
         row = self._data[self._rows]
@@ -266,7 +275,7 @@ class GradientMonitor:
         have = [i for i, p in enumerate(self._params) if p.grad is not None]
         self.grad_seen[have] += 1
         if have:
-            grads = [self._params[i].grad for i in have]
+            grads = cast("list[torch.Tensor]", [self._params[i].grad for i in have])  # `have`: only those with a .grad
             # With every parameter holding a gradient (the usual case) the row's columns are written directly.
             idx = None if len(have) == len(self._params) else self._index(tuple(have))
 
@@ -327,6 +336,7 @@ class GradientMonitor:
             return
         row_i, copy_idx, rules, full = self._pending
         self._pending = None
+        assert self._data is not None  # a pending row was written by _record_grads
         row = self._data[row_i]
         with torch.no_grad():
             if full:
@@ -373,12 +383,14 @@ class GradientMonitor:
         Gradient norms at each recorded step, parameter norms on ``full_every`` rows; the update is not measured.
         """
         if not self._active:
-            raise TroptError("GradientMonitor.record() called outside the monitor", "use it inside: with GradientMonitor(model) as mon: ...")
+            raise TroptError("GradientMonitor.record() called outside the monitor",
+                             "use it inside: with GradientMonitor(model) as mon: ...")
         step = self.steps_seen
         self.steps_seen += 1
         if step % self.every:
             return
         self._record_grads(step, [])
+        assert self._pending is not None and self._data is not None  # _record_grads always sets both
         row_i, _, _, full = self._pending
         self._pending = None
         if full:
@@ -393,7 +405,7 @@ class GradientMonitor:
         n = max(1, self._rows)
         return {k: v / n for k, v in self.passes.items()}
 
-    def _stack(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+    def _stack(self, tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
         out = torch.stack([t.to(self._device) for t in tensors]) if len(self._devices) > 1 else torch.stack(tensors)
         return out.float()
 
@@ -488,4 +500,5 @@ class GradientMonitor:
 
     def __repr__(self) -> str:
         state = "active" if self._active else "closed"
-        return f"<GradientMonitor {state}: {len(self.names)} parameters, {self._rows} recorded steps of {self.steps_seen}>"
+        return (f"<GradientMonitor {state}: {len(self.names)} parameters, "
+                f"{self._rows} recorded steps of {self.steps_seen}>")

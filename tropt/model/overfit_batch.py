@@ -291,7 +291,7 @@ def _named_cause(c: _Case) -> CheckResult | None:
     return c.fail(f"the loss falls only to {fmt(final)} ({final / start:.0%} of its start) in {c.ran} steps: "
                   f"{offset[1]}",
                   [f"Standardise the target (subtract its mean, divide by its std) or set the bias of the last layer "
-                   f"to its mean ({fmt(c.metrics['target_mean'])}); then rerun."] + c.scale_notes)
+                   f"to its mean ({fmt(c.metrics['target_mean'])}); then rerun.", *c.scale_notes])
 
 
 def _not_memorised(c: _Case) -> CheckResult:
@@ -305,7 +305,8 @@ def _not_memorised(c: _Case) -> CheckResult:
     if base_final > 0 and final >= ratio * base_final and math.isfinite(base_final) and decided:
         return c.fail(f"the model ignores its input: after {c.ran} steps its loss {fmt(final)} does not beat "
                       f"the {fmt(base_final)} of the same model trained on zeroed inputs",
-                      notes + [
+                      [
+                          *notes,
                           "Check that the forward pass uses its input (no torch.zeros_like/detached or overwritten "
                           "input, no constant output path), and that inputs and labels are paired correctly.",
                           "If it does, the input's signal is lost on the way: look for dead units "
@@ -320,12 +321,12 @@ def _not_memorised(c: _Case) -> CheckResult:
             "smoothing, regularisation terms) cannot be told",
             c.metrics, c.tables, ["If the loss has no such floor, raise the learning rate or the steps and rerun; to "
                                   "let tropt judge memorisation, compute the plain loss in loss_fn (e.g. without "
-                                  "label smoothing)."] + notes, c.series)
+                                  "label smoothing).", *notes], c.series)
     if _plateaued(losses):
         return c.fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start) and stops "
                       f"improving before memorising {n} samples"
                       + (f" (train accuracy {_acc(acc)})" if acc is not None else ""),
-                      notes + ["Check for a bounded output (sigmoid/softmax/tanh before the loss), a too-small "
+                      [*notes, "Check for a bounded output (sigmoid/softmax/tanh before the loss), a too-small "
                                "model, or labels the inputs cannot determine; then raise the learning rate."])
     steps = c.opts.steps
     return CheckResult(
@@ -333,7 +334,7 @@ def _not_memorised(c: _Case) -> CheckResult:
         f"the loss is still falling but did not memorise a batch of {n} within {steps} steps: "
         f"{fmt(start)} -> {fmt(final)} ({final / start:.0%} of its start)"
         + (f", train accuracy {_acc(acc)}" if acc is not None else ""),
-        c.metrics, c.tables, notes + [f"Raise the learning rate or the number of steps (steps={steps * 2}) and "
+        c.metrics, c.tables, [*notes, f"Raise the learning rate or the number of steps (steps={steps * 2}) and "
                                       "rerun; a model that can learn memorises a few dozen samples quickly."],
         c.series)
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from .memory import check_memory
-from .precision import check_precision, support
+from .precision import check_precision
 from .throughput import check_throughput
 
-__all__ = ["check_memory", "check_precision", "check_throughput", "support"]
+__all__ = ["check_memory", "check_precision", "check_throughput"]

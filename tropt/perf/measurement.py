@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -140,7 +140,7 @@ def measure(setup: Setup, growth_steps: int, bf16: bool, progress: bool) -> Meas
     """Run the Setup's step on a copy under the meter: ``growth_steps`` steps, one at half the batch, one in bf16."""
     from tqdm.auto import tqdm
 
-    device = setup.device
+    device = cast(torch.device, setup.device)  # Setup.__post_init__ makes it a torch.device
     meter: Meter = CudaMeter(device) if device.type == "cuda" else ProfilerMeter()
     k = setup.accumulation_steps
     batches = list(setup.batches(growth_steps))

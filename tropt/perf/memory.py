@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -80,7 +80,8 @@ def _mib(x: float) -> str:
 
 @register(CHECK_ID, title="Memory of one step and the strategy that fits",
           description="Measure one optimizer step's peak (parameters, gradients, optimizer state, activations, "
-                      "remainder), its growth over 10 steps, and which precision/checkpointing/sharding fits the limit.",
+                      "remainder), its growth over 10 steps, "
+                      "and which precision/checkpointing/sharding fits the limit.",
           budgets={'quick': {'growth_steps': 4}, 'thorough': {'growth_steps': 20}},
           plot="tropt.plots.perf")
 def check_memory(
@@ -122,7 +123,7 @@ def check_memory(
     """
     from ..snapshot import preserved
 
-    device = setup.device
+    device = cast(torch.device, setup.device)  # Setup.__post_init__ makes it a torch.device
     limit, limit_from = _limit_bytes(memory_limit, device)
     _check_options(growth_steps, headroom, growth_threshold, held_threshold)
     skipped = _model_parallel_skip(setup)

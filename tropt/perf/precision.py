@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -78,7 +78,7 @@ def _measure(setup: Setup, order: list[str], steps: int, warmup: int, seed: int,
     source = list(setup.batches(warmup + steps, seed=seed))
     first = max(1, warmup)  # at least one step alone: the peak memory of each run
     for p in order:
-        ok, why = support(p, setup.device)
+        ok, why = support(p, cast(torch.device, setup.device))  # Setup.__post_init__ makes it a torch.device
         if not ok:
             reasons[p] = why
             continue
@@ -142,7 +142,8 @@ def choose(times: dict[str, np.ndarray], stable: dict[str, bool], current: str,
 
 
 @register(CHECK_ID, title="Precision: speed, memory and stability",
-          description="Run the same steps in fp32, bf16 (and fp16/TF32 on CUDA); recommend the fastest inside a stability guardrail.",
+          description="Run the same steps in fp32, bf16 (and fp16/TF32 on CUDA); "
+                      "recommend the fastest inside a stability guardrail.",
           budgets={'quick': {'warmup': 1, 'steps': 6}, 'thorough': {'warmup': 5, 'steps': 50}},
           plot="tropt.plots.perf")
 def check_precision(
@@ -197,7 +198,7 @@ def check_precision(
                     max_doublings, memory_budget_mb)
     _check_options(opts)
     setup.validate()
-    device = setup.device
+    device = cast(torch.device, setup.device)  # Setup.__post_init__ makes it a torch.device
     order = ["fp32"] + [p for p in PRECISIONS if p in precisions and p != "fp32"]
     machine = machine_load()  # before the runs: the load other processes put on the cores
     with preserved(setup.model):
@@ -361,7 +362,7 @@ def _verdict(table: pd.DataFrame, decision: dict[str, Any], setup: Setup, reason
     status = Status.PASS
     if cur.empty:
         status = Status.WARN
-        advice.append(_not_measured_advice(current, recommended, reasons, setup.device))
+        advice.append(_not_measured_advice(current, recommended, reasons, cast(torch.device, setup.device)))
     else:
         c = cur.iloc[0]
         if verdict == "unstable":

@@ -11,7 +11,7 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -83,7 +83,7 @@ class PrecisionRun:
         self.precision, self.source, self.clock = precision, source, clock
         amp = "fp32" if precision == "tf32" else precision
         self.setup = setup.replace(precision=amp, use_scaler=amp == "fp16")
-        self.device = setup.device
+        self.device = cast(torch.device, setup.device)  # Setup.__post_init__ makes it a torch.device
         self.cuda = self.device.type == "cuda"
         base = torch.cuda.memory_allocated(self.device) if self.cuda else 0
         if self.cuda:
@@ -183,7 +183,7 @@ def batch_search(setup: Setup, precision: str, seed: int, max_doublings: int, me
             rows.append({"batch_size": setup.size(batches[0]), "step_ms": math.nan, "samples_per_s": math.nan,
                          "memory_mb": math.nan,
                          "stopped": "out of memory" if is_oom(exc) else f"{type(exc).__name__}: {exc}"})
-            if setup.device.type == "cuda":
+            if cast(torch.device, setup.device).type == "cuda":  # Setup.__post_init__ makes it a torch.device
                 torch.cuda.empty_cache()
             break
         step = float(np.median(r["times"]))

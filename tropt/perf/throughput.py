@@ -10,7 +10,7 @@ import resource
 import sys
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -175,7 +175,8 @@ def profile_ops(setup: Setup, ctx: Any, batches: list, top: int = 15) -> pd.Data
 
 
 @register(CHECK_ID, title="Step time, data wait and memory",
-          description="Time steady-state steps on a copy: data wait vs compute, samples/s, peak memory, top profiler operators.",
+          description="Time steady-state steps on a copy: data wait vs compute, samples/s, peak memory, "
+                      "top profiler operators.",
           budgets={'quick': {'warmup': 2, 'steps': 8, 'profile_steps': 1}, 'thorough': {'warmup': 10, 'steps': 100}},
           plot="tropt.plots.perf")
 def check_throughput(
@@ -222,7 +223,7 @@ def check_throughput(
 
     _check_counts(warmup, steps, profile_steps)
     setup.validate()
-    device = setup.device
+    device = cast(torch.device, setup.device)  # Setup.__post_init__ makes it a torch.device
     cuda = device.type == "cuda"
     machine = machine_load()  # before the steps: the load other processes put on the cores
     probe = None
@@ -283,7 +284,7 @@ def _timed_steps(setup: Setup, ctx: Any, it: Iterator, warmup: int, total: int,
     the waits, step times and batch sizes of the steps after ``warmup``, and the last step's micro-batches."""
     from ..core.stepping import sync
 
-    device = setup.device
+    device = cast(torch.device, setup.device)  # Setup.__post_init__ makes it a torch.device
     waits, computes, sizes = [], [], []
     micro = None
     for i in range(total):
@@ -346,7 +347,7 @@ def _metrics(wait: np.ndarray, comp: np.ndarray, sizes: list[int], warmup: int, 
 def _result(setup: Setup, metrics: dict[str, Any], tables: dict[str, pd.DataFrame], series: dict[str, np.ndarray],
             verdict: dict[str, Any], over: list[str], machine: dict[str, Any], data_threshold: float) -> CheckResult:
     """The summary and the advice: WARN when waiting for data limits the step beyond noise."""
-    device = setup.device
+    device = cast(torch.device, setup.device)  # Setup.__post_init__ makes it a torch.device
     mem = (f"peak GPU memory {metrics['peak_allocated_mb']:.0f} MiB" if device.type == "cuda"
            else f"RSS {metrics['rss_mb']:.0f} MiB")
     summary = (f"{metrics['step_ms']:.3g} ms/step ({metrics['step_ms_min']:.3g}-{metrics['step_ms_max']:.3g} over "

@@ -77,7 +77,8 @@ def plot_series(result: Any, ax: Any = None) -> Any:
     series = {k: np.asarray(v, dtype=float) for k, v in result.series.items()}
     series = {k: v for k, v in series.items() if v.ndim == 1 and v.size}
     if not series:
-        raise TroptError(f"{result.check} has nothing to plot (no series)", "look at result.tables and result.metrics instead")
+        raise TroptError(f"{result.check} has nothing to plot (no series)",
+                         "look at result.tables and result.metrics instead")
     ax = new_axes(ax)
     for name, values in series.items():
         ax.plot(np.arange(len(values)), values, label=plain(name))

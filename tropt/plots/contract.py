@@ -15,7 +15,8 @@ _VERDICT = {"fail": _COLOURS["fail"], "warn": _COLOURS["warn"], "ok": _COLOURS["
 def _need(result: Any, table: str) -> Any:
     df = result.tables.get(table)
     if df is None or df.empty:
-        raise TroptError(f"{result.check} has no {table} table to plot", "look at result.summary and result.metrics instead")
+        raise TroptError(f"{result.check} has no {table} table to plot",
+                         "look at result.summary and result.metrics instead")
     return df
 
 
@@ -24,7 +25,8 @@ def plot_sampling(result: Any, ax: Any = None) -> Any:
     """The class entropy of each batch read, against what shuffled batches of the same data would have."""
     got = np.asarray(result.series.get("batch_entropy", []), dtype=float)
     if got.size == 0:
-        raise TroptError("data.sampling has no per-batch class entropy to plot (labels not found)", "look at result.summary instead")
+        raise TroptError("data.sampling has no per-batch class entropy to plot (labels not found)",
+                         "look at result.summary instead")
     expected = np.asarray(result.series.get("shuffled_entropy", np.full_like(got, np.nan)), dtype=float)
     ax = new_axes(ax)
     x = np.arange(len(got))
@@ -86,8 +88,10 @@ def plot_train_mode(result: Any, ax: Any = None) -> Any:
     ax = new_axes(ax, figsize=(6, max(2.4, 0.3 * len(df) + 1.5)))
     ax.imshow(grid, cmap=ListedColormap(["#1a7f37", "#9a6700", "#d0d7de"]), vmin=0, vmax=2, aspect="auto")
     for (i, j), v in np.ndenumerate(grid):
-        ax.text(j, i, ["train", "eval", "-"][v], ha="center", va="center", fontsize=8, color="white" if v < 2 else "black")
-    labels = [f"{m} ({t})" + (" !" if verdict == "eval while training" else "") for m, t, verdict in zip(df["module"], df["type"], df["verdict"])]
+        ax.text(j, i, ["train", "eval", "-"][v], ha="center", va="center", fontsize=8,
+                color="white" if v < 2 else "black")
+    labels = [f"{m} ({t})" + (" !" if verdict == "eval while training" else "")
+              for m, t, verdict in zip(df["module"], df["type"], df["verdict"])]
     ax.set_yticks(np.arange(len(df)), labels)
     ax.set_xticks(np.arange(len(cols)), [c.replace("_", " ") for c in cols])
     ax.tick_params(axis="y", labelsize=8)

@@ -55,7 +55,8 @@ def lr_range_ylim(curves: list[np.ndarray]) -> tuple[float, float] | None:
     if not any(f.size for f in finite):
         return None
     low = float(min(f.min() for f in finite if f.size))
-    high = float(max(s.max() for s in starts if s.size)) if any(s.size for s in starts) else float(max(f.max() for f in finite if f.size))
+    high = (float(max(s.max() for s in starts if s.size)) if any(s.size for s in starts)
+            else float(max(f.max() for f in finite if f.size)))
     span = max(high - low, 1e-12 * max(abs(high), 1.0))
     return low - 0.1 * span, high + 0.35 * span
 

@@ -52,7 +52,8 @@ def plot_curves(comparison: Any, metric: str | None = None, ax: Any = None) -> A
             ax.fill_between(x, lo, hi, color=colour, alpha=0.2, lw=0)
         drawn += 1
     if not drawn:
-        raise TroptError(f"no run has a {key!r} curve to plot", f"use one of the curve names: {_curve_names(comparison)}")
+        raise TroptError(f"no run has a {key!r} curve to plot",
+                         f"use one of the curve names: {_curve_names(comparison)}")
     finite = [v for line in ax.lines for v in np.asarray(line.get_ydata(), float) if math.isfinite(v)]
     if finite and min(finite) > 0 and max(finite) / min(finite) > 50:
         ax.set_yscale("log")
@@ -98,7 +99,8 @@ def plot_tradeoff(comparison: Any, ax: Any = None) -> Any:
     ax.scatter(x[ok], y[ok], c=[c for c, k in zip(colours, ok) if k], s=50, zorder=3)
     for name, xi, yi, v, k in zip(frame.index, x, y, frame["verdict"], ok):
         if k:
-            ax.annotate(name if v == "baseline" else f"{name}\n{v}", (xi, yi), fontsize=7, xytext=(4, 4), textcoords="offset points")
+            ax.annotate(name if v == "baseline" else f"{name}\n{v}", (xi, yi), fontsize=7, xytext=(4, 4),
+                        textcoords="offset points")
     idx = np.flatnonzero(ok)
     if idx.size:
         front = idx[pareto_front(x[ok], y[ok], comparison.higher_is_better)]

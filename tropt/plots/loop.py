@@ -17,7 +17,8 @@ def plot_parameter_errors(result: Any, ax: Any = None, max_bars: int = 25) -> An
     if name is None:
         from ..errors import TroptError
 
-        raise TroptError(f"{result.check} carries no per-parameter table to plot", "this result was not computed by a loop check")
+        raise TroptError(f"{result.check} carries no per-parameter table to plot",
+                         "this result was not computed by a loop check")
     df = result.tables[name].head(max_bars).iloc[::-1]
     floor = 1e-12
     ax = new_axes(ax, figsize=(7, max(2.8, 0.3 * len(df) + 1.5)))
@@ -69,8 +70,8 @@ def plot_lr_sequences(result: Any, ax: Any = None) -> Any:
     if longest == 1:  # one step each: say what the dots are
         for name, values in result.series.items():
             v = float(np.asarray(values, dtype=float).reshape(-1)[0])
-            ax.annotate(f"{plain(name).replace('lr_k', 'K = ')}: {v:.3g}", (1, v), xytext=(8, -12 if "k1" in name else 4),
-                        textcoords="offset points", fontsize=8)
+            ax.annotate(f"{plain(name).replace('lr_k', 'K = ')}: {v:.3g}", (1, v),
+                        xytext=(8, -12 if "k1" in name else 4), textcoords="offset points", fontsize=8)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("learning rate (group 0)")
     ax.legend(fontsize=8)

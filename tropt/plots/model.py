@@ -39,7 +39,8 @@ def plot_init_loss(result: Any, ax: Any = None) -> Any:
 def plot_overfit_batch(result: Any, ax: Any = None) -> Any:
     """Loss on the fixed batch over steps, with the zeroed-input baseline (log scale)."""
     ax = new_axes(ax)
-    for key, label, colour in (("loss", "model on the batch", "#0969da"), ("baseline_loss", "zeroed inputs (baseline)", "#8c959f")):
+    for key, label, colour in (("loss", "model on the batch", "#0969da"),
+                               ("baseline_loss", "zeroed inputs (baseline)", "#8c959f")):
         if key in result.series:
             y = np.asarray(result.series[key], dtype=float)
             ax.plot(np.arange(len(y)), np.where(y > 0, y, np.nan), label=label, color=colour)
@@ -65,7 +66,8 @@ def plot_gradient_bars(result: Any, ax: Any = None) -> Any:
     mean = (layers["grad_abs_mean"] if has_abs else layers["grad_rms_mean"]).to_numpy(dtype=float)
     top = (layers["grad_abs_max"] if has_abs else layers["grad_rms_max"]).to_numpy(dtype=float)
     floor = np.nanmin(np.concatenate([mean[mean > 0], top[top > 0], [1e-12]])) / 10
-    ax.bar(x, np.where(top > 0, top, floor), color="#54aeff", alpha=0.6, label="max |grad|" if has_abs else "max RMS grad")
+    ax.bar(x, np.where(top > 0, top, floor), color="#54aeff", alpha=0.6,
+           label="max |grad|" if has_abs else "max RMS grad")
     ax.bar(x, np.where(mean > 0, mean, floor), color="#0550ae", label="mean |grad|" if has_abs else "mean RMS grad")
     problems = result.tables.get("problems")
     bad = set(problems["name"]) if problems is not None else set()
@@ -130,7 +132,7 @@ def plot_gradient_flow(result: Any, ax: Any = None) -> Any:
         return plot_gradient_bars(result, ax)
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 1, figsize=(9, 10), layout="constrained")
+    _fig, axes = plt.subplots(3, 1, figsize=(9, 10), layout="constrained")
     plot_gradient_bars(result, axes[0])
     try:
         plot_gradient_heatmap(result, axes[1])
@@ -164,7 +166,8 @@ def plot_activation_histogram(result: Any, ax: Any = None, layer: str | None = N
     row = ranges[ranges["layer"] == layer] if ranges is not None else None
     if row is not None and len(row):
         lo, hi = float(row["low"].iloc[0]), float(row["high"].iloc[0])
-        ax.set_yticks([-0.5, (h.shape[1] - 1) / 2, h.shape[1] - 0.5], [f"{lo:.2g}", f"{(lo + hi) / 2:.2g}", f"{hi:.2g}"])
+        ax.set_yticks([-0.5, (h.shape[1] - 1) / 2, h.shape[1] - 0.5],
+                      [f"{lo:.2g}", f"{(lo + hi) / 2:.2g}", f"{hi:.2g}"])
         ax.set_ylabel("activation")
     else:
         ax.set_ylabel("activation bin")

@@ -92,7 +92,8 @@ def plot_memory(result: Any, ax: Any = None) -> Any:
     bottom = 0.0
     if table is not None:
         for _, row in table.iterrows():
-            height = max(0.0, float(row["mib"]))  # a negative remainder (parts alive at different instants) is not drawn
+            # a negative remainder (parts alive at different instants) is not drawn
+            height = max(0.0, float(row["mib"]))
             left.bar(["peak"], [height], bottom=bottom, color=_PARTS.get(str(row["part"]), "#6e7781"),
                      label=f"{row['part']} {float(row['mib']):,.1f}")
             bottom += height
@@ -118,5 +119,6 @@ def plot_memory(result: Any, ax: Any = None) -> Any:
     right.set_ylabel("peak MiB")
     right.legend(fontsize=7)
     peak = result.metrics.get("peak_mib")
-    titled(left, result, f"peak {float(peak):,.1f} MiB ({result.metrics.get('peak_phase')})" if peak is not None else None)
+    titled(left, result,
+           f"peak {float(peak):,.1f} MiB ({result.metrics.get('peak_phase')})" if peak is not None else None)
     return head

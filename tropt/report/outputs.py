@@ -41,7 +41,8 @@ def check_output_dir(path: str | os.PathLike, flag: str = "-o") -> Path:
     """The absolute output directory, after checking it is (or can be created as) a writable directory."""
     out = Path(path).expanduser().absolute()
     if out.exists() and not out.is_dir():
-        raise TroptError(f"{flag} {path} is an existing file, not a directory", f"give {flag} a directory (it is created when missing)")
+        raise TroptError(f"{flag} {path} is an existing file, not a directory",
+                         f"give {flag} a directory (it is created when missing)")
     base = _nearest_existing(out)
     if not base.is_dir():
         raise TroptError(f"{flag} {path} cannot be created: {base} is a file", f"give {flag} a path under a directory")
@@ -53,7 +54,8 @@ def check_output_file(path: str | os.PathLike, flag: str) -> Path:
     """The absolute path of an output file, after checking it names no directory and can be written."""
     target = Path(path).expanduser().absolute()
     if target.is_dir():
-        raise TroptError(f"{flag} {path} is a directory, not a file", f"give {flag} a file name, e.g. {Path(path) / 'findings.json'}")
+        raise TroptError(f"{flag} {path} is a directory, not a file",
+                         f"give {flag} a file name, e.g. {Path(path) / 'findings.json'}")
     if target.exists() and not os.access(target, os.W_OK):
         raise TroptError(f"{flag} {path} exists and is read-only", "choose another file, or fix its permissions")
     base = _nearest_existing(target.parent)

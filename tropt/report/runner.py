@@ -55,7 +55,8 @@ def declared_parameters(notebook: Path) -> list[str]:
     for cell in nb.cells:
         if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
             for node in ast.parse(cell.source).body:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+                targets = (node.targets if isinstance(node, ast.Assign)
+                           else [node.target] if isinstance(node, ast.AnnAssign) else [])
                 names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
     return names
 
@@ -69,7 +70,8 @@ def check_parameters(kind: str, parameters: Mapping[str, Any]) -> None:
     valid = [n for n in declared_parameters(notebook_path(kind)) if n != "output_dir"]
     for name in parameters:
         if name == "output_dir":
-            raise TroptError("parameter 'output_dir' is set by tropt report itself", "choose the output directory with -o OUT_DIR")
+            raise TroptError("parameter 'output_dir' is set by tropt report itself",
+                             "choose the output directory with -o OUT_DIR")
         if not (isinstance(name, str) and name.isidentifier() and name in valid):
             shown = name if isinstance(name, str) and len(name) <= 40 else f"{str(name)[:40]}..."
             raise TroptError(f"the {kind} report has no parameter {shown!r}", f"valid parameters: {', '.join(valid)}")
@@ -264,8 +266,9 @@ def to_html(notebook: Path, html: Path, *, no_input: bool = True) -> None:
     nbconvert = require("nbconvert", "report")
     nbformat = require("nbformat", "report")
     templates = str(resources.files("tropt.report") / "templates")
-    exporter = nbconvert.HTMLExporter(extra_template_basedirs=[templates], template_name="tropt_offline", embed_images=True,
-                                      exclude_input=no_input, exclude_input_prompt=no_input, exclude_output_prompt=no_input)
+    exporter = nbconvert.HTMLExporter(extra_template_basedirs=[templates], template_name="tropt_offline",
+                                      embed_images=True, exclude_input=no_input, exclude_input_prompt=no_input,
+                                      exclude_output_prompt=no_input)
     nb = nbformat.read(str(notebook), as_version=4)
     strip_noise(nb)
     body, _ = exporter.from_notebook_node(nb)
@@ -295,7 +298,8 @@ def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.Pa
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise TroptError(f"-o {output_dir} cannot be created ({exc.strerror or exc})", "choose a writable location") from None
+        raise TroptError(f"-o {output_dir} cannot be created ({exc.strerror or exc})",
+                         "choose a writable location") from None
     with output_lock(out), _terminate_as_interrupt(), staging_dir(out) as work:
         error, timings = _execute(papermill, source, dict(parameters), work, no_input=no_input, timeout_s=timeout_s,
                                   progress=progress)
@@ -306,13 +310,15 @@ def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.Pa
     report = Report.from_json(str(findings)) if findings.exists() else None
     if report is not None:
         timings["checks_s"] = sum(r.duration_s or 0.0 for r in report)
-    outcome = ReportOutcome(out / "report.ipynb", out / "report.html", findings if findings.exists() else None, report, error, timings)
+    outcome = ReportOutcome(out / "report.ipynb", out / "report.html", findings if findings.exists() else None, report,
+                            error, timings)
     comparison = out / "comparison.json"
     if comparison.exists() and error is None:
         from ..experiments.comparison import Comparison
 
         outcome.comparison = comparison
-        outcome.escalated = any(v.startswith("escalate") for v in Comparison.from_json(str(comparison)).decision()["verdict"])
+        outcome.escalated = any(v.startswith("escalate")
+                                for v in Comparison.from_json(str(comparison)).decision()["verdict"])
     if (out / "plan.json").exists() and error is None:
         outcome.plan = out / "plan.md"
         outcome.plan_outcome = json.loads((out / "plan.json").read_text(encoding="utf-8")).get("outcome")
@@ -321,7 +327,8 @@ def run_report(kind: str, parameters: Mapping[str, Any], output_dir: str | os.Pa
 
 def _execute(papermill, source: Path, params: dict, work: Path, *, no_input: bool, timeout_s: int,
              progress: bool = False) -> tuple[str | None, dict]:
-    """Run the notebook into ``work`` (report.ipynb, report.html, findings.json, kernel.log); the failing cell's line."""
+    """Run the notebook into ``work`` (report.ipynb, report.html, findings.json, kernel.log); the failing cell's
+    line."""
     params["output_dir"] = str(work)
     nb_path = work / "report.ipynb"
     timings: dict[str, float] = {}

@@ -241,7 +241,8 @@ class Action:
 
     def callback(self, info: dict) -> None:
         """A check's per-step ``callback``: progress from its ``step``/``total``, and Stop."""
-        self.tick(info.get("step", 0), info.get("total", 0), f"{info.get('check', '')} step {info.get('step', 0)}/{info.get('total', '?')}")
+        self.tick(info.get("step", 0), info.get("total", 0),
+                  f"{info.get('check', '')} step {info.get('step', 0)}/{info.get('total', '?')}")
 
     def show(self, *children: Any) -> None:
         """Append widgets to the results."""

@@ -29,7 +29,7 @@ class Dashboard(W.VBox):
         The initial choice of the budget dropdown: "quick", "standard" or "thorough" (``tropt.diagnose(budget=...)``).
     """
 
-    def __init__(self, setup: Setup = None, splits: Any = None, *, label: Any = None, group: Any = None,
+    def __init__(self, setup: Setup | None = None, splits: Any = None, *, label: Any = None, group: Any = None,
                  time: Any = None, checks: Any = None, budget: str = "standard") -> None:
         from ..errors import TroptError
         from .data import DataPanel
@@ -100,6 +100,6 @@ class Dashboard(W.VBox):
         action.show(W.HTML(report._repr_html_()))
 
 
-def dashboard(setup: Setup = None, splits: Any = None, **kwargs: Any) -> Dashboard:
+def dashboard(setup: Setup | None = None, splits: Any = None, **kwargs: Any) -> Dashboard:
     """One line in a notebook: ``tropt.dashboard(setup, splits, label="y")`` shows every panel that applies."""
     return Dashboard(setup, splits, **kwargs)

@@ -107,7 +107,8 @@ class DataPanel(W.VBox):
         with session():  # scan each split once, shared by the checks (as check_splits does)
             action.tick(0, len(chosen) + 1, "reading the splits")
             # bad input (unknown column, splits that disagree) is one red message, not one ERROR per check
-            load_splits(self.splits, Options.make(opts["label"], opts["group"], opts["time"]), progress=False, min_splits=2)
+            load_splits(self.splits, Options.make(opts["label"], opts["group"], opts["time"]), progress=False,
+                        min_splits=2)
             for i, spec in enumerate(chosen):
                 action.tick(i + 1, len(chosen) + 1, f"{spec.id} ({i + 1}/{len(chosen)})")
                 result = run_check(spec, self.splits, {**opts, "progress": False})

@@ -32,7 +32,7 @@ class DynamicsPanel(W.VBox):
         The :class:`tropt.Setup`; None for a panel that only diagnoses uploaded logs.
     """
 
-    def __init__(self, setup: Setup = None) -> None:
+    def __init__(self, setup: Setup | None = None) -> None:
         self.setup = setup
         self.result_lr: Any = None
         self.result_curve: Any = None
@@ -41,8 +41,8 @@ class DynamicsPanel(W.VBox):
                                       "Which learning rates work, and what the loss curve says: flat, unstable, "
                                       "diverging, overfitting or healthy.")]
         # --- LR range test
-        self.start_lr = W.FloatLogSlider(value=1e-7, base=10, min=-9, max=-2, description="start LR", readout_format=".0e",
-                                         continuous_update=False, style=_STYLE, layout=_WIDE)
+        self.start_lr = W.FloatLogSlider(value=1e-7, base=10, min=-9, max=-2, description="start LR",
+                                         readout_format=".0e", continuous_update=False, style=_STYLE, layout=_WIDE)
         self.end_lr = W.FloatLogSlider(value=10.0, base=10, min=-3, max=2, description="end LR", readout_format=".0e",
                                        continuous_update=False, style=_STYLE, layout=_WIDE)
         self.num_steps = W.IntSlider(value=100, min=10, max=500, step=10, description="steps / sweep",
@@ -65,9 +65,9 @@ class DynamicsPanel(W.VBox):
                                    layout=W.Layout(width="220px"))
         self.upload_action = Action("Diagnose the upload", self._upload_job)
         self.upload.observe(lambda _change: self.upload_action.start(), names="value")
-        children += [W.HTML("<b>Loss curve from your logs</b>: a CSV with a <code>loss</code> / <code>train_loss</code> "
-                            "column (optional <code>step</code>, <code>val_loss</code>; Lightning CSVLogger and "
-                            "TensorBoard's CSV export work)"),
+        children += [W.HTML("<b>Loss curve from your logs</b>: a CSV with a <code>loss</code> / "
+                            "<code>train_loss</code> column (optional <code>step</code>, <code>val_loss</code>; "
+                            "Lightning CSVLogger and TensorBoard's CSV export work)"),
                      self.upload, self.upload_action.box]
         super().__init__(children)
         self.add_class("tropt-panel")
@@ -87,7 +87,8 @@ class DynamicsPanel(W.VBox):
         from ..dynamics import check_loss_curve
 
         self.result_curve = None
-        result = check_loss_curve(self.setup, steps=int(self.curve_steps.value), progress=False, callback=action.callback)
+        result = check_loss_curve(self.setup, steps=int(self.curve_steps.value), progress=False,
+                                  callback=action.callback)
         self.result_curve = result
         action.show(result_widget(result))
 
@@ -110,5 +111,6 @@ class DynamicsPanel(W.VBox):
                              "upload a comma-separated file with a header row and a loss column") from None
         result = diagnose_curves(frame)
         self.result_upload = result
-        action.show(W.HTML(f"<div style='color:#57606a'>{len(frame)} rows from <code>{html.escape(f['name'])}</code></div>"),
+        action.show(W.HTML(f"<div style='color:#57606a'>{len(frame)} rows from "
+                           f"<code>{html.escape(f['name'])}</code></div>"),
                     result_widget(result))

@@ -31,7 +31,8 @@ class ComparePanel(W.VBox):
         Passed to :func:`tropt.compare` (e.g. ``reinit=True``, ``guardrails=...``, ``early_stopping=3``).
     """
 
-    def __init__(self, setup: Setup, candidates: dict | None = None, *, steps: int = 200, **compare_kwargs: Any) -> None:
+    def __init__(self, setup: Setup, candidates: dict | None = None, *, steps: int = 200,
+                 **compare_kwargs: Any) -> None:
         from ..experiments.candidates import lr_candidates, validate_candidates
 
         self.setup = setup
@@ -45,17 +46,21 @@ class ComparePanel(W.VBox):
                 self.candidates, note = {}, f"no default candidates: the optimizer could not be built ({exc})"
         self.compare_kwargs = compare_kwargs
         self.comparison: Any = None
-        self.choose = W.SelectMultiple(options=list(self.candidates), value=tuple(self.candidates), rows=min(6, len(self.candidates)),
-                                       description="candidates", style=_STYLE, layout=_WIDE)
-        self.seeds = W.IntSlider(value=3, min=1, max=8, description="seeds", continuous_update=False, style=_STYLE, layout=_WIDE)
+        self.choose = W.SelectMultiple(options=list(self.candidates), value=tuple(self.candidates),
+                                       rows=min(6, len(self.candidates)), description="candidates", style=_STYLE,
+                                       layout=_WIDE)
+        self.seeds = W.IntSlider(value=3, min=1, max=8, description="seeds", continuous_update=False, style=_STYLE,
+                                 layout=_WIDE)
         self.steps = W.IntSlider(value=steps, min=10, max=max(2000, steps), step=10, description="steps / run",
                                  continuous_update=False, style=_STYLE, layout=_WIDE)
         self.action = Action("Compare", self._job, icon="balance-scale")
         super().__init__([header("Compare candidates (tropt.compare)",
-                                 "The Setup is the baseline; every candidate runs on your step over the same seeds, data "
-                                 "order and budget. A candidate is adopted only when it beats the baseline beyond seed noise."),
+                                 "The Setup is the baseline; every candidate runs on your step over the same seeds, "
+                                 "data order and budget. A candidate is adopted only when it beats the baseline beyond "
+                                 "seed noise."),
                           W.HBox([self.choose, W.VBox([self.seeds, self.steps])]),
-                          W.HTML(f'<div style="color:#6e7781">{html.escape(note)}</div>' if note else ""), self.action.box])
+                          W.HTML(f'<div style="color:#6e7781">{html.escape(note)}</div>' if note else ""),
+                          self.action.box])
         self.add_class("tropt-panel")
         self.add_class("tropt-compare-panel")
 
@@ -102,7 +107,8 @@ class ComparePanel(W.VBox):
                 meta.setdefault("metric", next(iter(scores), "val_loss"))
                 frac = min(info["step"] / max(steps, 1), 1.0)
                 action.tick(finished["runs"] + frac, total,
-                            f"run {finished['runs'] + 1}/{total}: {info['candidate']}, seed {info['seed']}, step {info['step']}")
+                            f"run {finished['runs'] + 1}/{total}: {info['candidate']}, seed {info['seed']}, "
+                            f"step {info['step']}")
                 if throttle():
                     redraw()
             else:

@@ -1,4 +1,5 @@
-"""Stage-3 panels: overfit one batch (live loss curves), gradient flow (live per-layer bars and layer x step heatmap)."""
+"""Stage-3 panels: overfit one batch (live loss curves), gradient flow (live per-layer bars and layer x step
+heatmap)."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ class GradientFlowPanel(W.VBox):
         Redraw the live charts every this many steps.
     """
 
-    def __init__(self, setup: Setup = None, *, steps: int = 20, every: int = 5) -> None:
+    def __init__(self, setup: Setup | None = None, *, steps: int = 20, every: int = 5) -> None:
         self.setup = setup
         self.steps = _slider("steps", steps, 2, 500)
         self.every = _slider("refresh every N steps", every, 1, 100)
@@ -188,7 +189,8 @@ class GradientFlowPanel(W.VBox):
         from ..errors import TroptError
 
         if not hasattr(monitor, "callback") or not hasattr(monitor, "result"):
-            raise TroptError(f"GradientFlowPanel.attach: got a {type(monitor).__name__}, expected a tropt.GradientMonitor",
+            raise TroptError(f"GradientFlowPanel.attach: got a {type(monitor).__name__}, "
+                             "expected a tropt.GradientMonitor",
                              "pass the monitor of your loop: with tropt.GradientMonitor(model) as mon: ...")
         if every is not None:
             self.every.value = max(1, int(every))

@@ -1,6 +1,6 @@
 """Known-answer setups for the four contract checks of issue #20 (data.sampling, data.eval_transforms,
 model.eval_metric, loop.train_mode): one healthy setup and one planted defect per case, each with the statuses the
-four checks must give (import with ``from contract_cases import ...``)."""
+four checks must give (import with ``from support.contract_cases import ...``)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ class EpochLoader(DataLoader):
 
 def net(bn: bool = True, dropout: float = 0.1, classes: int = C) -> nn.Module:
     torch.manual_seed(0)
-    layers = [nn.Linear(D, 64)] + ([nn.BatchNorm1d(64)] if bn else []) + [nn.ReLU(), nn.Dropout(dropout), nn.Linear(64, classes)]
+    layers = ([nn.Linear(D, 64)] + ([nn.BatchNorm1d(64)] if bn else [])
+              + [nn.ReLU(), nn.Dropout(dropout), nn.Linear(64, classes)])
     return nn.Sequential(*layers)
 
 
@@ -97,8 +98,8 @@ def make(train=None, val="default", model=None, metric="default", **kw) -> tropt
         xv, yv = raw(256, seed=1)
         val = DataLoader(Items(xv, yv), batch_size=64)
     metric = tropt.Metric(accuracy) if metric == "default" else metric
-    return tropt.Setup(net() if model is None else model, ce, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), train,
-                       val_data=val, metric=metric, num_classes=C, **kw)
+    return tropt.Setup(net() if model is None else model, ce, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
+                       train, val_data=val, metric=metric, num_classes=C, **kw)
 
 
 # ---------------------------------------------------------------------------------------------- the cases
@@ -115,13 +116,15 @@ def class_sorted():
 def distributed_without_set_epoch():
     x, y = raw()
     ds = Items(x, y)
-    return make(train=DataLoader(ds, batch_size=32, sampler=DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True)))
+    return make(train=DataLoader(ds, batch_size=32,
+                                 sampler=DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True)))
 
 
 def distributed_with_set_epoch():
     x, y = raw()
     ds = Items(x, y)
-    return make(train=EpochLoader(ds, batch_size=32, sampler=DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True)))
+    return make(train=EpochLoader(ds, batch_size=32,
+                                  sampler=DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True)))
 
 
 def tiny_last_batch(n: int = 386):
@@ -132,7 +135,8 @@ def tiny_last_batch(n: int = 386):
 def weighted_sampler():
     x, y = raw()
     weights = torch.where(y == 0, 9.0, 1.0).double()  # class 0 drawn 9x as often: 75% of the samples
-    return make(train=DataLoader(Items(x, y), batch_size=32, sampler=torch.utils.data.WeightedRandomSampler(weights, len(y))))
+    return make(train=DataLoader(Items(x, y), batch_size=32,
+                                 sampler=torch.utils.data.WeightedRandomSampler(weights, len(y))))
 
 
 def val_without_normalisation():
@@ -153,7 +157,8 @@ def accuracy_on_imbalanced_labels():
     shares = [0.95, 0.05, 0.0, 0.0]  # both splits: the validation data is prepared and distributed like training
     x, y = raw(384, shares=shares)
     xv, yv = raw(400, seed=1, shares=shares)
-    return make(train=DataLoader(Items(x, y), batch_size=32, shuffle=True), val=DataLoader(Items(xv, yv), batch_size=64))
+    return make(train=DataLoader(Items(x, y), batch_size=32, shuffle=True),
+                val=DataLoader(Items(xv, yv), batch_size=64))
 
 
 def balanced_accuracy_on_imbalanced_labels():
@@ -224,7 +229,8 @@ CASES = {
     "declared_tta": (declared_tta, dict.fromkeys(NEW, P)),
     "accuracy_on_imbalanced_labels": (accuracy_on_imbalanced_labels, {**dict.fromkeys(NEW, P), "model.eval_metric": W}),
     "balanced_accuracy_on_imbalanced_labels": (balanced_accuracy_on_imbalanced_labels, dict.fromkeys(NEW, P)),
-    "metric_closing_over_the_original_model": (metric_closing_over_the_original_model, {**dict.fromkeys(NEW, P), "model.eval_metric": F_}),
+    "metric_closing_over_the_original_model": (metric_closing_over_the_original_model,
+                                               {**dict.fromkeys(NEW, P), "model.eval_metric": F_}),
     "metric_that_raises": (metric_that_raises, {**dict.fromkeys(NEW, P), "model.eval_metric": F_}),
     "model_left_in_eval_mode": (model_left_in_eval_mode, {**dict.fromkeys(NEW, P), "loop.train_mode": F_}),
     "eval_inside_step": (eval_inside_step, {**dict.fromkeys(NEW, P), "loop.train_mode": F_}),

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from contract_cases import CASES, NEW
-
 import tropt
+from support.contract_cases import CASES, NEW
 from tropt.result import Status
 from tropt.testing import untouched
 

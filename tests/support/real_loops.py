@@ -248,7 +248,8 @@ def word_lm_setup(*, layout: str = "batch_dim", k: int = 1) -> tropt.Setup:
         for p in model.parameters():
             p.data.add_(p.grad, alpha=-LR_WORD)
 
-    extra = {"batch_dim": 1} if layout == "batch_dim" else {"split_fn": split_time_major, "size_fn": lambda b: b[0].size(1)}
+    extra = {"batch_dim": 1} if layout == "batch_dim" else {"split_fn": split_time_major,
+                                                            "size_fn": lambda b: b[0].size(1)}
     torch.manual_seed(0)
     return tropt.Setup(RNNModel(), word_lm_loss, None, word_batches(), step=step, accumulation_steps=k,
                        grad_clip=CLIP_WORD, num_classes=WORDS, **extra)
@@ -340,7 +341,8 @@ def native_scaler_setup(*, clip_before_unscale: bool = False, precision: str = "
     y = (x[:, :4].sum(1) > 0).long() + 2 * (x[:, 4] > 0).long()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 4))
-    return tropt.Setup(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]), lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+    return tropt.Setup(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                       lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
                        [(x[i:i + 32], y[i:i + 32]) for i in range(0, 96, 32)], step=step, accumulation_steps=k,
                        grad_clip=1.0, precision=precision, num_classes=4)
 
@@ -380,7 +382,8 @@ def hf_setup(*, per_micro_mean: bool = False, clip: float | None = 1.0, k: int =
             if per_micro_mean:  # the older Trainer: each micro-batch's token mean, divided by the accumulation steps
                 loss = F.cross_entropy(logits, mb["labels"].reshape(-1), ignore_index=-100) / steps
             else:
-                loss = F.cross_entropy(logits, mb["labels"].reshape(-1), ignore_index=-100, reduction="sum") * scale / num_items
+                loss = F.cross_entropy(logits, mb["labels"].reshape(-1), ignore_index=-100,
+                                       reduction="sum") * scale / num_items
             loss.backward()
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), clip)
@@ -446,7 +449,8 @@ def lbfgs_setup(*, forget_zero_grad: bool = False, dropout: float = 0.0) -> trop
 
     torch.manual_seed(0)
     return tropt.Setup(SineLSTM(dropout=dropout), sine_mse,
-                       optimizer=lambda m: torch.optim.LBFGS(m.parameters(), lr=1.0, max_iter=3, line_search_fn="strong_wolfe"),
+                       optimizer=lambda m: torch.optim.LBFGS(m.parameters(), lr=1.0, max_iter=3,
+                                                             line_search_fn="strong_wolfe"),
                        train_data=[sine_batch()], val_data=[sine_batch(seed=1)], step=step)
 
 
@@ -461,7 +465,8 @@ class SAM(torch.optim.Optimizer):
 
     @torch.no_grad()
     def first_step(self, zero_grad: bool = False) -> None:
-        norm = torch.norm(torch.stack([p.grad.norm() for g in self.param_groups for p in g["params"] if p.grad is not None]))
+        norm = torch.norm(torch.stack([p.grad.norm() for g in self.param_groups for p in g["params"]
+                                       if p.grad is not None]))
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:

@@ -1,4 +1,4 @@
-"""Small comparison problems with known answers (import with ``from compare_factory import ...``)."""
+"""Small comparison problems with known answers (import with ``from support.compare_setups import ...``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Plain helpers shared by tests (import with ``from support import ...``; conftest.py only holds fixtures, and a
-test directory's own conftest.py would shadow ``import conftest``)."""
+"""The one support package of the tests: plain helpers here (``from support import ...``), and one module per kind
+of known-answer case (``support.loop_cases``, ``support.real_loops`` (the public-loop ports), ``support.perf_setups``,
+``support.contract_cases``, ...). conftest.py only holds fixtures (a test directory's own conftest.py would shadow
+``import conftest``)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import os
 import torch
 from torch.nn import functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLES = os.path.join(ROOT, "data", "samples")
 
 

@@ -4,11 +4,11 @@ bugs several check files use, and running every invariance check under the no-mu
 from __future__ import annotations
 
 import torch
-from support import ce_loss, make_classification
 from torch import nn
 from torch.nn import functional as F
 
 import tropt
+from support import ce_loss, make_classification
 from tropt.loop import check_accumulation, check_loss_scaling, check_resume, check_scheduler_cadence, check_zero_grad
 from tropt.testing import untouched
 
@@ -29,7 +29,8 @@ def mlp_setup(step=None, *, k=1, scheduler=True, clip=None, scaler=False, optimi
     opt = {"adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
            "sgd": lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)}[optimizer]
     return tropt.Setup(model, ce_loss, opt, batches, step=step, accumulation_steps=k,
-                       scheduler=(lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s))) if scheduler else None,
+                       scheduler=((lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s)))
+                                  if scheduler else None),
                        grad_clip=clip, use_scaler=scaler, precision="fp16" if scaler else "fp32", num_classes=4, **kw)
 
 
@@ -115,8 +116,8 @@ def step_global_token_mean(ctx, micro_batches):  # the fix
 
 def lm_setup(step):
     torch.manual_seed(0)
-    return tropt.Setup(TinyLM(), lm_loss, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), token_batches(), step=step,
-                       accumulation_steps=4)
+    return tropt.Setup(TinyLM(), lm_loss, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), token_batches(),
+                       step=step, accumulation_steps=4)
 
 
 def step_plateau(ctx, micro_batches):

@@ -21,6 +21,6 @@ def linreg_setup(lr, *, seed=0, scheduler=None, step=None, accumulation_steps=1,
     dl = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True)
     torch.manual_seed(seed)
     model = nn.Linear(16, 1)
-    return tropt.Setup(model, lambda m, b: F.mse_loss(m(b[0]), b[1]), lambda m: torch.optim.SGD(m.parameters(), lr=lr), dl,
-                       val_data=torch.utils.data.DataLoader(ds, batch_size=256) if val else None,
+    return tropt.Setup(model, lambda m, b: F.mse_loss(m(b[0]), b[1]), lambda m: torch.optim.SGD(m.parameters(), lr=lr),
+                       dl, val_data=torch.utils.data.DataLoader(ds, batch_size=256) if val else None,
                        scheduler=scheduler, step=step, accumulation_steps=accumulation_steps, seed=seed)
