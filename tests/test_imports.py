@@ -114,24 +114,24 @@ def test_the_import_reader_sees_the_imports_it_must_judge():
     assert any(i.source == "tropt" and not i.eager for i in ALL)  # the TYPE_CHECKING block
 
 
-def test_no_import_cycle_at_module_level():
+def cycles(imports: list[Import]) -> list[list[str]]:
+    """Module-level import cycles among the modules of ``imports``."""
     graph: dict[str, set[str]] = {}
-    for imp in ALL:
+    for imp in imports:
         if imp.eager and imp.target != imp.source:
             graph.setdefault(imp.source, set()).add(imp.target)
-    # a package's __init__ imported by its own submodule's import of a sibling is Python's normal order; count
-    # only edges between modules, not the edge from a module to its own package
+    # a submodule importing its own package's __init__ is Python's normal order, not a cycle between modules
     for source, targets in graph.items():
         targets.discard(source.rpartition(".")[0])
     state: dict[str, int] = {}
-    cycles: list[list[str]] = []
+    found: list[list[str]] = []
 
     def dfs(node: str, stack: list[str]) -> None:
         state[node] = 1
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                cycles.append([*stack[stack.index(nxt):], nxt])
+                found.append([*stack[stack.index(nxt):], nxt])
             elif nxt not in state:
                 dfs(nxt, stack)
         stack.pop()
@@ -140,21 +140,21 @@ def test_no_import_cycle_at_module_level():
     for node in sorted(graph):
         if node not in state:
             dfs(node, [])
-    assert cycles == [], "module-level import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+    return found
 
 
-def test_no_private_cross_package_import():
+def private_cross_imports(imports: list[Import]) -> list[str]:
+    """Imports of another package's private module or private name."""
     bad = []
-    for imp in ALL:
-        src, dst = top_package(imp.source), top_package(imp.target)
-        if src == dst:
+    for imp in imports:
+        if top_package(imp.source) == top_package(imp.target):
             continue
         if is_private(imp.target):
             bad.append(f"{imp.source}:{imp.lineno} imports private module {imp.target}")
         private_names = [n for n in imp.names if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))]
         if private_names:
             bad.append(f"{imp.source}:{imp.lineno} imports private {private_names} from {imp.target}")
-    assert bad == [], "\n".join(bad)
+    return bad
 
 
 def _is_core(module: str) -> bool:
@@ -162,15 +162,48 @@ def _is_core(module: str) -> bool:
     return pkg == "core" or (pkg == "tropt" and module not in RUNNERS)
 
 
+def upward_imports(imports: list[Import], layer: str) -> list[str]:
+    """Imports from ``layer`` ("core" or a stage) of a package above it."""
+    bad = []
+    for imp in imports:
+        in_layer = _is_core(imp.source) if layer == "core" else top_package(imp.source) == layer
+        dst = top_package(imp.target)
+        if in_layer and (dst in UPPER or (layer == "core" and dst in STAGES)):
+            bad.append(f"{imp.source}:{imp.lineno} imports {imp.target}")
+    return bad
+
+
+def test_the_rules_find_planted_violations():
+    """Known answers: a planted cycle, private cross-import and upward imports are each found; allowed ones are not."""
+    planted = [
+        Import("tropt.data.scan", "tropt.data.cache", ("session",), 1, True),
+        Import("tropt.data.cache", "tropt.data.scan", ("scan",), 2, True),  # a cycle
+        Import("tropt.loop.zero_grad", "tropt.model._common", ("fmt",), 3, False),  # private module, lazily
+        Import("tropt.loop.zero_grad", "tropt.result", ("_badge",), 4, True),  # private name
+        Import("tropt.perf.memory", "tropt.integrations.live", (), 5, False),  # a stage importing upward
+        Import("tropt.core.batch", "tropt.data.scan", (), 6, False),  # the core importing a stage
+        Import("tropt.data._common", "tropt.data.scan", (), 7, True),  # allowed: its own package
+        Import("tropt.verdict", "tropt.result", ("_badge",), 8, True),  # allowed: the same (top-level) package
+        Import("tropt.diagnosis", "tropt.experiments.plan", (), 9, False),  # allowed: a spanning module
+    ]
+    assert cycles(planted) == [["tropt.data.scan", "tropt.data.cache", "tropt.data.scan"]]
+    found = [b.split(" ")[0] for b in private_cross_imports(planted)]
+    assert found == ["tropt.loop.zero_grad:3", "tropt.loop.zero_grad:4"]
+    assert upward_imports(planted, "perf") == ["tropt.perf.memory:5 imports tropt.integrations.live"]
+    assert upward_imports(planted, "core") == ["tropt.core.batch:6 imports tropt.data.scan"]
+
+
+def test_no_import_cycle_at_module_level():
+    found = cycles(ALL)
+    assert found == [], "module-level import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_no_private_cross_package_import():
+    bad = private_cross_imports(ALL)
+    assert bad == [], "\n".join(bad)
+
+
 @pytest.mark.parametrize("layer", ["core", *STAGES])
 def test_lower_layers_never_import_upward(layer):
-    bad = []
-    for imp in ALL:
-        src = top_package(imp.source)
-        in_layer = _is_core(imp.source) if layer == "core" else src == layer
-        if not in_layer:
-            continue
-        dst = top_package(imp.target)
-        if dst in UPPER or (layer == "core" and dst in STAGES):
-            bad.append(f"{imp.source}:{imp.lineno} imports {imp.target}")
+    bad = upward_imports(ALL, layer)
     assert bad == [], "\n".join(bad)

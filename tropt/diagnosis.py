@@ -182,7 +182,7 @@ def diagnose(
     return Report(link_findings(results), identity)
 
 
-def _refuse_bad_inputs(setup: Setup, splits: Any, task: str | None) -> None:
+def _refuse_bad_inputs(setup: Setup | None, splits: Any, task: str | None) -> None:
     """Refuse what :func:`diagnose` cannot run on, before any check runs."""
     if setup is None and splits is None:
         raise TroptError("diagnose needs something to check: no setup and no splits were given",

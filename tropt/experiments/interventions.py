@@ -6,7 +6,7 @@ the few formatters the plan's text uses.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..result import Report
 from .budget import Budget, Guardrails
@@ -20,7 +20,7 @@ def fmt(x: Any) -> str:
     return f"{x:.4g}" if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else "n/a"
 
 
-def finite(x: Any) -> bool:
+def finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 

@@ -76,7 +76,7 @@ def optimize(
     rep = report if report is not None else diagnose(setup, splits, label=label, group=group, time=time, checks=checks,
                                                      progress=progress)
     sugg = suggest(rep, setup)
-    plan_args = dict(budget=budget, guardrails=g, suggestions=sugg)
+    plan_args: dict[str, Any] = dict(budget=budget, guardrails=g, suggestions=sugg)
     if sugg.blocking:  # a leak or a broken update is not repaired by another optimizer: nothing is compared
         return _attach(OptimizationPlan.from_report(rep, **plan_args), rep, None)
     if _budget_exceeded(_baseline(rep, None, budget), None, budget, g):

@@ -149,7 +149,7 @@ def compare(
                       executor, tracking)
     select_name, select_data, final_splits, notes = _selection(setup, splits, select_split)
     setup.validate()
-    built = {BASELINE: (setup, None)}
+    built: dict[str, tuple[Setup, Callable[[], Any] | None]] = {BASELINE: (setup, None)}
     built.update({n: candidate_setup(setup, n, o) for n, o in opts.candidates.items()})
     if opts.metric is not None:
         _probe_metric(setup, opts.metric, select_data, select_name)
@@ -227,7 +227,7 @@ def _meta(setup: Setup, opts: _Options, every: int, select_name: str, notes: lis
     name = metric_name(metric) if metric is not None else f"{select_name}_loss"
     if metric is not None and select_name != "val":
         name = f"{select_name}_{metric.name}"
-    meta = {
+    meta: dict[str, Any] = {
         "comparison_id": uuid.uuid4().hex[:12],
         "metric": name, "higher_is_better": higher_is_better(metric), "select": opts.select,
         "select_split": select_name, "budget": opts.budget.to_dict(), "seeds": opts.seeds, "eval_every": every,

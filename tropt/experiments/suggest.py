@@ -142,7 +142,7 @@ def _num(m: dict, key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def _setup_optimizer(setup: Setup) -> torch.optim.Optimizer | None:
+def _setup_optimizer(setup: Setup | None) -> torch.optim.Optimizer | None:
     """An optimizer built on a copy of the model (the user's model is untouched), or None."""
     if setup is None or setup.optimizer is None:
         return None
@@ -152,7 +152,7 @@ def _setup_optimizer(setup: Setup) -> torch.optim.Optimizer | None:
         return setup.build().optimizer
 
 
-def _setup_lr(report: Report, setup: Setup) -> float | None:
+def _setup_lr(report: Report, setup: Setup | None) -> float | None:
     r = _get(report, "dynamics.lr_range")
     lr = _num(r.metrics, "setup_lr") if r is not None else None
     if lr is None:
@@ -196,7 +196,7 @@ class WithWeightDecay:
 
 
 # ---------------------------------------------------------------------------------------------- rules
-def _from_lr_range(report: Report, setup: Setup) -> list[Suggestion]:
+def _from_lr_range(report: Report, setup: Setup | None) -> list[Suggestion]:
     r = _get(report, "dynamics.lr_range")
     if r is None or r.status not in (Status.PASS, Status.WARN):
         return []
@@ -213,7 +213,7 @@ def _from_lr_range(report: Report, setup: Setup) -> list[Suggestion]:
         r.check, r.summary, [f"learning rate {cur:.3g} → {mid:.3g} (every param group scaled alike)"])]
 
 
-def _from_precision(report: Report, setup: Setup) -> list[Suggestion]:
+def _from_precision(report: Report, setup: Setup | None) -> list[Suggestion]:
     r = _get(report, "perf.precision")
     if r is None or r.status is not Status.WARN:
         return []
@@ -228,7 +228,7 @@ def _from_precision(report: Report, setup: Setup) -> list[Suggestion]:
         "beyond seed noise", r.check, r.summary, [f"precision {cur} → {rec}"], goal="speed")]
 
 
-def _from_throughput(report: Report, setup: Setup) -> list[Suggestion]:
+def _from_throughput(report: Report, setup: Setup | None) -> list[Suggestion]:
     r = _get(report, "perf.throughput")
     if r is None or r.status is Status.ERROR or r.metrics.get("limited_by") != "data loading":
         return []
@@ -250,14 +250,14 @@ def _from_throughput(report: Report, setup: Setup) -> list[Suggestion]:
            + (" and pinned memory" if cuda else "") + " should hide it behind compute and raise samples/s, with "
            "the same samples in the same order (the score must not move beyond seed noise)")
     loader = loader_like(setup.train_data, **changes) if setup is not None else None
-    if loader is None or getattr(setup.train_data, "num_workers", 1) >= workers:
+    if setup is None or loader is None or getattr(setup.train_data, "num_workers", 1) >= workers:
         why = ("no Setup was given to rebuild its DataLoader" if setup is None else
                "the Setup's train_data is not a plain DataLoader tropt can rebuild, or it already has the workers")
         return [Suggestion("loader_workers", {}, hyp, r.check, r.summary, words, False, why, goal="speed")]
     return [Suggestion("loader_workers", {"train_data": loader}, hyp, r.check, r.summary, words, goal="speed")]
 
 
-def _from_loss_curve(report: Report, setup: Setup) -> list[Suggestion]:
+def _from_loss_curve(report: Report, setup: Setup | None) -> list[Suggestion]:
     r = _get(report, "dynamics.loss_curve")
     if r is None or r.status not in (Status.WARN, Status.FAIL):
         return []
@@ -294,6 +294,7 @@ def _from_loss_curve(report: Report, setup: Setup) -> list[Suggestion]:
         hyp = (f"the validation loss rises while the training loss falls (overfitting): weight decay {wd:g} "
                f"(now {wd_now:g}) should shrink the gap and lower the final validation loss")
         if opt is not None:
+            assert setup is not None  # an optimizer is only built from a setup
             out.append(Suggestion("weight_decay", {"optimizer": WithWeightDecay(setup.optimizer, wd)}, hyp, r.check,
                                   r.summary, [f"weight decay {wd_now:g} → {wd:g}"]))
         else:
@@ -311,7 +312,7 @@ def _from_loss_curve(report: Report, setup: Setup) -> list[Suggestion]:
     return out
 
 
-def _from_batch(report: Report, setup: Setup) -> list[Suggestion]:
+def _from_batch(report: Report, setup: Setup | None) -> list[Suggestion]:
     thr = _get(report, "perf.throughput")
     if thr is None or thr.status is not Status.PASS or thr.metrics.get("limited_by") == "data loading":
         return []

@@ -82,7 +82,7 @@ class Dashboard(W.VBox):
         opts = dict(self._columns)
         if "Data" in self.panels:
             opts = self.panels["Data"].options
-        current = {"index": 0, "count": 1, "check": ""}
+        current: dict[str, Any] = {"index": 0, "count": 1, "check": ""}
 
         def callback(info: dict) -> None:
             if "index" in info:  # before each check
