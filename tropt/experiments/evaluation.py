@@ -69,6 +69,7 @@ def _default_scores(setup: Setup, ctx: Any, prefix: str, cache: dict | None = No
         total += loss * n
         count += n
         if classify:
+            assert cap is not None  # classify was true when the with statement entered a Capture
             out = cap.output
             if objective is None:
                 objective = identify_objective(loss, out, batch, setup.num_classes)
@@ -77,6 +78,7 @@ def _default_scores(setup: Setup, ctx: Any, prefix: str, cache: dict | None = No
             if classify and out is not None:
                 from ..core.batch import get_leaf
 
+                assert objective is not None  # classify is only true with an identified objective
                 got = objective.correct(out, get_leaf(batch, objective.target_path).to(out.device))
                 if got is not None:
                     correct, counted = correct + got[0], counted + got[1]
@@ -104,4 +106,5 @@ def score(setup: Setup, ctx: Any, metric: Metric | None, data: Any = None, prefi
             return scores
         raw = target.val_data
         value = metric(ctx.model, raw)
+        assert metric.name is not None  # Metric.__post_init__ always sets a name
         return {metric.name if prefix == "val" else f"{prefix}_{metric.name}": as_score(value, metric.name)}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -126,7 +126,7 @@ def decide(name: str, cand_runs: list[dict], base_runs: list[dict], stats: Paire
     numbers = (f"{metric} {_g(c_mean)} vs baseline {_g(b_mean)}; paired gain {_g(stats.gain)} "
                f"(95% CI {_g(stats.ci_low)}..{_g(stats.ci_high)}, p={_g(stats.p_value)}, seed noise {_g(stats.noise)}, "
                f"{stats.n} seeds)")
-    costs = [r.get("cost") for r in cand_runs if _finite(r.get("cost"))]
+    costs: list[float] = [r["cost"] for r in cand_runs if _finite(r.get("cost"))]  # finite: the key is there
     out = {"candidate": name, "metric": metric, "mean": c_mean, "baseline_mean": b_mean, "gain": stats.gain,
            "p_value": stats.p_value, "noise": stats.noise, "seeds": stats.n, "unstable_runs": unstable_c,
            "baseline_unstable_runs": unstable_b, "failed_runs": sum(r["status"] == "failed" for r in cand_runs),
@@ -172,5 +172,5 @@ def decide(name: str, cand_runs: list[dict], base_runs: list[dict], stats: Paire
     return verdict(INCONCLUSIVE, f"{stats.note}: {numbers}")
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and x is not None and math.isfinite(x)

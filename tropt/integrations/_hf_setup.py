@@ -23,7 +23,7 @@ import contextlib
 import copy
 import math
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -131,12 +131,13 @@ def _track_steps(opt: torch.optim.Optimizer) -> None:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        target = opt_ref()
+        target: Any = opt_ref()  # the optimizer (alive: this is its step); torch's types lack _opt_called
         target._opt_called = True
         return func.__get__(target, type(target))(*args, **kwargs)
 
-    wrapper._wrapped_by_lr_sched = True
-    opt.step = wrapper
+    # torch's private step-tracking marks, undeclared in its types (LRScheduler.__init__ ignores them alike)
+    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    opt.step = wrapper  # type: ignore[method-assign]
 
 
 def setup_from_trainer(trainer: Any, *, seed: int | None = None) -> Setup:
@@ -194,7 +195,8 @@ def setup_from_trainer(trainer: Any, *, seed: int | None = None) -> Setup:
     total_steps = _update_steps(args, batches_per_epoch)
 
     given_opt, given_sched = trainer.optimizer, trainer.lr_scheduler
-    from_instance = optimizer_factory_from(given_opt, trainer.model) if given_opt is not None else None
+    # cast: transformers infers Trainer.model as Optional, but Trainer.__init__ always sets a model
+    from_instance = optimizer_factory_from(given_opt, cast(nn.Module, trainer.model)) if given_opt is not None else None
 
     def optimizer(model: nn.Module) -> torch.optim.Optimizer:
         opt = from_instance(model) if from_instance is not None else _view(trainer, model=model).create_optimizer()
@@ -227,6 +229,7 @@ def setup_from_trainer(trainer: Any, *, seed: int | None = None) -> Setup:
     else:
         precision, use_scaler = "fp32", False
     clip = float(args.max_grad_norm) if args.max_grad_norm and args.max_grad_norm > 0 else None
-    return Setup(trainer.model, loss_fn, optimizer, train, val_data=val, scheduler=scheduler, step=_make_step(trainer),
-                 accumulation_steps=int(args.gradient_accumulation_steps), grad_clip=clip, precision=precision,
-                 use_scaler=use_scaler, device=str(args.device), seed=int(args.seed if seed is None else seed))
+    return Setup(cast(nn.Module, trainer.model), loss_fn, optimizer, train, val_data=val, scheduler=scheduler,
+                 step=_make_step(trainer), accumulation_steps=int(args.gradient_accumulation_steps), grad_clip=clip,
+                 precision=precision, use_scaler=use_scaler, device=str(args.device),
+                 seed=int(args.seed if seed is None else seed))

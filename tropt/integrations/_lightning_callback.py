@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import MissingDependencyError
 from .live import CHECKS, LiveMonitor
@@ -14,12 +14,15 @@ try:
     from lightning.pytorch.callbacks import Callback as _Callback
 except ImportError:  # pragma: no cover - the standalone package
     try:
-        from pytorch_lightning.callbacks import Callback as _Callback
+        from pytorch_lightning.callbacks import Callback as _Callback  # type: ignore[assignment]  # the standalone twin, same API
     except ImportError as exc:
         raise MissingDependencyError("tropt.integrations.lightning.TroptCallback needs PyTorch Lightning",
                                      "pip install 'tropt[lightning]'") from exc
 
 from ..dynamics.logs import VAL_NAMES
+
+if TYPE_CHECKING:
+    from ..result import Report
 
 
 class TroptCallback(_Callback):
@@ -65,7 +68,7 @@ class TroptCallback(_Callback):
         self.out_dir = out_dir
         self.log_figures = log_figures
         self.live: LiveMonitor | None = None
-        self.report = None
+        self.report: Report | None = None
         self.paths: dict[str, str] = {}
         self._batches = 0
 

@@ -40,7 +40,7 @@ import copy
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -89,8 +89,8 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 def _call_training_step(model: nn.Module, module: Any, batch: Any, batch_idx: int, pass_idx: bool) -> Any:
     args = (batch, batch_idx) if pass_idx else (batch,)
-    if model is module:
-        return module.training_step(*args)
+    if model is module:  # (cast: narrowed to nn.Module, whose __getattr__ stub types training_step as a Tensor)
+        return cast(Any, module).training_step(*args)
     # Under DDP the forward pass must go through the wrapper (it prepares the gradient all-reduce), as Lightning's
     # strategy wrapper routes forward() to training_step. The route is taken once: it removes itself before
     # training_step runs, so a training_step that calls self(x) reaches the module's own forward.
@@ -157,6 +157,7 @@ class _StepOptimizer:
 
 def _make_step(spec: Spec, pass_idx: bool) -> Callable:
     def lightning_step(ctx: Any, micro_batches: list) -> torch.Tensor:
+        module: Any  # the LightningModule: nn.Module's __getattr__ stub does not know its hooks
         model, module, opt = ctx.model, _unwrap(ctx.model), ctx.optimizer
         name = type(module).__name__
         k = len(micro_batches)
@@ -194,9 +195,13 @@ def _make_step(spec: Spec, pass_idx: bool) -> Callable:
                         total += closure()
                 else:
                     holder: list = []
+
+                    def run_closure() -> torch.Tensor:
+                        holder.append(closure())  # noqa: B023 - optimizer_step calls it now, within this iteration
+                        return holder[-1]  # noqa: B023
+
                     module.optimizer_step(ctx.lightning_epoch, batch_idx, _StepOptimizer(ctx, module, spec),
-                                          # optimizer_step calls the closure now, within this iteration
-                                          lambda: holder.append(closure()) or holder[-1])  # noqa: B023
+                                          run_closure)
                     if not holder:
                         raise StepError(f"{name}.optimizer_step did not run the optimizer closure",
                                         "call optimizer.step(closure=optimizer_closure) in your optimizer_step "

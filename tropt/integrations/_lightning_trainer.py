@@ -157,7 +157,7 @@ def parse_optimizers(module: Any, spec: Spec) -> tuple[torch.optim.Optimizer, li
     return optimizers[0], configs
 
 
-def misconfiguration(pkg: str) -> type:
+def misconfiguration(pkg: str) -> type[BaseException]:
     dist = "lightning" if pkg.startswith("lightning") else "pytorch_lightning"
     try:
         (exc,) = import_from(dist, LOW, HIGH, f"{pkg}.utilities.exceptions", "MisconfigurationException")

@@ -172,7 +172,7 @@ def plot_activation_histogram(result: Any, ax: Any = None, layer: str | None = N
     else:
         ax.set_ylabel("activation bin")
     stats = result.tables.get("layers")
-    kind = stats.loc[stats["layer"] == layer, "type"] if stats is not None and "type" in stats else []
+    kind: Any = stats.loc[stats["layer"] == layer, "type"] if stats is not None and "type" in stats else []
     ax.set_title(plain(f"{layer} ({kind.iloc[0]})" if len(kind) else layer), fontsize=9, loc="left")
     return ax
 

@@ -72,7 +72,7 @@ def _try_lock(fd: int) -> bool:
         import msvcrt
 
         try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]  # typeshed: win32 only
             return True
         except OSError:
             return False

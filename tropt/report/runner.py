@@ -127,7 +127,8 @@ def _private_kernel() -> Iterator[_Kernel]:
             # (MPLBACKEND=Agg is common on CI and headless servers): the kernel always draws inline.
             "env": {"MPLBACKEND": INLINE_BACKEND},
         }))
-        kernel = _Kernel(KERNEL_NAME, _manager_class(tmp, started := []), started)
+        started: list[Any] = []
+        kernel = _Kernel(KERNEL_NAME, _manager_class(tmp, started), started)
         old = os.environ.get("JUPYTER_PATH")
         os.environ["JUPYTER_PATH"] = tmp + (os.pathsep + old if old else "")
         try:

@@ -157,6 +157,7 @@ class GradientFlowPanel(W.VBox):
         def callback(info: dict) -> None:
             action.callback(info)
             if info["step"] % every == 0 and info["step"] < info["total"]:
+                assert self.setup is not None  # the Check button is only shown with a setup
                 partial = info["monitor"].result(grad_clip=self.setup.grad_clip)
                 action.live.children = (self.charts(partial, f"live: step {info['step']}/{info['total']}"),)
                 self.refreshes += 1
