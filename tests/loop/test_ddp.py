@@ -8,21 +8,14 @@ import pytest
 import torch
 import torch.distributed as dist
 from support import ce_loss, make_classification
+from support.loop_cases import TinyLM, ddp_setup, lm_loss, step_dividing_by_world_size, token_losses
+from support.loop_cases import step_global_token_mean as step_process_token_mean
 from torch import nn
 
 import tropt
 from tropt.loop import check_ddp
 from tropt.result import Status
 from tropt.testing import untouched
-
-
-def ddp_setup(step=None, k=1, batchnorm=False):
-    x, y = make_classification(n=64, d=10, classes=4, seed=2)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(10, 16), *([nn.BatchNorm1d(16)] if batchnorm else []), nn.ReLU(), nn.Linear(16, 4))
-    return tropt.Setup(model, ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
-                       [(x[:32], y[:32]), (x[32:], y[32:])],
-                       step=step, accumulation_steps=k)
 
 
 def test_standard_step_passes_with_and_without_accumulation():
@@ -65,14 +58,6 @@ def test_accumulation_without_no_sync_warns_with_the_count_only_for_a_loop_meant
     assert tropt.loop.check_accumulation(fixed).status is not Status.ERROR
     r = check_ddp(fixed)
     assert r.status is Status.PASS and r.metrics["synchronised_backward_passes"] == 1, r.summary
-
-
-def step_dividing_by_world_size(ctx, micro_batches):
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    for mb in micro_batches:
-        (ctx.loss_fn(ctx.model, mb) / world).backward()  # DDP already averages: this halves the gradient
-    ctx.optimizer.step()
-    ctx.optimizer.zero_grad()
 
 
 def test_loss_divided_by_world_size_fails():
@@ -181,43 +166,18 @@ def test_a_process_that_dies_is_an_immediate_error():
 
 
 # ------------------------------------------------------------------ token-level losses: the normaliser must be global
-class TinyLM(nn.Module):
-    def __init__(self, vocab=20, dim=16):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, dim)
-        self.out = nn.Linear(dim, vocab)
-
-    def forward(self, ids):
-        return self.out(torch.tanh(self.emb(ids)))
-
-
-def token_sum(model, batch):
-    """Summed next-token loss over non-padding positions, and their count."""
-    logits = model(batch["input_ids"][:, :-1])
-    valid = batch["attention_mask"][:, 1:]
-    per_token = nn.functional.cross_entropy(logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none")
-    return (per_token * valid).sum(), valid.sum()
-
-
+# (loop_cases' TinyLM, and token_losses: the summed next-token loss over non-padding positions, and their count).
+# step_process_token_mean is loop_cases' accumulation fix, one token count over the micro-batches: right on one
+# process; under DDP each process uses its own count.
 def lm_setup(step, k=2):
     g = torch.Generator().manual_seed(4)
     lengths = torch.randint(2, 13, (32,), generator=g)
     ids = torch.randint(1, 20, (32, 12), generator=g)
     mask = torch.arange(12)[None, :] < lengths[:, None]
     torch.manual_seed(0)
-    return tropt.Setup(TinyLM(), lambda m, b: (lambda t, c: t / c)(*token_sum(m, b)),
-                       lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+    return tropt.Setup(TinyLM(), lm_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
                        [{"input_ids": ids * mask, "attention_mask": mask}],
                        step=step, accumulation_steps=k)
-
-
-def step_process_token_mean(ctx, micro_batches):  # right on one process; under DDP each process uses its own count
-    n_tokens = sum(int(mb["attention_mask"][:, 1:].sum()) for mb in micro_batches)
-    for mb in micro_batches:
-        total, _ = token_sum(ctx.model, mb)
-        (total / n_tokens).backward()
-    ctx.optimizer.step()
-    ctx.optimizer.zero_grad()
 
 
 def step_global_token_mean(ctx, micro_batches):  # the fix: all-reduce the token count
@@ -230,7 +190,7 @@ def step_global_token_mean(ctx, micro_batches):  # the fix: all-reduce the token
         quiet = (ctx.model.no_sync() if hasattr(ctx.model, "no_sync") and i < len(micro_batches) - 1
                  else contextlib.nullcontext())
         with quiet:
-            total, _ = token_sum(ctx.model, mb)
+            total, _ = token_losses(ctx.model, mb)
             (total * world / n_tokens).backward()
     ctx.optimizer.step()
     ctx.optimizer.zero_grad()

@@ -5,8 +5,9 @@ Every registered check gets a healthy case and a planted-defect case. Each case 
 check is called with (the "quick" budget is merged in by the suite), and a ``why`` predicate that confirms the
 verdict has the right reason: a distinctive metric, or the planted cause named in the summary.
 
-The builders are small copies of what the check-by-check tests already use (tiny MLPs, generated data, a few hundred
-rows); this module imports no other test module, so it does not break when those move. Checks are reached only
+The subjects are those the check-by-check tests already use (tiny MLPs, generated data, a few hundred rows), built by
+the same support modules (``support.split_tables``, ``contract_cases``, ``model_fixtures``, ``loop_cases``,
+``dynamics_setups``, ``perf_setups``); only the planted defects those lack are built here. Checks are reached only
 through the registry (``registry.find_spec(id).func``), never by module path.
 """
 
@@ -21,12 +22,24 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 import tropt
+from support import ce_loss
+from support import contract_cases as cc
+from support.dynamics_setups import KNOWN_GOOD_LR, linreg_setup
+from support.loop_cases import (
+    ddp_setup,
+    mlp_setup,
+    step_dividing_by_world_size,
+    step_loss_not_divided,
+    step_scheduler_per_micro_batch,
+)
+from support.model_fixtures import C, Detached, IgnoresInput, mlp, setup_for
+from support.perf_setups import mlp_setup as small_mlp_setup
+from support.split_tables import clean_tables, with_copies
 from tropt.result import CheckResult, Status
 
 P, W, FAIL = Status.PASS, Status.WARN, Status.FAIL
@@ -66,53 +79,24 @@ class Case:
 
 
 # =============================================================================================== stage 1: split tables
-def make_table(n: int, seed: int, id_start: int, start: str, end: str) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    lo, hi = pd.Timestamp(start).value, pd.Timestamp(end).value
-    df = pd.DataFrame({
-        "uid": np.arange(id_start, id_start + n),
-        "ts": pd.to_datetime(np.sort(rng.integers(lo, hi, n))),
-        "f_float": rng.normal(size=n),
-        "f_int": rng.integers(0, 1000, n),
-        "f_str": rng.choice(["a", "b", "c", "d"], n),
-        "f_more": rng.normal(size=n) * 10,
-    })
-    df["y"] = (df.f_float + 0.5 * rng.normal(size=n) > 0).astype(int)
-    return df
-
-
-def clean_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
-    """600 train rows of 2023, 300 test rows of 2024: no shared rows, ids or dates; the label depends on f_float."""
-    return make_table(600, 0, 0, "2023-01-01", "2023-12-31"), make_table(300, 1, 10_000, "2024-01-01", "2024-06-30")
-
-
 def clean_splits() -> dict[str, pd.DataFrame]:
     train, test = clean_tables()
     return {"train": train, "test": test}
 
 
 TABLE_OPTS = {"label": "y", "group": "uid", "time": "ts"}
-COPIED = ["f_float", "f_int", "f_str", "f_more", "y"]
-
-
-def with_copies(train: pd.DataFrame, test: pd.DataFrame, k: int, seed: int = 3) -> pd.DataFrame:
-    """``test`` with its first k rows replaced by copies of k train rows (features and label; own id and date)."""
-    rng = np.random.default_rng(seed)
-    src = rng.choice(len(train), k, replace=False)
-    test = test.copy()
-    test.loc[test.index[:k], COPIED] = train.iloc[src][COPIED].to_numpy()
-    return test.astype(train.dtypes.to_dict())
 
 
 def exact_copies() -> dict[str, pd.DataFrame]:
     train, test = clean_tables()
-    return {"train": train, "test": with_copies(train, test, 7)}  # 7 of 300 test rows: 2.3 % > 1 %
+    test, _ = with_copies(train, test, 7)  # 7 of 300 test rows: 2.3 % > 1 %
+    return {"train": train, "test": test}
 
 
 def near_copies() -> dict[str, pd.DataFrame]:
     """12 test rows that are train rows with their continuous features nudged by 1e-4 (re-exported, re-rounded)."""
     train, test = clean_tables()
-    test = with_copies(train, test, 12)
+    test, _ = with_copies(train, test, 12)
     rng = np.random.default_rng(4)
     test.loc[test.index[:12], "f_float"] += rng.normal(0, 1e-4, 12)
     test.loc[test.index[:12], "f_more"] += rng.normal(0, 1e-4, 12)
@@ -156,124 +140,16 @@ def labels(values: list) -> dict[str, pd.DataFrame]:
 
 
 # =============================================================================================== stages 1-4: the
-# data pipeline, the metric and train/eval modes (an MLP with BatchNorm and Dropout on raw features the training
-# transform standardises)
-CD, CC = 6, 4  # features, classes
-MEAN, STD = 5.0, 3.0
-
-
-def raw(n: int = 384, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    y = (torch.arange(n) % CC)[torch.randperm(n, generator=g)]
-    x = torch.randn(n, CD, generator=g)
-    x[:, 0] += 3.0 * y.float()
-    return MEAN + STD * x, y
-
-
-def normalise(x: torch.Tensor) -> torch.Tensor:
-    return (x - MEAN) / STD
-
-
-class Items(Dataset):
-    """A map-style dataset of (transform(x_i), y_i): the transform runs when an item is read."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, transform: Callable = normalise) -> None:
-        self.x, self.y, self.transform = x, y, transform
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int):
-        return self.transform(self.x[i]), self.y[i]
-
-
-def identity(t: torch.Tensor) -> torch.Tensor:
-    return t
-
-
-def bn_net() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(CD, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, CC))
-
-
-def ce(model: nn.Module, batch) -> torch.Tensor:
-    return F.cross_entropy(model(batch[0]), batch[1])
-
-
-def accuracy(model: nn.Module, loader) -> float:
-    correct = total = 0
-    for x, y in loader:
-        correct += int((model(x).argmax(1) == y).sum())
-        total += len(y)
-    return correct / total
-
-
-def pipeline(train=None, val=None, model=None, metric=None, **kw) -> tropt.Setup:
-    """A correct setup: shuffled loader, validation prepared like training, accuracy on balanced labels."""
-    if train is None:
-        x, y = raw()
-        train = DataLoader(Items(x, y), batch_size=32, shuffle=True)
-    if val is None:
-        xv, yv = raw(256, seed=1)
-        val = DataLoader(Items(xv, yv), batch_size=64)
-    return tropt.Setup(bn_net() if model is None else model, ce, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
-                       train, val_data=val, metric=metric or tropt.Metric(accuracy), num_classes=CC, **kw)
-
-
-def class_sorted() -> tropt.Setup:
-    x, y = raw()
-    order = y.argsort(stable=True)
-    return pipeline(train=DataLoader(Items(x[order], y[order]), batch_size=32, shuffle=False))
-
-
-def val_without_normalisation() -> tropt.Setup:
-    xv, yv = raw(256, seed=1)
-    return pipeline(val=DataLoader(Items(xv, yv, transform=identity), batch_size=64))
-
-
-def metric_closing_over_another_model() -> tropt.Setup:
-    original = bn_net()  # the metric scores this model whatever model it is given
-    return pipeline(metric=tropt.Metric(lambda model, loader: accuracy(original.eval(), loader),
-                                        name="closure_accuracy"))
-
-
-def label_share(model: nn.Module, loader) -> float:
-    """Runs the model but scores the labels only (the share of class 0): not a function of the predictions."""
-    hits = total = 0
-    for x, y in loader:
-        model(x)
-        hits += int((y == 0).sum())
-        total += len(y)
-    return hits / total
-
-
+# data pipeline, the metric and train/eval modes: support.contract_cases (an MLP with BatchNorm and Dropout on raw
+# features the training transform standardises)
 def metric_ignoring_the_output() -> tropt.Setup:
-    return pipeline(metric=tropt.Metric(label_share))
-
-
-def model_left_in_eval_mode() -> tropt.Setup:
-    return pipeline(model=bn_net().eval())
+    return cc.make(metric=tropt.Metric(cc.label_share))
 
 
 # =============================================================================================== stages 2-3: the model
-MD, MC = 8, 3
-
-
-def teacher_batches(n: int = 256, batch: int = 32, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, MD, generator=g)
-    y = (x @ torch.randn(MD, MC, generator=g)).argmax(1)
-    return [(x[i:i + batch], y[i:i + batch]) for i in range(0, n, batch)]
-
-
-def mlp(seed: int = 0) -> nn.Sequential:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(MD, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, MC))
-
-
-def model_setup(model: nn.Module | None = None, **kw) -> tropt.Setup:
-    return tropt.Setup(mlp() if model is None else model, ce, lambda m: torch.optim.Adam(m.parameters(), lr=1e-2),
-                       teacher_batches(), num_classes=MC, **kw)
+# support.model_fixtures: a 8-64-64-3 MLP on teacher-labelled batches
+def model_setup(model: nn.Module | None = None) -> tropt.Setup:
+    return setup_for(mlp() if model is None else model, num_classes=C)
 
 
 def badly_scaled_last_layer() -> tropt.Setup:
@@ -281,27 +157,6 @@ def badly_scaled_last_layer() -> tropt.Setup:
     with torch.no_grad():
         m[4].weight.mul_(100.0)  # logits 100x too large at init
     return model_setup(m)
-
-
-class IgnoresInput(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = mlp()
-
-    def forward(self, x):
-        return self.net(torch.zeros_like(x))
-
-
-class Detached(nn.Module):
-    """A side branch whose output is detached: its parameters require grad but never get one."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.main = mlp()
-        self.side = nn.Sequential(nn.Linear(MD, 16), nn.ReLU(), nn.Linear(16, MC))
-
-    def forward(self, x):
-        return self.main(x) + self.side(x).detach()
 
 
 def dead_relus() -> tropt.Setup:
@@ -312,36 +167,15 @@ def dead_relus() -> tropt.Setup:
 
 
 # =============================================================================================== stage 4: the loop
-def inverse_decay(optimizer):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
-
-
-def loop_setup(step=None, *, k: int = 1, scheduler: bool = True, clip: float | None = None, scaler: bool = False,
-               **kw) -> tropt.Setup:
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(96, 10, generator=g)
-    y = (x @ torch.randn(10, 4, generator=g)).argmax(1)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 4))
-    return tropt.Setup(model, ce, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
-                       [(x[i:i + 24], y[i:i + 24]) for i in range(0, 96, 24)], step=step, accumulation_steps=k,
-                       scheduler=inverse_decay if scheduler else None,
-                       grad_clip=clip, use_scaler=scaler, precision="fp16" if scaler else "fp32", num_classes=4, **kw)
+def loop_setup(step=None, **kw) -> tropt.Setup:
+    """support.loop_cases' 10-32-4 MLP, without its Dropout layer."""
+    return mlp_setup(step, dropout=None, **kw)
 
 
 def step_without_zero_grad(ctx, micro_batches):
     for mb in micro_batches:
         (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
     ctx.optimizer.step()  # gradients never cleared: step t also applies step t-1's gradient
-    if ctx.scheduler is not None:
-        ctx.scheduler.step()
-
-
-def step_loss_not_divided(ctx, micro_batches):
-    for mb in micro_batches:
-        ctx.loss_fn(ctx.model, mb).backward()  # not divided by K: K micro-batches give K times the gradient
-    ctx.optimizer.step()
-    ctx.optimizer.zero_grad()
     if ctx.scheduler is not None:
         ctx.scheduler.step()
 
@@ -358,14 +192,6 @@ def step_clip_before_unscale(ctx, micro_batches):
     ctx.scheduler.step()
 
 
-def step_scheduler_per_micro_batch(ctx, micro_batches):
-    for mb in micro_batches:
-        (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
-        ctx.scheduler.step()  # K schedule steps per optimizer step
-    ctx.optimizer.step()
-    ctx.optimizer.zero_grad()
-
-
 def save_model_only(ctx):
     return {"model": ctx.model.state_dict()}
 
@@ -376,39 +202,6 @@ def load_model_only(ctx, state):
 
 def resume_losing_optimizer_state() -> tropt.Setup:
     return loop_setup(save_state=save_model_only, load_state=load_model_only)
-
-
-def ddp_setup(step=None) -> tropt.Setup:
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(64, 10, generator=g)
-    y = (x @ torch.randn(10, 4, generator=g)).argmax(1)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 4))
-    return tropt.Setup(model, ce, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
-                       [(x[:32], y[:32]), (x[32:], y[32:])], step=step)
-
-
-def step_dividing_by_world_size(ctx, micro_batches):
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    for mb in micro_batches:
-        (ctx.loss_fn(ctx.model, mb) / world).backward()  # DDP already averages: this halves the gradient again
-    ctx.optimizer.step()
-    ctx.optimizer.zero_grad()
-
-
-# =============================================================================================== stage 5: dynamics
-KNOWN_GOOD_LR = 0.1  # SGD on this least-squares problem diverges above ~1.0
-
-
-def linreg_setup(lr: float, *, val: bool = False) -> tropt.Setup:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 16, generator=g)
-    y = x @ torch.randn(16, 1, generator=g) + 0.1 * torch.randn(1024, 1, generator=g)
-    ds = torch.utils.data.TensorDataset(x, y)
-    torch.manual_seed(0)
-    return tropt.Setup(nn.Linear(16, 1), lambda m, b: F.mse_loss(m(b[0]), b[1]),
-                       lambda m: torch.optim.SGD(m.parameters(), lr=lr), DataLoader(ds, batch_size=64, shuffle=True),
-                       val_data=DataLoader(ds, batch_size=256) if val else None)
 
 
 # =============================================================================================== stage 6: perf
@@ -427,12 +220,6 @@ class SlowDataset(Dataset):
         return self.x[i], self.y[i]
 
 
-def small_mlp_setup(data, width: int = 32, **kw) -> tropt.Setup:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 3))
-    return tropt.Setup(model, ce, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), data, **kw)
-
-
 def in_memory_batches(n: int = 4, b: int = 64):
     g = torch.Generator().manual_seed(0)
     return [(torch.randn(b, 8, generator=g), torch.randint(0, 3, (b,), generator=g)) for _ in range(n)]
@@ -442,7 +229,7 @@ def compute_bound() -> tropt.Setup:
     """In-memory batches (waiting for one is a pointer copy) and a 512-wide MLP step on 256 samples (milliseconds)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 3))
-    return tropt.Setup(model, ce, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), in_memory_batches(b=256))
+    return tropt.Setup(model, ce_loss, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), in_memory_batches(b=256))
 
 
 def slow_loader() -> tropt.Setup:
@@ -522,22 +309,22 @@ CASES: list[Case] = [
     Case("data.label_sanity", "defect", lambda: labels([0, 1, np.nan, 1, 0, 2]), (FAIL,), has("missing label"),
          {"label": "y"}, plot="label sanity lists problems in tables; it has no series or picture"),
     # ------------------------------------------------------------------------------------------ stage 1: pipeline
-    Case("data.sampling", "healthy", pipeline, (P,), lambda r: r.metrics["one_class_batches"] == 0.0),
-    Case("data.sampling", "defect", class_sorted, (FAIL,),
+    Case("data.sampling", "healthy", cc.healthy, (P,), lambda r: r.metrics["one_class_batches"] == 0.0),
+    Case("data.sampling", "defect", cc.class_sorted, (FAIL,),
          lambda r: "hold a single class" in r.summary and r.metrics["same_order_every_pass"] is True),
-    Case("data.eval_transforms", "healthy", pipeline, (P,), lambda r: r.metrics["features_fail"] == 0),
-    Case("data.eval_transforms", "defect", val_without_normalisation, (FAIL,),
-         lambda r: r.metrics["features_fail"] == CD and "far beyond sampling noise" in r.summary),
+    Case("data.eval_transforms", "healthy", cc.healthy, (P,), lambda r: r.metrics["features_fail"] == 0),
+    Case("data.eval_transforms", "defect", cc.val_without_normalisation, (FAIL,),
+         lambda r: r.metrics["features_fail"] == cc.D and "far beyond sampling noise" in r.summary),
     # ------------------------------------------------------------------------------------------ stage 2
     Case("model.init_loss", "healthy", model_setup, (P,), lambda r: r.metrics["objective"] == "cross_entropy"),
     Case("model.init_loss", "defect", badly_scaled_last_layer, (FAIL,),
          lambda r: r.metrics["ratio"] > 3 and r.metrics["last_layer"] == "4" and "last layer (4)" in r.summary),
-    Case("model.eval_metric", "healthy", pipeline, (P,), lambda r: r.metrics["majority_class_score"] == 0.25),
+    Case("model.eval_metric", "healthy", cc.healthy, (P,), lambda r: r.metrics["majority_class_score"] == 0.25),
     Case("model.eval_metric", "defect", metric_ignoring_the_output, (FAIL,),
          lambda r: "for every predictor" in r.summary and r.tables["scores"]["score"].nunique() == 1),
     # A known gap, kept visible: this FAIL names its cause (metrics["model_calls"] == 0) but carries no evidence
     # table (the trivial predictors' scores are left out), and so has nothing to plot. It passes once it does.
-    Case("model.eval_metric", "defect_closure", metric_closing_over_another_model, (FAIL,),
+    Case("model.eval_metric", "defect_closure", cc.metric_closing_over_the_original_model, (FAIL,),
          lambda r: "never calls the model it is given" in r.summary and r.metrics["model_calls"] == 0,
          marks=(pytest.mark.xfail(strict=True, reason="model.eval_metric: the FAIL for a metric that never calls the "
                                   "model it is given has empty tables (no scores) and plot() raises"),)),
@@ -575,8 +362,8 @@ CASES: list[Case] = [
     Case("loop.ddp", "defect", lambda: ddp_setup(step_dividing_by_world_size), (FAIL,),
          lambda r: "averaging is applied twice" in r.summary and r.tables["parameters"]["rel_error"].min() > 0.4,
          marks=SLOW),
-    Case("loop.train_mode", "healthy", pipeline, (P,), lambda r: set(r.tables["modules"]["verdict"]) == {"ok"}),
-    Case("loop.train_mode", "defect", model_left_in_eval_mode, (FAIL,), has("handed over in eval mode")),
+    Case("loop.train_mode", "healthy", cc.healthy, (P,), lambda r: set(r.tables["modules"]["verdict"]) == {"ok"}),
+    Case("loop.train_mode", "defect", cc.model_left_in_eval_mode, (FAIL,), has("handed over in eval mode")),
     # ------------------------------------------------------------------------------------------ stage 5
     Case("dynamics.loss_curve", "healthy", lambda: linreg_setup(KNOWN_GOOD_LR, val=True), (P,),
          lambda r: r.metrics["class"] == "healthy" and r.metrics["val_points"] >= 10),

@@ -1,9 +1,10 @@
-"""Shared fixtures of the stage-4 tests: the Setups (an MLP, a token-level LM, a ReduceLROnPlateau loop), the planted
-bugs several check files use, and running every invariance check under the no-mutation helper."""
+"""Shared fixtures of the stage-4 tests: the Setups (an MLP, a token-level LM, a ReduceLROnPlateau loop, the loop.ddp
+MLP), the planted bugs several check files use, and running every invariance check under the no-mutation helper."""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
@@ -22,10 +23,12 @@ CHECKS = {
 
 
 def mlp_setup(step=None, *, k=1, scheduler=True, clip=None, scaler=False, optimizer="adamw", dropout=0.0, **kw):
+    """A 10-32-4 MLP on 4 batches of 24; ``dropout=None`` leaves the Dropout layer out (a plain Linear-ReLU-Linear)."""
     x, y = make_classification(n=96, d=10, classes=4, seed=1)
     batches = [(x[i:i + 24], y[i:i + 24]) for i in range(0, 96, 24)]
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 4))
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), *([] if dropout is None else [nn.Dropout(dropout)]),
+                          nn.Linear(32, 4))
     opt = {"adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
            "sgd": lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)}[optimizer]
     return tropt.Setup(model, ce_loss, opt, batches, step=step, accumulation_steps=k,
@@ -118,6 +121,24 @@ def lm_setup(step):
     torch.manual_seed(0)
     return tropt.Setup(TinyLM(), lm_loss, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), token_batches(),
                        step=step, accumulation_steps=4)
+
+
+def ddp_setup(step=None, k=1, batchnorm=False):
+    """The loop.ddp Setup: a 10-16-4 MLP (BatchNorm optional) on two batches of 32, SGD."""
+    x, y = make_classification(n=64, d=10, classes=4, seed=2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 16), *([nn.BatchNorm1d(16)] if batchnorm else []), nn.ReLU(), nn.Linear(16, 4))
+    return tropt.Setup(model, ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                       [(x[:32], y[:32]), (x[32:], y[32:])],
+                       step=step, accumulation_steps=k)
+
+
+def step_dividing_by_world_size(ctx, micro_batches):
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) / world).backward()  # DDP already averages: this halves the gradient
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
 
 
 def step_plateau(ctx, micro_batches):

@@ -53,6 +53,17 @@ def run(check, setup, **kw):
         return check(setup, progress=False, **kw)
 
 
+class IgnoresInput(nn.Module):
+    """The healthy MLP fed zeros instead of its input: it can only learn the label marginals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x):
+        return self.net(torch.zeros_like(x))
+
+
 class Detached(nn.Module):
     """A side branch whose output is detached: its parameters require grad but never get one."""
 

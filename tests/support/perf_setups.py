@@ -22,8 +22,8 @@ def quiet_machine(monkeypatch):
     monkeypatch.setattr(thr, "oversubscription", lambda *a, **k: [], raising=False)
 
 
-def mlp_setup(data, **kw):
+def mlp_setup(data, *, width: int = 32, **kw):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+    model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 3))
     return tropt.Setup(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]),
                        lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), data, **kw)

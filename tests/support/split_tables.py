@@ -28,8 +28,14 @@ def make_table(n: int, seed: int, id_start: int, start: str, end: str) -> pd.Dat
     return df
 
 
-def with_copies(train: pd.DataFrame, test: pd.DataFrame, k: int, seed: int = 3) -> pd.DataFrame:
-    """Test with its first k rows replaced by copies of k train rows (features, label; new id and date)."""
+def clean_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """600 train rows of 2023, 300 test rows of 2024: no shared rows, ids or dates; the label depends on f_float."""
+    return make_table(600, 0, 0, "2023-01-01", "2023-12-31"), make_table(300, 1, 10_000, "2024-01-01", "2024-06-30")
+
+
+def with_copies(train: pd.DataFrame, test: pd.DataFrame, k: int, seed: int = 3) -> tuple[pd.DataFrame, np.ndarray]:
+    """Test with its first k rows replaced by copies of k train rows (features, label; new id and date), and the
+    positions of the train rows copied."""
     rng = np.random.default_rng(seed)
     src = rng.choice(len(train), k, replace=False)
     test = test.copy()
