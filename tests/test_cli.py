@@ -105,3 +105,58 @@ def test_diagnose_prints_each_line_as_its_check_finishes(monkeypatch, capsys):
     main(["diagnose", "--split", f"train={SAMPLES}/train.csv", "--split", f"test={SAMPLES}/test.csv", "--label",
           "churned", "--checks", "data.exact_duplicates,data.label_sanity", "--fail-on", "never"])
     assert "data.exact_duplicates" in printed_before[1]  # the first check's line was out before the second ran
+
+
+# ---------------------------------------------------------------------------------------------- hostile values (#31)
+TERMINAL_PAYLOAD = "\x1b]0;pwned\x07\x1b[2J\x1b[31mred\rFAIL forged\nline"
+
+
+def _hostile_label_splits(tmp_path, value):
+    import pandas as pd
+
+    train = pd.DataFrame({"x": range(40), "y": ["a", "b"] * 20})
+    test = pd.DataFrame({"x": range(12), "y": ["a", "b"] * 4 + [value] * 4})
+    train.to_csv(tmp_path / "train.csv", index=False)
+    test.to_csv(tmp_path / "test.csv", index=False)
+    return ["--split", f"train={tmp_path / 'train.csv'}", "--split", f"test={tmp_path / 'test.csv'}", "--label", "y"]
+
+
+def test_diagnose_prints_no_control_character_from_a_label_value(tmp_path, capsys):
+    splits = _hostile_label_splits(tmp_path, TERMINAL_PAYLOAD)
+    code = main(["diagnose", *splits, "--checks", "data.class_coverage,data.label_shift", "--json",
+                 str(tmp_path / "findings.json")])
+    out, err = capsys.readouterr()
+    assert code == 1
+    for stream in (out, err):
+        assert not any(c in stream for c in "\x1b\x07\r"), repr(stream)
+    # the value is still shown, as escapes, and on the check's own line (it forges no line of its own)
+    line = next(ln for ln in out.splitlines() if ln.startswith("FAIL   data.class_coverage"))
+    assert "\\x1b]0;pwned\\x07\\x1b[2J" in line and "\\rFAIL forged\\nline" in line
+    assert not any(ln.startswith("line") for ln in out.splitlines())
+    # the findings keep the value itself
+    saved = json.loads((tmp_path / "findings.json").read_text())
+    cells = [v for r in saved["results"] for t in r["tables"].values() for row in t["data"] for v in row]
+    assert TERMINAL_PAYLOAD in cells
+
+
+def test_cli_error_messages_print_no_control_character(tmp_path, capsys):
+    code = main(["diagnose", "--setup", f"{tmp_path}/\x1b]0;pwned\x07.py:make"])
+    err = capsys.readouterr().err
+    assert code == 2 and "\x1b" not in err and "\x07" not in err and "\\x1b]0;pwned\\x07" in err
+
+
+def test_a_failed_json_write_keeps_the_earlier_file_and_exits_2_naming_it(tmp_path):
+    """A disk that fills during --json (RLIMIT_FSIZE): the earlier findings.json is intact, exit 2 names the path."""
+    splits = _hostile_label_splits(tmp_path, "c")
+    target = tmp_path / "findings.json"
+    target.write_text('{"earlier": "findings"}')
+    script = ("import resource, signal, sys\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))\n"
+              "from tropt.cli import main\n"
+              f"sys.exit(main({['diagnose', *splits, '--checks', 'data.class_coverage', '--json', str(target)]!r}))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert str(target) in done.stderr and "Traceback" not in done.stderr
+    assert json.loads(target.read_text()) == {"earlier": "findings"}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left

@@ -138,3 +138,29 @@ def test_fingerprint_never_raises():
 
     fp, err = fingerprint(None, {"train": Odd()})
     assert fp is None and err and "splits:" in err
+
+
+def _surrogate_frames(odd: str):
+    rng = np.random.default_rng(0)
+    train = pd.DataFrame({"x": rng.normal(size=60), "y": pd.Series(["a", "b"] * 30, dtype=object)})
+    test = pd.DataFrame({"x": rng.normal(size=20), "y": pd.Series(["a", "b"] * 8 + [odd] * 4, dtype=object)})
+    return train, test
+
+
+@pytest.mark.parametrize("where", ["class", "split"])
+def test_a_lone_surrogate_in_a_class_or_split_name_keeps_the_report(where, tmp_path):
+    odd = "bad\udcffname"  # what os.listdir returns for a folder name that is not UTF-8
+    train, test = _surrogate_frames(odd if where == "class" else "c")
+    splits = {"train": train, (odd if where == "split" else "test"): test}
+    report = tropt.diagnose(None, splits, label="y", checks="data.label_sanity", progress=False)
+    assert report["data.label_sanity"].status is tropt.Status.PASS  # the report is not lost to its identity
+    fp = report.identity["data_fingerprint"]
+    assert fp and report.identity["data_fingerprint_error"] is None
+    # exact: another surrogate (another name on disk) is another fingerprint
+    train2, test2 = _surrogate_frames("bad\udcfename" if where == "class" else "c")
+    other = {"train": train2, ("bad\udcfename" if where == "split" else "test"): test2}
+    assert fingerprint(None, other, label="y")[0] != fp
+    assert fingerprint(None, splits, label="y")[0] == fp
+    back = tropt.Report.from_json(report.to_json(tmp_path / "findings.json"))
+    assert back.to_dict() == report.to_dict()
+    report.to_html(tmp_path / "report.html")

@@ -165,3 +165,41 @@ def test_checks_that_could_not_run_for_one_reason_are_one_finding():
     assert sum(why in line for line in summary_lines(Report(results))) == 1  # the CLI's verdict names it once
     head = Report(results).to_markdown().split("## All checks")[0]
     assert head.count("disagree on the batch dimension") == 1 and "perf.memory" in head
+
+
+def test_the_headline_says_how_many_checks_ran_and_which_stages_were_not_examined():
+    """A data-only run (no Setup): 5 data checks PASS, every other check SKIPs. The headline counted the skipped checks
+    as if they had found nothing ("nothing to fix in 27 checks"): it must say 5 ran and stages 2-6 were not examined."""
+    import numpy as np
+    import pandas as pd
+
+    from tropt.verdict import summary_lines
+
+    rng = np.random.default_rng(0)
+    splits = {name: pd.DataFrame({"a": rng.normal(size=n), "b": rng.normal(size=n), "y": rng.integers(0, 2, n)})
+              for name, n in (("train", 200), ("test", 100))}
+    report = tropt.diagnose(splits=splits, label="y", progress=False)
+    v = verdict(report)
+    ran = sum(r.status.value != "skip" for r in report)
+    assert ran == 5 and len(report.results) == 27, [(r.check, r.status) for r in report]
+    assert v.headline == ("nothing to fix in the 5 checks that ran (22 of 27 skipped; not examined: stage 2 "
+                          "objective, stage 3 can it learn, stage 4 is the update right, stage 5 dynamics, "
+                          "stage 6 throughput)")
+    assert v.ran == 5 and [s for s, _ in v.unexamined_stages] == [2, 3, 4, 5, 6]
+    assert summary_lines(report)[0] == f"verdict: PASS: {v.headline}"  # every surface shows it
+    assert v.headline in report._repr_html_() and v.headline in report.to_markdown()
+
+
+def test_the_headline_counts_only_the_checks_that_ran_and_names_a_stage_only_when_all_its_checks_skipped():
+    v = verdict(Report(RESULTS))  # loop.loss_scaling skipped, but loop.accumulation ran: stage 4 was examined
+    assert v.headline == "3 FAIL, 1 ERROR, 2 WARN of 8 checks (7 ran, 1 skipped); fix them in this order"
+    assert v.unexamined_stages == []
+    ok = [CheckResult("data.label_shift", "pass", "labels agree"), CheckResult("model.init_loss", "skip", "no Setup"),
+          CheckResult("model.eval_metric", "skip", "no metric"), CheckResult("loop.zero_grad", "pass", "ok")]
+    assert verdict(Report(ok)).headline == ("nothing to fix in the 2 checks that ran (2 of 4 skipped; not examined: "
+                                            "stage 2 objective)")
+    assert verdict(Report(ok[:1])).headline == "nothing to fix in the 1 check that ran"
+    skipped = [CheckResult("loop.resume", "skip", "no save_state")]
+    assert verdict(Report(skipped)).headline == ("nothing was checked: the 1 check skipped (not examined: stage 4 is "
+                                                 "the update right)")
+    assert verdict(Report([])).headline == "nothing was checked: no checks in the report"

@@ -1,7 +1,8 @@
 """The page per check id (``docs/checks/<id>.md``, shipped in the package): what a check does, what its statuses
 mean, the usual causes with the minimal fix for each, its thresholds and its cost.
 
-``tropt.explain("loop.accumulation")`` shows the page in a notebook (its ``_repr_markdown_``) and prints as text.
+``tropt.explain("loop.accumulation")`` shows the page in a notebook (its ``_repr_markdown_``); at a Python prompt and in
+``print(tropt.explain(...))`` it is the page's text.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class CheckDoc:
         return self.text
 
     def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:  # what a Python prompt shows for ``tropt.explain(id)``: the page, not a dataclass
         return self.text
 
 

@@ -1,4 +1,8 @@
-"""The ``tropt`` command line: ``tropt checks``, ``tropt diagnose`` and ``tropt report``."""
+"""The ``tropt`` command line: ``tropt checks``, ``tropt diagnose``, ``tropt report`` and ``tropt plan``.
+
+Everything it prints goes through :func:`echo`: a value from the user's data (a label, a split name, a path) reaches
+the terminal with its control characters escaped, so it can neither set the window title nor forge a line.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,20 @@ import sys
 from collections.abc import Sequence
 
 from .errors import TroptError
+from .output import terminal_line, terminal_text, write_text_atomic
+
+
+def echo(text: object = "", *, err: bool = False) -> None:
+    """Print ``text`` to stdout (``err``: stderr) for a terminal: control characters escaped, flushed at once."""
+    print(terminal_text(text), file=sys.stderr if err else sys.stdout, flush=True)
 
 
 def result_line(result, width: int = 26) -> str:
-    """One check's line: status, id, summary (what ``tropt diagnose`` prints as each check finishes)."""
+    """One check's line: status, id, summary (what ``tropt diagnose`` prints as each check finishes); one line
+    whatever the summary holds."""
     from .verdict import _MARK
 
-    return f"{_MARK[result.status.value]}  {result.check:<{width}}  {result.summary}"
+    return f"{_MARK[result.status.value]}  {terminal_line(result.check):<{width}}  {terminal_line(result.summary)}"
 
 
 def format_report(report) -> str:
@@ -44,12 +55,12 @@ def _cmd_checks(args: argparse.Namespace) -> int:
 
     df = list_checks()
     if df.empty:
-        print("no checks are implemented in this version")
+        echo("no checks are implemented in this version")
         return 0
     for stage, rows in df.groupby("stage", sort=True):
-        print(f"stage {stage}: {rows['stage_name'].iloc[0]}")
+        echo(f"stage {stage}: {rows['stage_name'].iloc[0]}")
         for _, row in rows.iterrows():
-            print(f"  {row['id']:<26} {row['title']} — {row['description']}")
+            echo(f"  {row['id']:<26} {row['title']} — {row['description']}")
     return 0
 
 
@@ -64,23 +75,23 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     setup = load_setup(args.setup) if args.setup else None
     if setup is not None and args.seed is not None:
         setup = setup.replace(seed=args.seed)
-    print("checks, as they finish:", flush=True)
+    echo("checks, as they finish:")
     report = diagnose(setup, _parse_splits(args.split), label=args.label, group=args.group, time=args.time,
                       checks=args.checks, task=args.task, progress=False, budget=args.budget,
-                      on_result=lambda r: print(result_line(r), flush=True))
-    print()
-    print(format_report(report))
+                      on_result=lambda r: echo(result_line(r)))
+    echo()
+    echo(format_report(report))
     from .budgets import oversubscribed
 
     note = oversubscribed()
     if note:
-        print(f"note: {note}")
+        echo(f"note: {note}")
     if args.json:
         report.to_json(args.json)
-        print(f"findings written to {args.json}")
+        echo(f"findings written to {args.json}")
     if args.html:
         report.to_html(args.html)
-        print(f"HTML report written to {args.html}")
+        echo(f"HTML report written to {args.html}")
     return 1 if report.failed(args.fail_on) else 0
 
 
@@ -101,17 +112,17 @@ def _cmd_report(args: argparse.Namespace) -> int:
     outcome = run_report(args.kind, params, args.output, no_input=not args.show_input,
                          progress=not args.no_progress and sys.stderr.isatty())  # a bar in a CI log is noise
     if outcome.report is not None:
-        print(format_report(outcome.report))
+        echo(format_report(outcome.report))
     if outcome.error:
-        print(f"tropt: report failed: {outcome.error}", file=sys.stderr)
-    print(f"notebook: {outcome.notebook}\nhtml:     {outcome.html}"
+        echo(f"tropt: report failed: {outcome.error}", err=True)
+    echo(f"notebook: {outcome.notebook}\nhtml:     {outcome.html}"
           + (f"\nfindings: {outcome.findings}" if outcome.findings else ""))
     if outcome.comparison is not None:
         from .experiments.comparison import Comparison
 
-        print(f"comparison: {outcome.comparison}\n{Comparison.from_json(str(outcome.comparison)).summary()}")
+        echo(f"comparison: {outcome.comparison}\n{Comparison.from_json(str(outcome.comparison)).summary()}")
     if outcome.plan is not None:
-        print(f"plan:     {outcome.plan} ({outcome.plan.with_suffix('.html')}): {str(outcome.plan_outcome).upper()}")
+        echo(f"plan:     {outcome.plan} ({outcome.plan.with_suffix('.html')}): {str(outcome.plan_outcome).upper()}")
     return outcome.exit_code(args.fail_on)
 
 
@@ -127,13 +138,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check_output_file(out, "-o")
     plan = OptimizationPlan.from_report(args.findings, args.comparison)
     if out.endswith(".md"):
-        with open(out, "w", encoding="utf-8") as fh:
-            fh.write(plan.to_markdown())
+        write_text_atomic(out, plan.to_markdown())
     elif out.endswith(".json"):
         plan.to_json(out)
     else:
         plan.to_html(out)
-    print(f"plan: {plan.outcome.upper()} — {plan.outcome_reason}\nwritten to {out}")
+    echo(f"plan: {plan.outcome.upper()} — {plan.outcome_reason}\nwritten to {out}")
     return 1 if plan.escalates else 0
 
 
@@ -238,10 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "e.g. tropt diagnose --setup data/samples/sample_setup.py:make_setup")
         return args.func(args)
     except TroptError as exc:
-        print(f"tropt: error: {exc}", file=sys.stderr)
+        echo(f"tropt: error: {exc}", err=True)
         return 2
     except OSError as exc:  # writing an output failed: bad input, not a failed gate (exit 1 means only that)
-        print(f"tropt: error: {exc}", file=sys.stderr)
+        echo(f"tropt: error: {exc}", err=True)
         return 2
     except KeyboardInterrupt as exc:
         import logging
@@ -254,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         terminated = isinstance(exc, Terminated)
         where = f"; {args.output} holds the previous report, unchanged" if args.command == "report" else ""
-        print(f"tropt: {'terminated' if terminated else 'interrupted'}{where}", file=sys.stderr)
+        echo(f"tropt: {'terminated' if terminated else 'interrupted'}{where}", err=True)
         return 143 if terminated else 130
 
 

@@ -20,6 +20,12 @@ def _sha(payload: bytes) -> str:
     return hashlib.sha256(payload).hexdigest()[:16]
 
 
+def _text_bytes(text: Any) -> bytes:
+    """``str(text)`` as bytes, exactly, whatever it holds: a lone surrogate (a non-UTF-8 file name as ``os.listdir``
+    gives it) is encoded as itself ("surrogatepass"), so distinct names stay distinct and nothing raises."""
+    return str(text).encode("utf-8", "surrogatepass")
+
+
 def _git_commit(path: str = ".") -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, timeout=5)
@@ -38,28 +44,37 @@ def _tensor_bytes(x: Any, out: list[bytes]) -> None:
         out.append(np.ascontiguousarray(x).tobytes())
     elif isinstance(x, Mapping):
         for k in sorted(x, key=str):
-            out.append(str(k).encode())
+            out.append(_text_bytes(k))
             _tensor_bytes(x[k], out)
     elif isinstance(x, (list, tuple)):
         for v in x:
             _tensor_bytes(v, out)
     else:
-        out.append(repr(x).encode())
+        out.append(_text_bytes(repr(x)))
+
+
+def _column_bytes(col: Any) -> bytes:
+    """A column's values as bytes for the fingerprint: pandas' hashes, or (for values pandas cannot hash, such as
+    strings with lone surrogates) each value's text, exactly."""
+    import pandas as pd
+
+    try:
+        return pd.util.hash_pandas_object(col, index=False).to_numpy().tobytes()
+    except (TypeError, ValueError):  # UnicodeEncodeError is a ValueError
+        return b"\x00".join(_text_bytes(repr(v)) for v in col.tolist())
 
 
 def _split_parts(datas: list, h: hashlib._Hash) -> None:
     """Feed the scanned splits into ``h``: the row fingerprints the data checks computed, plus labels/group/time."""
-    import pandas as pd
-
     for d in datas:
-        h.update(f"|{d.name}:{d.kind}:{d.n}|".encode())
+        h.update(_text_bytes(f"|{d.name}:{d.kind}:{d.n}|"))
         if d.fp is not None:
             h.update(np.ascontiguousarray(d.fp).data)
         for role in ("label", "group", "time"):
             col = getattr(d, role)
             if col is not None:
                 h.update(role.encode())
-                h.update(memoryview(pd.util.hash_pandas_object(col, index=False).to_numpy()))
+                h.update(_column_bytes(col))
 
 
 def fingerprint(setup: Setup | None = None, splits: Mapping | None = None, *, label=None, group=None, time=None,
@@ -92,10 +107,10 @@ def fingerprint(setup: Setup | None = None, splits: Mapping | None = None, *, la
 
         try:
             datas = load_splits(splits, Options.make(label, group, time, features), needs=frozenset())
+            _split_parts(datas, h)
         except Exception as exc:  # noqa: BLE001 - the identity records why; the findings stay
             errors.append(f"splits: {type(exc).__name__}: {exc}")
         else:
-            _split_parts(datas, h)
             used = True
     return (h.hexdigest()[:16] if used else None), ("; ".join(errors) or None)
 
@@ -105,11 +120,20 @@ def data_fingerprint(setup: Setup | None = None, splits: Mapping | None = None, 
     return fingerprint(setup, splits, **options)[0]
 
 
+def _config_hash(config: Mapping) -> str | None:
+    if not config:
+        return None
+    try:
+        return _sha(json.dumps(config, sort_keys=True, default=str).encode())
+    except (TypeError, ValueError):  # keys that do not sort: hash them in their own order
+        return _sha(_text_bytes(repr(sorted(config.items(), key=lambda kv: str(kv[0])))))
+
+
 def run_identity(setup: Setup | None = None, splits: Mapping | None = None, *, checks: list[str] | None = None,
                  label=None, group=None, time=None, features=None) -> dict[str, Any]:
     """Versions, device, seed, configuration hash, data fingerprint (and why it failed, if it did), git commit and
-    time of a diagnosis. ``label``/``group``/``time``/``features`` are the data checks' options, so the scan they
-    made in the same data session is reused."""
+    time of a diagnosis; never raises (a part that cannot be taken says why instead). ``label``/``group``/``time``/
+    ``features`` are the data checks' options, so the scan they made in the same data session is reused."""
     import pandas as pd
     import torch
 
@@ -130,7 +154,7 @@ def run_identity(setup: Setup | None = None, splits: Mapping | None = None, *, c
         "device": str(setup.device) if setup is not None else "cpu",
         "seed": setup.seed if setup is not None else None,
         "checks": checks,
-        "config_hash": _sha(json.dumps(config, sort_keys=True, default=str).encode()) if config else None,
+        "config_hash": _config_hash(config),
         "data_fingerprint": fp,
         "data_fingerprint_error": fp_error,
         "git_commit": _git_commit(),

@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import html
-import json
 import math
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -19,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from .output import cap_text, md_id, md_text, read_json, shorten, terminal_line, write_json, write_text_atomic
 
 
 class Status(str, Enum):
@@ -87,7 +87,11 @@ def _frame_to_dict(df: pd.DataFrame) -> dict:
 
 
 def _frame_from_dict(d: Mapping) -> pd.DataFrame:
-    df = pd.DataFrame(d["data"], columns=d["columns"], index=d.get("index"))
+    try:
+        df = pd.DataFrame(d["data"], columns=d["columns"], index=d.get("index"))
+    except UnicodeEncodeError:  # a lone surrogate (a non-UTF-8 file name) that Arrow strings cannot hold
+        index = None if d.get("index") is None else pd.Index(d["index"], dtype=object)
+        df = pd.DataFrame(d["data"], columns=pd.Index(d["columns"], dtype=object), index=index, dtype=object)
     df.index.name = d.get("index_name")
     for col, dtype in d.get("dtypes", {}).items():
         if col in df.columns and dtype != "object":
@@ -145,6 +149,9 @@ class CheckResult:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", Status(self.status))
+        # What a person reads is capped (a 1 MB label value is not a 1 MB line); the tables keep every value.
+        object.__setattr__(self, "summary", cap_text(str(self.summary)))
+        object.__setattr__(self, "advice", [cap_text(str(a)) for a in self.advice])
         for key, value in self.metrics.items():
             if isinstance(value, (Mapping, list, tuple, np.ndarray)) and not isinstance(value, str):
                 raise TypeError(f"CheckResult.metrics[{key!r}] must be a number or string, not {type(value).__name__}")
@@ -230,13 +237,17 @@ def _badge(status: Status) -> str:
 
 
 def _table_html(name: str, df: pd.DataFrame, max_rows: int = HTML_MAX_ROWS) -> str:
-    head = df.head(max_rows)
+    from .output import shown_frame
+
+    raw = df.head(max_rows)
+    head = shown_frame(raw)
     # A column of sentences (a reason, an advice) gets room to read instead of wrapping one word per line.
-    wide = {c: "22em" for c in head.columns if head[c].dtype == object and head[c].astype(str).str.len().max() > 40}
+    wide = {name: "22em" for i, name in enumerate(head.columns)
+            if raw.iloc[:, i].dtype == object and max((len(str(v)) for v in head.iloc[:, i]), default=0) > 40}
     shown = head.to_html(border=0, classes="tropt-table", float_format=_fmt, escape=True, col_space=wide or None)
     more = len(df) - max_rows
     tail = f'<div class="tropt-more">{more} more rows</div>' if more > 0 else ""
-    return (f'<div class="tropt-evidence" style="overflow-x:auto"><b>{html.escape(name)}</b> ({len(df)} rows)'
+    return (f'<div class="tropt-evidence" style="overflow-x:auto"><b>{html.escape(shorten(name))}</b> ({len(df)} rows)'
             f"{shown}{tail}</div>")
 
 
@@ -257,7 +268,8 @@ def result_html(r: CheckResult, open_details: bool = False, extra: str = "") -> 
         parts.append('<ul class="tropt-advice">' + "".join(f"<li>{e(a)}</li>" for a in r.advice) + "</ul>")
     body = []
     if r.metrics:
-        rows = "".join(f"<tr><th>{e(str(k))}</th><td>{e(_fmt(v))}</td></tr>" for k, v in r.metrics.items())
+        rows = "".join(f"<tr><th>{e(shorten(k))}</th><td>{e(shorten(_fmt(v)))}</td></tr>"
+                       for k, v in r.metrics.items())
         body.append(f'<table class="tropt-metrics">{rows}</table>')
     body.extend(_table_html(name, df) for name, df in r.tables.items())
     if extra:
@@ -364,7 +376,7 @@ class Report:
                    identity=dict(d.get("identity", {})))
 
     def to_json(self, path=None, indent: int = 2) -> str:
-        """Serialise to strict JSON; also write it to ``path`` when given."""
+        """Serialise to strict JSON; also write it to ``path`` when given (atomically, as :meth:`to_html`)."""
         return write_json(self.to_dict(), path, indent=indent)
 
     @classmethod
@@ -391,7 +403,7 @@ class Report:
             lines += ["", f"## {r.status.value.upper()} {md_id(r.check)} — {t(r.title)}", "", t(r.summary)]
             lines += [f"- {t(a)}" for a in r.advice]
             for name, df in r.tables.items():
-                lines += ["", f"**{t(name)}** ({len(df)} rows)", "", _markdown_table(df.head(HTML_MAX_ROWS))]
+                lines += ["", f"**{t(shorten(name))}** ({len(df)} rows)", "", _markdown_table(df.head(HTML_MAX_ROWS))]
                 if len(df) > HTML_MAX_ROWS:
                     lines.append(f"\n_{len(df) - HTML_MAX_ROWS} more rows_")
         return "\n".join(lines) + "\n"
@@ -409,11 +421,12 @@ class Report:
         )
 
     def to_html(self, path=None, title: str = "tropt report") -> str:
-        """A standalone HTML page (no external resources); also written to ``path`` when given."""
+        """A standalone HTML page (no external resources); also written to ``path`` when given (atomically: a
+        failed write leaves the earlier file, and the :class:`~tropt.errors.TroptError` names the path)."""
         ident = ""
         if self.identity:
             rows = "".join(
-                f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                f"<tr><th>{html.escape(shorten(k))}</th><td>{html.escape(shorten(v))}</td></tr>"
                 for k, v in self.identity.items()
             )
             ident = f"<details><summary>run identity</summary><table>{rows}</table></details>"
@@ -422,9 +435,7 @@ class Report:
             f"<style>{REPORT_CSS}</style></head><body>{self._repr_html_()}{ident}</body></html>"
         )
         if path is not None:
-            _parent_dir(path)
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(page)
+            write_text_atomic(path, page)
         return page
 
     def log_to(self, target: Any, step: int = 0, *, prefix: str = "tropt", figures: bool = True) -> None:
@@ -446,50 +457,16 @@ class Report:
     def __repr__(self) -> str:
         return f"<Report {self.status.value.upper()}: {len(self.results)} checks {self.counts()}>"
 
+    def __str__(self) -> str:
+        """What ``print(report)`` shows: the verdict (what to fix first), then one line per check in contract order;
+        safe for a terminal (control characters escaped)."""
+        from .verdict import verdict
 
-def write_json(data: Any, path: Any = None, *, indent: int = 2, allow_nan: bool = False) -> str:
-    """``data`` as JSON text, also written to ``path`` (its directory created) when given: one writer for every
-    object tropt saves (reports, comparisons, plans)."""
-    text = json.dumps(data, indent=indent, allow_nan=allow_nan)
-    if path is not None:
-        _parent_dir(path)
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    return text
-
-
-def read_json(text_or_path: str) -> Any:
-    """The JSON in ``text_or_path``: the text itself when it is an object literal, else the file it names."""
-    text = text_or_path
-    if not text_or_path.lstrip().startswith("{"):
-        with open(text_or_path, encoding="utf-8") as fh:
-            text = fh.read()
-    return json.loads(text)
-
-
-def _parent_dir(path) -> None:
-    import os
-
-    parent = os.path.dirname(os.fspath(path))
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-
-
-# Markdown syntax that could turn text into links, images, code or emphasis; backslash-escaped (renders invisibly).
-_MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_[]"})
-_PLAIN_ID = re.compile(r"[a-z0-9_.]+")
-
-
-def md_text(value: Any) -> str:
-    """User text as inert Markdown: HTML escaped (``<script>`` shows as text), Markdown syntax backslash-escaped,
-    and line breaks folded so the text cannot start a new block (a heading, a raw HTML block)."""
-    text = html.escape(str(value), quote=False).translate(_MD_SPECIAL)  # quotes matter only inside tags
-    return " ".join(text.splitlines())
-
-
-def md_id(check: str) -> str:
-    """A check id as inline code when it is a plain id (it may come from an untrusted findings.json)."""
-    return f"`{check}`" if _PLAIN_ID.fullmatch(check) else md_text(check)
+        width = max((len(c) for c in self.checks), default=10)
+        lines = [str(verdict(self)), ""]
+        lines += [f"{r.status.value.upper():<5}  {terminal_line(r.check):<{width}}  {terminal_line(r.summary)}"
+                  for r in self.results]
+        return "\n".join(lines)
 
 
 def _md_cell(value: Any) -> str:
@@ -498,8 +475,8 @@ def _md_cell(value: Any) -> str:
 
 
 def _markdown_table(df: pd.DataFrame) -> str:
-    cols = [str(df.index.name or "")] + [str(c) for c in df.columns]
+    cols = [shorten(df.index.name or "")] + [shorten(c) for c in df.columns]
     out = ["| " + " | ".join(_md_cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
     for idx, row in df.iterrows():
-        out.append("| " + " | ".join(_md_cell(_fmt(v)) for v in [idx, *row.tolist()]) + " |")
+        out.append("| " + " | ".join(_md_cell(shorten(_fmt(v))) for v in [idx, *row.tolist()]) + " |")
     return "\n".join(out)

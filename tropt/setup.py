@@ -7,7 +7,6 @@ deterministically (seeded) for reproducible comparisons.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import sys
@@ -23,6 +22,7 @@ from .core.batch import BatchLayout, to_device
 from .errors import SetupError, StepError, TroptError
 from .setup_validation import OptimizerFactory, SetupValidation, describe_callable
 from .setup_validation import optimizer_factory_from as optimizer_factory_from  # re-exported: integrations use it
+from .snapshot import copy_module
 from .training import StepContext, standard_step
 
 
@@ -230,7 +230,7 @@ class Setup(SetupValidation):
         Seeding first makes two builds with the same seed start from identical states.
         """
         torch.manual_seed(self.seed if seed is None else seed)
-        copy_ = copy.deepcopy(self.model if model is None else model).to(self.device)
+        copy_ = copy_module(self.model if model is None else model).to(self.device)
         if self.optimizer is None:
             return self._context(copy_, None, None, init_scale, accumulation_steps)
         try:

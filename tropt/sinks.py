@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterable
 from typing import Any
 
 from .errors import TroptError
+from .output import md_lines, md_text
 
 
 class Sink:
@@ -28,7 +30,12 @@ class Sink:
         """Log numbers under their keys at ``step``."""
 
     def text(self, key: str, text: str, step: int) -> None:
-        """Log a piece of text (a verdict, a warning)."""
+        """Log a piece of plain text (a verdict, a warning)."""
+
+    def markdown_text(self, key: str, text: str, markdown: str, step: int) -> None:
+        """Log a piece of text given both as plain text and as inert Markdown (every value escaped); a sink that
+        renders Markdown logs ``markdown``, the others ``text``."""
+        self.text(key, text, step)
 
     def figure(self, key: str, fig: Any, step: int) -> None:
         """Log a matplotlib figure (rendered by the caller from :mod:`tropt.plots`)."""
@@ -58,6 +65,10 @@ class MultiSink(Sink):
         for s in self.sinks:
             s.text(key, text, step)
 
+    def markdown_text(self, key, text, markdown, step):
+        for s in self.sinks:
+            s.markdown_text(key, text, markdown, step)
+
     def figure(self, key, fig, step):
         for s in self.sinks:
             if s.images:
@@ -73,7 +84,11 @@ class MultiSink(Sink):
 
 
 class TensorBoardSink(Sink):
-    """A ``torch.utils.tensorboard.SummaryWriter`` (or anything with its ``add_scalar``/``add_text``/``add_figure``)."""
+    """A ``torch.utils.tensorboard.SummaryWriter`` (or anything with its ``add_scalar``/``add_text``/``add_figure``).
+
+    TensorBoard renders text as Markdown, so what reaches ``add_text`` is inert Markdown: a value from the user's data
+    shows as text, never as a link, an image or a heading.
+    """
 
     name = "tensorboard"
     images = True
@@ -86,7 +101,10 @@ class TensorBoardSink(Sink):
             self.writer.add_scalar(k, v, step)
 
     def text(self, key, text, step):
-        self.writer.add_text(key, text, step)
+        self.writer.add_text(key, md_lines(text), step)
+
+    def markdown_text(self, key, text, markdown, step):
+        self.writer.add_text(key, markdown, step)
 
     def figure(self, key, fig, step):
         self.writer.add_figure(key, fig, step, close=False)  # the caller closes what it drew
@@ -262,11 +280,27 @@ def _numbers(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
     return out
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).splitlines())
+
+
 def verdict_text(result: Any) -> str:
-    """One result as the text a person reads in a logger: status, summary, advice."""
-    lines = [f"{result.status.value.upper()} {result.check}: {result.summary}"]
-    lines += [f"- {a}" for a in result.advice]
+    """One result as the text a person reads in a logger: status, summary, advice (one line each)."""
+    lines = [f"{result.status.value.upper()} {_one_line(result.check)}: {_one_line(result.summary)}"]
+    lines += [f"- {_one_line(a)}" for a in result.advice]
     return "\n".join(lines)
+
+
+_SAFE_ID = re.compile(r"[a-z0-9]+(?:[._][a-z0-9]+)*")  # every ``_`` inside a word: never emphasis in Markdown
+
+
+def verdict_markdown(result: Any) -> str:
+    """:func:`verdict_text` as inert Markdown: every value escaped as ``Report.to_markdown`` does
+    (:func:`tropt.output.md_text`); a registered-style check id stays as it is."""
+    check = result.check if _SAFE_ID.fullmatch(result.check) else md_text(result.check)
+    lines = [f"{result.status.value.upper()} {check}: {md_text(result.summary)}"]
+    lines += [f"- {md_text(a)}" for a in result.advice]
+    return "  \n".join(lines)
 
 
 def log_result(result: Any, sink: Sink, step: int, *, prefix: str = "tropt", figures: bool = True) -> None:
@@ -274,7 +308,7 @@ def log_result(result: Any, sink: Sink, step: int, *, prefix: str = "tropt", fig
     figure (from :func:`tropt.plots.plot_result`) where the sink stores images."""
     key = f"{prefix}/{result.check}"
     sink.scalars({f"{key}/status": float(result.status.rank), **_numbers(result.metrics, key)}, step)
-    sink.text(key, verdict_text(result), step)
+    sink.markdown_text(key, verdict_text(result), verdict_markdown(result), step)
     if figures and sink.images:
         _log_figure(result, sink, key, step)
 
@@ -297,10 +331,10 @@ def _log_figure(result: Any, sink: Sink, key: str, step: int) -> None:
 
 def log_report(report: Any, sink: Sink, step: int = 0, *, prefix: str = "tropt", figures: bool = True) -> None:
     """Write a whole :class:`tropt.Report`: its status, then every result (see :func:`log_result`)."""
-    from .verdict import summary_lines
+    from .verdict import summary_lines, summary_markdown
 
     sink.scalars({f"{prefix}/status": float(report.status.rank)}, step)
-    sink.text(f"{prefix}/verdict", "\n".join(summary_lines(report)), step)
+    sink.markdown_text(f"{prefix}/verdict", "\n".join(summary_lines(report)), "\n".join(summary_markdown(report)), step)
     for r in report.results:
         log_result(r, sink, step, prefix=prefix, figures=figures)
     sink.flush()
@@ -321,7 +355,7 @@ def log_targets(targets: Iterable[Any]) -> Sink:
 def log_events(events: list, sink: Sink, step: int) -> None:
     """Write the live monitor's new warnings: each as text (when and why) and as a 1 at ``tropt/warnings/<kind>``."""
     for ev in events:
-        sink.text(f"tropt/warning/{ev.kind}", f"step {ev.step}: {ev.message}", step)
+        sink.text(f"tropt/warning/{ev.kind}", f"step {ev.step}: {_one_line(ev.message)}", step)
     sink.scalars({f"tropt/warnings/{ev.kind}": 1.0 for ev in events}, step)
 
 

@@ -13,11 +13,13 @@ import random
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
+
+M = TypeVar("M", bound=nn.Module)
 
 _MODULE_HOOK_ATTRS = (
     "_forward_hooks",
@@ -166,6 +168,23 @@ class _ModuleState:
 
 def _state_dict(obj: Any) -> Any:
     return copy.deepcopy(obj.state_dict())
+
+
+def copy_module(module: M) -> M:
+    """A deep copy of ``module``, also when ``copy.deepcopy`` alone refuses it.
+
+    A tensor kept as a plain module attribute that autograd computed cannot be deep-copied ("Only Tensors created
+    explicitly by the user (graph leaves) support the deepcopy protocol"): the weight the hook-based
+    ``torch.nn.utils.spectral_norm`` / ``weight_norm`` computed at the last forward pass, an activation a model
+    caches. The copy gets such tensors detached; those hooks recompute the weight at the next forward. The
+    original is untouched (it keeps its graph).
+    """
+    memo: dict[int, Any] = {}
+    for m in module.modules():
+        for value in vars(m).values():
+            if isinstance(value, torch.Tensor) and not value.is_leaf:
+                memo[id(value)] = value.detach().clone()
+    return copy.deepcopy(module, memo)
 
 
 @dataclass

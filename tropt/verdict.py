@@ -13,6 +13,8 @@ from __future__ import annotations
 import html
 import math
 import os
+import sys
+import types
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,15 +135,54 @@ class Verdict:
     passed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
+    def __str__(self) -> str:
+        """The verdict as text (what ``print(tropt.verdict(report))`` shows): :func:`summary_lines`."""
+        return "\n".join(summary_lines(self))
+
+    @property
+    def total(self) -> int:
+        """How many checks the report holds (a grouped ERROR counts every check it stands for)."""
+        return sum(1 + len(f.same) for f in self.findings) + len(self.passed) + len(self.skipped)
+
+    @property
+    def ran(self) -> int:
+        """How many checks ran: every check that was not SKIPped."""
+        return self.total - len(self.skipped)
+
+    @property
+    def unexamined_stages(self) -> list[tuple[int, str]]:
+        """The contract stages (number, name) present in the report whose every check SKIPped: nothing was examined
+        there, whatever the overall status says."""
+        from .registry import STAGES
+
+        checks = [c for f in self.findings for c in (f.check, *f.same)] + self.passed + self.skipped
+        present = {_stage(c) for c in checks}
+        examined = {_stage(c) for c in checks if c not in set(self.skipped)}
+        return [(s, STAGES[s]) for s in sorted(present - examined) if s in STAGES]
+
     @property
     def headline(self) -> str:
-        """The overall verdict in one sentence."""
+        """The overall verdict in one sentence: the findings, how many checks ran, and the stages not examined.
+
+        A report whose checks mostly SKIPped must not read as a clean bill of health: the skipped checks are counted
+        apart, and a stage whose every check skipped is named as not examined."""
         n = {s: sum(1 + len(f.same) for f in self.findings if f.status is s) for s in _FINDING_ORDER}
         parts = [f"{n[s]} {s.value.upper()}" for s in _FINDING_ORDER if n[s]]
-        total = sum(n.values()) + len(self.passed) + len(self.skipped)
+        total, ran, skipped = self.total, self.ran, len(self.skipped)
+        stages = ", ".join(f"stage {s} {name}" for s, name in self.unexamined_stages)
+        unexamined = f"not examined: {stages}" if stages else ""
+        if not ran:
+            if not total:
+                return "nothing was checked: no checks in the report"
+            return (f"nothing was checked: {'the 1 check' if total == 1 else f'all {total} checks'} skipped"
+                    + (f" ({unexamined})" if unexamined else ""))
+        counts = "; ".join(b for b in (f"{skipped} of {total} skipped" if skipped else "", unexamined) if b)
         if not parts:
-            return f"nothing to fix in {total} checks"
-        return f"{', '.join(parts)} of {total} checks; fix them in this order"
+            return (f"nothing to fix in the {ran} {'check that' if ran == 1 else 'checks that'} ran"
+                    + (f" ({counts})" if counts else ""))
+        ran_part = f"{ran} ran, {skipped} skipped" if skipped else ""
+        detail = "; ".join(b for b in (ran_part, unexamined) if b)
+        return f"{', '.join(parts)} of {total} checks" + (f" ({detail})" if detail else "") + "; fix them in this order"
 
     @property
     def rest_line(self) -> str:
@@ -200,20 +241,23 @@ def verdict(report: Report | Iterable[CheckResult]) -> Verdict:
 _MARK = {"pass": "PASS ", "warn": "WARN ", "fail": "FAIL ", "error": "ERROR", "skip": "SKIP "}
 
 
-def summary_lines(report: Report | Iterable[CheckResult], width: int = 110) -> list[str]:
-    """The verdict as plain-text lines (the CLI): headline, numbered findings with their first fix, the rest."""
+def summary_lines(report: Report | Verdict | Iterable[CheckResult], width: int = 110) -> list[str]:
+    """The verdict as plain-text lines (the CLI): headline, numbered findings with their first fix, the rest. Safe
+    for a terminal: control characters in a value are escapes (:func:`tropt.output.terminal_line`)."""
     import textwrap
 
-    v = verdict(report)
-    lines = [f"verdict: {v.status.value.upper()}: {v.headline}"]
-    pad = max((len(f.check) for f in v.findings), default=10)
+    from .output import terminal_line as t
+
+    v = report if isinstance(report, Verdict) else verdict(report)
+    lines = [f"verdict: {v.status.value.upper()}: {t(v.headline)}"]
+    pad = max((len(t(f.check)) for f in v.findings), default=10)
     for i, f in enumerate(v.findings, 1):
-        lines.append(f"{i:>2}. {_MARK[f.status.value]}  {f.check:<{pad}}  {f.summary}")
+        lines.append(f"{i:>2}. {_MARK[f.status.value]}  {t(f.check):<{pad}}  {t(f.summary)}")
         if f.first_fix:
-            lines.append(textwrap.fill(f.first_fix, width, initial_indent=" " * (pad + 12) + "→ ",
+            lines.append(textwrap.fill(t(f.first_fix), width, initial_indent=" " * (pad + 12) + "→ ",
                                        subsequent_indent=" " * (pad + 14)))
     if v.rest_line:
-        lines.append(v.rest_line)
+        lines.append(t(v.rest_line))
     return lines
 
 
@@ -279,3 +323,15 @@ def summary_markdown(report: Report | Iterable[CheckResult]) -> list[str]:
     if v.rest_line:
         lines += ["", md_text(v.rest_line)]
     return lines
+
+
+class _CallableModule(types.ModuleType):
+    """``tropt.verdict`` is the public function and the name of this module alike; importing the module (any
+    rendering does) sets the package's attribute to the module, so the module calls the function: ``tropt.verdict
+    (report)`` works whichever the attribute holds."""
+
+    def __call__(self, report: Report | Iterable[CheckResult]) -> Verdict:
+        return verdict(report)
+
+
+sys.modules[__name__].__class__ = _CallableModule

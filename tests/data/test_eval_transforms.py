@@ -130,3 +130,22 @@ def test_a_contiguous_block_of_ordered_rows_is_another_population_not_a_transfor
         bad = run(check_eval_transforms, _digits_setup(contiguous=True, **kw))
         assert bad.status is Status.FAIL and bad.metrics["pattern"] == "transform", (kw, bad.summary)
         assert "Apply the training transform's preprocessing" in bad.advice[0]
+
+
+def _token_setup(val_as_list: bool = False):
+    """Token ids (int64) and labels only: no floating-point input whose statistics could be compared."""
+    g = torch.Generator().manual_seed(0)
+    ids, y = torch.randint(0, 50, (256, 12), generator=g), torch.randint(0, 2, (256,), generator=g)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Flatten(), torch.nn.Linear(96, 2))
+    val = DataLoader(TensorDataset(ids[192:], y[192:]), batch_size=32)
+    return tropt.Setup(model, cc.ce, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                       DataLoader(TensorDataset(ids[:192], y[:192]), batch_size=32, shuffle=True),
+                       val_data=list(val) if val_as_list else val)
+
+
+@pytest.mark.parametrize("val_as_list", [False, True], ids=["val_loader", "val_list"])
+def test_token_ids_only_is_a_skip_that_says_nothing_was_compared(val_as_list):
+    r = run(check_eval_transforms, _token_setup(val_as_list))
+    assert r.status is Status.SKIP, r.summary
+    assert "no floating-point input" in r.summary and "nothing was compared" in r.summary
+    assert r.metrics["features_compared"] == 0 and r.metrics["random_samples_compared"] == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from support.digit_tables import PIXELS, digits_with_copies
 from support.split_tables import OPTS, make_table, with_copies
 
 from tropt.data import check_exact_duplicates, check_near_duplicates
@@ -113,3 +114,56 @@ def test_one_hot_answers_are_a_small_feature_space_too(dtype):
     r = check_exact_duplicates({"train": wide.iloc[:2400], "test": test}, label="y", progress=False)
     assert (r.status is Status.FAIL and not r.metrics["small_feature_space"]
             and r.metrics["leaked_rows"] == 30), r.summary
+
+
+@pytest.mark.parametrize("share", [0.05, 0.10, 1.0])
+def test_copies_planted_before_the_split_are_not_excused_as_chance(share):
+    """Digits rows copied before a random split: 5% FAILed or WARNed depending on the split (this one: WARN), 10%
+    only WARNed 'expected by chance', and the doubled set said 78% leaked test rows were 'expected by chance': the
+    copies' own repeats made the feature space look small (the more copies, the smaller). Exact copies cannot make
+    rows that differ in a few columns (the space's step: here the 12-15 pixels the closest two different digits are
+    apart), and in a space small enough for chance copies those are at least as common as exact ones; here they are
+    rare, so the copies FAIL, every leaked row counted."""
+    train, test = digits_with_copies(share)
+    expected = int(test[PIXELS].apply(tuple, axis=1).isin(set(train[PIXELS].apply(tuple, axis=1))).sum())
+    r = check_exact_duplicates({"train": train, "test": test}, label="y", progress=False)
+    assert r.status is Status.FAIL and not r.metrics["small_feature_space"], r.summary
+    assert r.metrics["leaked_rows"] == expected and expected > 0.05 * len(test)
+    assert r.metrics["near_match_rate.test_in_train"] < 0.01 and r.metrics["copies_not_chance.test_in_train"]
+    assert r.metrics["exact_match_rate_sampled.test_in_train"] == pytest.approx(expected / len(test))
+    assert any("Drop the" in a for a in r.advice)
+    # The copies' repeats alone make the space look small (the bound today's verdict rested on); the summary says why
+    # that is not chance.
+    assert r.metrics["space_bound_small"] or share < 0.1
+    if r.metrics["space_bound_small"]:
+        assert "not chance" in r.summary and "columns" in r.summary, r.summary
+
+
+def test_clean_digits_have_no_exact_copies():
+    train, test = digits_with_copies(0.0)
+    r = check_exact_duplicates({"train": train, "test": test}, label="y", progress=False)
+    assert r.status is Status.PASS and r.metrics["leaked_rows"] == 0
+
+
+def test_a_genuinely_tiny_space_keeps_its_chance_verdict():
+    """Two binary columns (4 combinations), no copies: every test row matches train by chance, and as many have a
+    train row one column away. Still WARN 'too small to judge', never FAIL. So do tables whose few possible vectors
+    are far apart (the same binary answer in 4 columns: 0000 or 1111), and tables where one answer changes three
+    columns (q, q^2, q^3 of 6 five-point answers: 15,625 combinations, 22% of test rows in train by chance, none
+    within 2 columns): the near rows are counted within the space's step, the closest two different rows' distance."""
+    rng = np.random.default_rng(2)
+    df = pd.DataFrame({"a": rng.integers(0, 2, 1000), "b": rng.integers(0, 2, 1000)}).assign(y=rng.integers(0, 2, 1000))
+    r = check_exact_duplicates({"train": df.iloc[:800], "test": df.iloc[800:]}, label="y", progress=False)
+    assert r.status is Status.WARN and "too small to judge" in r.summary and r.metrics["small_feature_space"], r.summary
+    assert r.metrics["leaked_rows"] == 200 and r.metrics["near_match_rate.test_in_train"] == 1.0
+    bit = rng.integers(0, 2, 1000)
+    far = pd.DataFrame({f"c{i}": bit for i in range(4)}).assign(y=rng.integers(0, 2, 1000))
+    r = check_exact_duplicates({"train": far.iloc[:800], "test": far.iloc[800:]}, label="y", progress=False)
+    assert r.status is Status.WARN and r.metrics["small_feature_space"], r.summary
+    q = pd.DataFrame({f"q{i}": rng.integers(1, 6, 5000) for i in range(6)})
+    derived = pd.concat([q, q ** 2, q ** 3], axis=1, keys=["x", "sq", "cu"])
+    derived.columns = [f"{a}_{b}" for a, b in derived.columns]
+    derived["y"] = rng.integers(0, 2, 5000)
+    r = check_exact_duplicates({"train": derived.iloc[:4000], "test": derived.iloc[4000:]}, label="y", progress=False)
+    assert r.status is Status.WARN and r.metrics["small_feature_space"], r.summary
+    assert r.metrics["leaked_fraction"] > 0.1 and r.metrics["near_match_rate.test_in_train"] > 0.9

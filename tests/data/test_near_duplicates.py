@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from support.digit_tables import PIXELS, digit_table, digits_with_copies
 from support.split_tables import OPTS
 
 from tropt.data import check_exact_duplicates, check_near_duplicates
@@ -270,3 +271,43 @@ def test_near_duplicates_in_few_dimensions_see_magnitude():
     test.iloc[10:15, :4] = train.iloc[20:25, :4].to_numpy() + 1e-5  # near copies
     r = check_near_duplicates({"train": train, "test": test}, label="y", progress=False)
     assert r.metrics["leaked_rows"] == 5 and sorted(r.tables["near_duplicates"]["earlier_row"]) == list(range(20, 25))
+
+
+@pytest.mark.parametrize("near_constant", ["noisy", "kept_clean"])
+def test_tiny_noise_on_near_constant_columns_cannot_hide_copies(near_constant):
+    """Digits as a table, 30 test rows replaced by train rows plus N(0, 0.01) noise (pixels are 0-16): PASS 'no near
+    duplicates', while the same copies with the noise kept off the near-constant border pixels FAILed. Dividing by a
+    border pixel's std (0.03) made the noise a third of a standard deviation. A column's scale is now at least half
+    the size of its own deviations from its median, so the noise stays tiny: both find exactly the 30 copies."""
+    x = digit_table()
+    perm = np.random.default_rng(0).permutation(len(x))
+    train, test = x.iloc[perm[:1437]], x.iloc[perm[1437:]]
+    rng = np.random.default_rng(1)
+    src = rng.choice(len(train), 30, replace=False)
+    noise = rng.normal(0, 0.01, (30, 64))
+    if near_constant == "kept_clean":
+        noise[:, train[PIXELS].std(ddof=0).to_numpy() < 0.5] = 0.0
+    leaked = test.copy()
+    leaked.iloc[:30, :64] = train.iloc[src, :64].to_numpy() + noise
+    with untouched(train, leaked):
+        r = check_near_duplicates({"train": train, "test": leaked}, label="y", progress=False)
+    assert r.status is Status.FAIL and r.metrics["leaked_rows"] == 30, r.summary
+    ev = r.tables["near_duplicates"]
+    assert sorted(ev["row"]) == sorted(test.index[:30]) and not ev["exact"].any()
+    assert dict(zip(ev["row"], ev["earlier_row"])) == dict(zip(test.index[:30], train.index[src]))
+    clean = check_near_duplicates({"train": train, "test": test}, label="y", progress=False)
+    assert clean.status is Status.PASS and clean.metrics["leaked_rows"] == 0, clean.summary
+
+
+@pytest.mark.parametrize("share", [0.1, 1.0])
+def test_digit_copies_are_not_excused_as_chance_either(share):
+    """Digits with 10% (or all) of its rows copied before the split: near_duplicates found the exact copies but
+    excused them as chance, by data.exact_duplicates' feature-space rule, which the copies' own repeats fooled (WARN,
+    none of them judged). The rule now also asks for the near rows chance would bring (see data.exact_duplicates):
+    every copy counts toward the FAIL."""
+    train, test = digits_with_copies(share)
+    expected = int(test[PIXELS].apply(tuple, axis=1).isin(set(train[PIXELS].apply(tuple, axis=1))).sum())
+    r = check_near_duplicates({"train": train, "test": test}, label="y", progress=False)
+    assert r.status is Status.FAIL and not r.metrics["small_feature_space"], r.summary
+    assert r.metrics["leaked_rows"] == r.metrics["exact_copies.test_in_train"] == expected
+    assert "max_pair_fraction_not_exact" not in r.metrics

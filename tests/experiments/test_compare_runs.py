@@ -176,3 +176,33 @@ def test_model_factory_is_seeded_per_run_and_best_selection():
         c = comp.curves(r.candidate, r.seed)
         assert r.score == r.best == min(c["val_loss"])
         assert r.best_step == c["eval_step"][c["val_loss"].index(r.best)]
+
+
+def _hand_sgd(lr: float):
+    """A loop that updates the parameters by hand: no optimizer object at all (Setup(optimizer=None))."""
+
+    def step(ctx, micro_batches):
+        ctx.model.zero_grad(set_to_none=True)
+        loss = sum(ctx.loss_fn(ctx.model, mb) for mb in micro_batches) / len(micro_batches)
+        loss.backward()
+        with torch.no_grad():
+            for p in ctx.model.parameters():
+                p -= lr * p.grad
+        return loss.detach()
+
+    return step
+
+
+def test_a_hand_written_update_without_an_optimizer_is_compared():
+    base = make_setup()
+    setup = tropt.Setup(base.model, base.loss_fn, None, base.train_data, base.val_data, step=_hand_sgd(0.02),
+                        batch_size=32, num_classes=3)
+    with untouched(setup):
+        comp = tropt.compare(setup, {"faster_lr": {"step": _hand_sgd(0.5)}}, budget=tropt.Budget(steps=40),
+                             reinit=True, progress=False)
+    runs = comp.runs
+    assert (runs["status"] == "ok").all(), runs["reason"].tolist()
+    assert (runs["steps"] == 40).all() and (runs["optimizer"] == "none (hand-written update)").all()
+    assert all(math.isnan(x) for x in comp.curves("baseline", 0)["lr"])  # no learning rate to read
+    d = comp.decision().iloc[0]
+    assert d["verdict"] == "adopt", d["reason"]  # 25x the learning rate of a plain SGD that barely moves

@@ -160,3 +160,46 @@ def _wait_for_wandb(wandb_dir, timeout=60.0):
     while not wandb_finished(wandb_dir):
         assert time.monotonic() < deadline, "wandb never wrote the run's exit record"
         time.sleep(0.1)
+
+
+class _RecordingWriter:
+    """Anything with SummaryWriter's methods is a TensorBoard target: this one records what add_text got."""
+
+    def __init__(self):
+        self.texts = {}
+
+    def add_scalar(self, *a, **k):
+        pass
+
+    def add_figure(self, *a, **k):
+        pass
+
+    def add_text(self, tag, text, step=None):
+        self.texts[tag] = text
+
+    def flush(self):
+        pass
+
+
+MARKDOWN_PAYLOADS = ["[click](http://evil.example/)", "![img](http://evil.example/x.png)",
+                     "<img src=http://evil.example/y.png>", "line\n# heading\n> quote", "`code` **bold** _em_"]
+
+
+def test_report_log_to_tensorboard_renders_no_markup_from_user_text():
+    markdown = pytest.importorskip("markdown")  # what TensorBoard's text plugin renders with
+    hostile = " ".join(MARKDOWN_PAYLOADS)
+    report = tropt.Report([tropt.CheckResult("data.class_coverage", "fail", hostile, advice=[hostile]),
+                           tropt.CheckResult(hostile, "warn", "a hostile id from a findings.json")])
+    writer = _RecordingWriter()
+    report.log_to(writer, figures=False)
+    from tropt.sinks import as_sink
+
+    sink = as_sink(writer)
+    sink.text("tropt/note", hostile, 0)  # plain text handed to the sink directly is made inert too
+    assert {"tropt/verdict", "tropt/data.class_coverage", "tropt/note"} <= set(writer.texts)
+    for tag, text in writer.texts.items():
+        page = markdown.markdown(text, extensions=["markdown.extensions.tables", "markdown.extensions.fenced_code"])
+        for markup in ("<a ", "<img", "<h1", "<blockquote", "<code>code", "<strong>bold", "<em>em"):
+            assert markup not in page, (tag, markup, page)
+        assert "evil.example" in page  # the text is still there, as text
+    assert writer.texts["tropt/data.class_coverage"].startswith("FAIL data.class_coverage: ")

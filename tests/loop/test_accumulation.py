@@ -344,3 +344,80 @@ def test_a_step_that_cannot_take_smaller_micro_batches_is_latent_without_accumul
     report = tropt.diagnose(mlp_setup(step, k=2, scheduler=False), checks=["loop.accumulation"], progress=False)
     # with accumulation on, the step is broken where it is used
     assert report["loop.accumulation"].status is Status.ERROR
+
+
+def readme_step(ctx, micro_batches):
+    """README "Fitting your loop", first pattern: each micro-batch loss / len(micro_batches), clip, step."""
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
+    torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), 1.0)
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad(set_to_none=True)
+
+
+def _loader_setup(loader, k):
+    return mlp_setup(readme_step, k=k, scheduler=False).replace(train_data=loader)
+
+
+def _dataset(n=91):
+    x, y = make_classification(n=n, d=10, classes=4, seed=1)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """Batches of 24 from an iterable dataset: their sizes cannot be known without reading it."""
+
+    def __iter__(self):
+        x, y = make_classification(n=96, d=10, classes=4, seed=1)
+        yield from ((x[i:i + 24], y[i:i + 24]) for i in range(0, 96, 24))
+
+
+def test_unequal_sizes_are_judged_on_the_split_the_data_really_produces():
+    """24+24+24+19 at K=2: the only unequal micro-batches this data produces are its 19-sample batch as 10+9. The
+    WARN is judged on that split, and its error is the one loss / K really gives there (computed here from loss_fn),
+    not the artificial 18+6 split's."""
+    from tropt.core.compare import max_rel_error
+
+    setup = _loader_setup(torch.utils.data.DataLoader(_dataset(), batch_size=24), k=2)
+    with untouched(setup):
+        r = check_accumulation(setup)
+    assert r.status is Status.WARN and r.metrics["uneven_split"] == "data", r.summary
+    assert r.metrics["data_uneven_sizes"] == "10+9" and r.metrics["uneven_sizes"] == "18+6"
+    assert "the 19-sample batch as 10+9" in r.summary and "unequal sizes" in r.summary
+
+    def grads(micro, weights):
+        ctx = setup.build()
+        for mb, w in zip(micro, weights):
+            (ce_loss(ctx.model, mb) * w).backward()
+        return {n: p.grad.clone() for n, p in ctx.model.named_parameters()}
+
+    short = setup.split(setup.sample_batch(), sizes=[19, 5])[0]
+    halves = setup.split(short, sizes=[10, 9])
+    expected = max_rel_error(grads([short], [1.0]), grads(halves, [0.5, 0.5]))
+    assert r.metrics["data_uneven_max_rel_error"] == pytest.approx(expected, rel=1e-3)
+    assert f"{expected:.1%}" in r.summary and r.metrics["data_uneven_max_rel_error"] < r.metrics["uneven_max_rel_error"]
+
+
+def test_a_batch_sampler_that_drops_the_remainder_gives_no_unequal_size_judgement():
+    """91 samples in batches of 24 with BatchSampler(drop_last=True): every batch the loop sees holds 24 samples, so
+    the artificial 18+6 split is a latent note, not a WARN (it was a WARN: batch sizes 'unknown')."""
+    ds = _dataset()
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(ds), 24, drop_last=True)
+    r = check_accumulation(_loader_setup(torch.utils.data.DataLoader(ds, batch_sampler=sampler), k=2))
+    assert r.status is Status.PASS and r.metrics["latent"] and r.metrics["train_batch_sizes"] == "24", r.summary
+    assert r.metrics["uneven_split"] == "artificial" and "artificial split (18+6)" in r.summary
+    # the sampler, not the dataset, says how many samples a pass draws: 72 of the 91, three batches of 24
+    sub = torch.utils.data.SubsetRandomSampler(range(72))
+    r = check_accumulation(_loader_setup(torch.utils.data.DataLoader(ds, batch_size=24, sampler=sub), k=2))
+    assert r.status is Status.PASS and r.metrics["train_batch_sizes"] == "24", r.summary
+
+
+def test_unknown_batch_sizes_warn_only_when_the_setup_accumulates_and_name_the_artificial_split():
+    loader = torch.utils.data.DataLoader(Stream(), batch_size=None)
+    r = check_accumulation(_loader_setup(loader, k=2))
+    assert r.status is Status.WARN and r.metrics["uneven_split"] == "artificial", r.summary
+    assert "an artificial split (18+6)" in r.summary
+    assert "the batch sizes this Setup's data gives are not known" in r.summary
+    # Without accumulation every step is one micro-batch, whatever the sizes: a latent note, never a WARN.
+    r = check_accumulation(_loader_setup(loader, k=1))
+    assert r.status is Status.PASS and r.metrics["latent"] and "does not accumulate" in r.summary, r.summary

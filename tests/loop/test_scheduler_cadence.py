@@ -145,3 +145,24 @@ def test_standard_step_leaves_a_metric_scheduler_to_the_epoch_loop():
     assert ctx.optimizer.param_groups[0]["lr"] == lr and ctx.scheduler.last_epoch == 0  # never stepped
     # its own step works
     assert tropt.diagnose(plateau_setup(), checks="loop", progress=False).status is not Status.ERROR
+
+
+def step_scheduler_before_optimizer_per_micro_batch(ctx, micro_batches):
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
+        ctx.scheduler.step()  # too early, and the optimizer steps once per micro-batch
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler")
+def test_scheduler_stepped_before_the_optimizer_is_found_when_k1_and_k4_cannot_be_compared():
+    """K=1 alone shows the order: the first update already uses the schedule's second learning rate. The K=4 run
+    steps the optimizer 4 times per call, so the two runs cannot be compared; that must not hide the order."""
+    r = check_scheduler_cadence(mlp_setup(step_scheduler_before_optimizer_per_micro_batch, k=4))
+    assert r.status is Status.WARN, r.summary
+    assert r.summary.startswith("the scheduler is stepped before optimizer.step()"), r.summary
+    assert "optimizer.step() ran 4 times with K=4 but 1 with K=1" in r.summary  # the comparison's problem, still said
+    assert r.metrics["lr_at_optimizer_step"] == pytest.approx(5e-3) and r.metrics["lr_planned"] == pytest.approx(1e-2)
+    assert r.metrics["see_also"] == "loop.accumulation"
+    assert any("after optimizer.step()" in a for a in r.advice) and any("once per call" in a for a in r.advice)

@@ -11,9 +11,10 @@ from torch import nn
 import tropt
 from tropt.batching import BatchLayout, batch_size, split_batch
 from tropt.core.capture import ScalerWatch
-from tropt.errors import TroptError
+from tropt.errors import StepError, TroptError
 from tropt.loop import check_resume, check_scheduler_cadence, check_zero_grad
 from tropt.loop._verdicts import steps_per_call_note
+from tropt.model import check_gradient_flow
 from tropt.result import Status
 from tropt.training import StepContext
 
@@ -196,3 +197,41 @@ def test_setup_without_an_optimizer_argument_needs_only_the_step():
     assert setup.optimizer is None and setup.validate().describe()["optimizer"] is None
     r = check_zero_grad(setup)
     assert r.status is Status.PASS and r.metrics["observed_at"] == "parameter change"
+
+
+# ------------------------------------------------------------------ an optimizer over frozen parameters only
+def _frozen_backbone_setup(**kw):
+    """The optimizer is built over the frozen backbone; the trainable head is in no optimizer (a TrainCheck error)."""
+    setup = _mlp_setup(optimizer=lambda m: torch.optim.SGD(m[0].parameters(), lr=0.1), **kw)
+    for p in setup.model[0].parameters():
+        p.requires_grad_(False)
+    return setup
+
+
+def test_an_optimizer_holding_only_frozen_parameters_is_named_by_zero_grad_and_gradient_flow():
+    setup = _frozen_backbone_setup()
+    results = {"loop.zero_grad": check_zero_grad(setup), "model.gradient_flow": check_gradient_flow(setup,
+                                                                                                    progress=False)}
+    for cid, r in results.items():
+        assert r.status is Status.FAIL, (cid, r.summary)
+        assert "never called optimizer.step()" not in r.summary, (cid, r.summary)  # it did call it
+        assert "every parameter the optimizer holds (2: '0.weight', '0.bias') has requires_grad=False" in r.summary
+        assert "the 2 trainable parameter(s) ('2.weight', '2.bias') are in no optimizer" in r.summary
+        assert any("p.requires_grad" in a for a in r.advice), r.advice
+        assert r.tables["optimizer_parameters"]["in_optimizer"].tolist() == [True, True, False, False]
+    assert results["loop.zero_grad"].metrics["frozen_in_optimizer"] == 2
+
+
+def test_a_step_that_skips_the_update_of_a_frozen_optimizer_names_it_in_the_error():
+    def step_if_any_gradient(ctx, micro_batches):
+        for mb in micro_batches:
+            (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
+        if any(p.grad is not None for g in ctx.optimizer.param_groups for p in g["params"]):
+            ctx.optimizer.step()  # skipped: the parameters the optimizer holds never get a gradient
+        ctx.optimizer.zero_grad()
+
+    with pytest.raises(StepError) as info:
+        check_zero_grad(_frozen_backbone_setup(step=step_if_any_gradient))
+    assert "never called optimizer.step()" in info.value.message  # true here
+    assert "every parameter the optimizer holds (2: '0.weight', '0.bias') has requires_grad=False" in info.value.message
+    assert "p.requires_grad" in info.value.fix

@@ -6,6 +6,8 @@ import pytest
 import torch
 from support import contract_cases as cc
 from support.contract_support import caught_by_exactly
+from torch import nn
+from torch.nn import functional as F
 
 import tropt
 from tropt.loop import check_train_mode
@@ -112,3 +114,83 @@ def test_without_an_optimizer_the_modes_are_read_per_call_of_the_step(monkeypatc
 def test_steps_must_be_positive():
     with pytest.raises(tropt.TroptError, match="steps >= 1"):
         check_train_mode(cc.healthy(), steps=0)
+
+
+# ------------------------------------------------------------------ eval-mode determinism (issue 27, section 4)
+class FunctionalDropout(nn.Module):
+    """Dropout written as a call, not a module: no nn.Dropout for a mode switch to reach.
+
+    ``how``: "default" calls F.dropout(h, 0.5) (its training flag defaults to True), "explicit" passes training=True,
+    "follows_mode" passes training=self.training (correct), "attention" runs scaled_dot_product_attention with a
+    dropout_p that ignores the mode.
+    """
+
+    def __init__(self, how: str, with_module: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.how = how
+        self.inp, self.out = nn.Linear(cc.D, 64), nn.Linear(64, cc.C)
+        self.drop = nn.Dropout(0.1) if with_module else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.inp(x))
+        if self.how == "default":
+            h = F.dropout(h, 0.5)
+        elif self.how == "explicit":
+            h = F.dropout(h, 0.5, training=True)
+        elif self.how == "follows_mode":
+            h = F.dropout(h, 0.5, training=self.training)
+        elif self.how == "attention":
+            q = h.view(len(h), 8, 8)
+            h = F.scaled_dot_product_attention(q, q, q, dropout_p=0.3).reshape(len(h), 64)
+        return self.out(self.drop(h))
+
+
+@pytest.mark.parametrize("how", ["default", "explicit"])
+def test_functional_dropout_that_ignores_eval_mode_warns_naming_it(how):
+    r = run(cc.make(model=FunctionalDropout(how)))
+    assert r.status is Status.WARN, r.summary  # it SKIPped: no nn.Dropout module
+    assert "two evaluations of the model in eval mode on the same batch differ" in r.summary
+    assert "F.dropout(p=0.5, training=True)" in r.summary and "in '(model)'" in r.summary
+    table = r.tables["functional_dropout"]
+    assert list(table["function"]) == ["F.dropout"] and list(table["calls"]) == [2]  # once per evaluation
+    assert r.metrics["eval_loss_first"] != r.metrics["eval_loss_second"] and r.metrics["functional_dropout_calls"] == 2
+    assert any("training=self.training" in a for a in r.advice)
+
+
+def test_attention_dropout_that_ignores_eval_mode_warns_naming_it():
+    r = run(cc.make(model=FunctionalDropout("attention")))
+    assert r.status is Status.WARN and "F.scaled_dot_product_attention(dropout_p=0.3)" in r.summary, r.summary
+
+
+def test_functional_dropout_next_to_a_dropout_module_is_still_found():
+    """The step trains its nn.Dropout in train mode (PASS before), but eval mode is not deterministic."""
+    r = run(cc.make(model=FunctionalDropout("explicit", with_module=True)))
+    assert r.status is Status.WARN and verdicts(r) == {"drop": "ok"}, r.summary
+    assert "F.dropout(p=0.5, training=True)" in r.summary
+
+
+def test_functional_dropout_is_added_to_a_train_mode_failure():
+    r = run(cc.make(model=FunctionalDropout("explicit", with_module=True).eval()))
+    assert r.status is Status.FAIL and "handed over in eval mode" in r.summary, r.summary
+    assert "F.dropout(p=0.5, training=True)" in r.summary and len(r.tables["functional_dropout"]) == 1
+
+
+def test_functional_dropout_that_follows_the_mode_does_not_warn():
+    r = run(cc.make(model=FunctionalDropout("follows_mode")))
+    assert r.status is Status.SKIP and "no dropout or batch-norm" in r.summary, r.summary
+    assert r.metrics["eval_rel_diff"] == 0.0 and r.metrics["functional_dropout_calls"] == 0
+    assert "two evaluations in eval mode agree" in r.summary
+
+
+def noisy_loss(model, batch):
+    """A diffusion-style objective: the loss draws its own noise; the model itself is deterministic."""
+    x, y = batch
+    return F.cross_entropy(model(x + 0.5 * torch.randn_like(x)), y)
+
+
+def test_randomness_drawn_by_the_loss_is_a_note_not_a_warning():
+    r = run(cc.make(model=cc.net(bn=False, dropout=0.0)).replace(loss_fn=noisy_loss))
+    assert r.status is Status.SKIP, r.summary  # no dropout at all: nothing to warn about
+    assert r.metrics["eval_rel_diff"] > 0 and r.metrics["eval_same_seed_agree"] is True
+    assert "random draws" in r.summary and "the same RNG state" in r.summary

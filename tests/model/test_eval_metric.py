@@ -205,3 +205,76 @@ def test_the_sample_setup_runs_the_new_checks(sample_module):
                                                    "model.eval_metric": Status.PASS, "loop.train_mode": Status.SKIP}
     scores = report["model.eval_metric"].tables["scores"].set_index("predictor")["score"]
     assert scores["majority_class"] == 0.5 and scores["perfect"] == 1.0  # balanced accuracy cannot be gamed
+
+
+# ------------------------------------------------------------------ metrics that read the model's own loss (issue 28)
+class OwnLoss(nn.Module):
+    """A Hugging Face-style classifier: ``model(x=..., labels=...)`` returns ``{"loss", "logits"}``, its loss cross
+    entropy (``smoothing``: with label smoothing, a rule tropt does not reproduce)."""
+
+    def __init__(self, smoothing: float = 0.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.smoothing = nn.Linear(cc.D, 3), smoothing
+
+    def forward(self, x, labels=None):
+        logits = self.lin(x)
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = F.cross_entropy(logits, labels, label_smoothing=self.smoothing)
+        return out
+
+
+def neg_eval_loss(model, batches):
+    """The Trainer's eval_loss (negated: higher is better): the mean of outputs.loss over the validation batches."""
+    return -float(torch.stack([model(**b)["loss"] for b in batches]).mean())
+
+
+def own_loss_setup(smoothing: float = 0.0) -> tropt.Setup:
+    g = torch.Generator().manual_seed(0)
+    teacher = torch.randn(cc.D, 3, generator=g)
+    batches = []
+    for _ in range(4):
+        x = torch.randn(32, cc.D, generator=g)
+        batches.append({"x": x, "labels": (x @ teacher).argmax(1)})
+    return tropt.Setup(OwnLoss(smoothing), lambda m, b: m(**b)["loss"], lambda m: torch.optim.Adam(m.parameters()),
+                       batches[:2], val_data=batches[2:], metric=tropt.Metric(neg_eval_loss, higher_is_better=True))
+
+
+def test_a_metric_reading_the_models_own_loss_is_a_function_of_its_predictions():
+    """The trivial predictors replaced the logits but left outputs.loss as the model computed it: every predictor
+    scored the same and the Trainer's eval_loss was 'not a function of the model's predictions'. The loss is now
+    recomputed for each predictor's prediction, by the rule that reproduces the model's own."""
+    r = run(own_loss_setup())
+    assert r.status is Status.PASS, r.summary
+    scores = r.tables["scores"].set_index("predictor")["score"]
+    assert scores["perfect"] == pytest.approx(0.0, abs=1e-3)  # confident true labels: cross entropy ~0
+    assert scores["majority_class"] < scores["model"] - 1.0 and scores["random"] < scores["model"]
+
+
+def test_the_trainers_eval_loss_on_a_seq2seq_model_is_a_function_of_its_predictions():
+    pytest.importorskip("transformers")
+    from support import family_ports as fp
+
+    r = run(fp.t5_setup())
+    assert r.status is not Status.FAIL and "not a function" not in r.summary, r.summary
+    assert r.tables["scores"]["score"].nunique() == len(r.tables["scores"])  # every predictor scored differently
+
+
+def test_a_loss_tropt_cannot_reproduce_is_not_scored_for_the_predictors():
+    """Label smoothing inside the model: no standard loss reproduces outputs.loss, so a predictor's loss is unknown.
+    Rather than score every predictor with the model's own loss, the check says it could not score them."""
+    r = run(own_loss_setup(smoothing=0.1))
+    assert r.status is Status.SKIP and "not a function" not in r.summary, r.summary
+    assert "outputs.loss" in r.summary
+
+
+def test_a_metric_that_reads_only_the_labels_next_to_a_models_own_loss_still_fails():
+    """Recomputing the loss does not hide a metric that ignores the predictions."""
+    def label_share_of_0(model, batches):
+        for b in batches:
+            model(**b)
+        return float(torch.cat([b["labels"] for b in batches]).eq(0).float().mean())
+
+    r = run(own_loss_setup().replace(metric=tropt.Metric(label_share_of_0)))
+    assert r.status is Status.FAIL and "not a function" in r.summary, r.summary

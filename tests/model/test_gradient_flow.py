@@ -178,3 +178,41 @@ def test_a_zero_initialised_model_moving_by_its_own_norm_is_not_exploding():
     r = run(check_gradient_flow, setup)
     assert r.status is Status.PASS, r.summary
     assert r.metrics["update_ratio_max"] > 1.0  # the ratio alone would have called it exploding
+
+
+# ------------------------------------------------------------------ loop families (issue 28)
+def test_adafactor_with_no_learning_rate_is_updated_not_learning_rate_0():
+    """Adafactor(relative_step=True) holds lr=None: it schedules its own step size, which is not a rate of 0."""
+    pytest.importorskip("transformers")
+    from support import family_ports as fp
+
+    r = run(check_gradient_flow, fp.adafactor_setup())
+    assert r.status is Status.PASS, r.summary
+    assert "never updated" not in r.summary
+    assert r.tables["parameters"]["lr_nonzero"].all()
+
+
+def test_a_group_with_lr_0_next_to_adafactor_is_still_never_updated():
+    """The known-zero rate is still caught: only an lr tropt cannot read counts as unknown."""
+    pytest.importorskip("transformers")
+    from support import family_ports as fp
+    from transformers.optimization import Adafactor
+
+    def opt(m):
+        return Adafactor([{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": 0.0,
+                                                          "relative_step": False}],
+                         lr=None, relative_step=True, warmup_init=True, scale_parameter=True)
+
+    r = run(check_gradient_flow, fp.adafactor_setup().replace(optimizer=opt))
+    assert r.status is Status.FAIL and "learning rate 0" in r.summary, r.summary
+    assert problems(r) == {"2.weight", "2.bias"}
+
+
+def test_non_reentrant_checkpointing_with_dropout_runs():
+    """The reference gradient's forward and backward run in the same mode: a checkpointed block recomputed with
+    dropout switched back on would raise torch's CheckpointError."""
+    from support import family_ports as fp
+
+    r = run(check_gradient_flow, fp.checkpointed_dropout_setup())
+    assert r.status is Status.PASS, r.summary
+    assert r.metrics["init_grad_ratio"] > 0  # the reference at PyTorch's default initialisation was computed

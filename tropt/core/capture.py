@@ -63,11 +63,33 @@ def on_update(optimizer: Any, hook: Any) -> list[Any]:
     return handles
 
 
+def group_lr(optimizer: Any, group: dict) -> float:
+    """The learning rate ``group`` steps with at the coming ``optimizer.step()``, as a float; NaN when unknown.
+
+    A number (or a one-element tensor) in ``group["lr"]`` is that rate. An optimizer that schedules its own step
+    size has none there: Hugging Face's ``Adafactor(relative_step=True)`` takes ``lr=None`` and applies the relative
+    step ``min(1e-6 * t if warmup_init else 1e-2, 1 / sqrt(t))`` at its step ``t`` (times each parameter's RMS with
+    ``scale_parameter``), which is what is returned for it. Any other value (a missing key, None, a schedule
+    object) is NaN: unknown, never 0 (a rate of 0 means "never updated") and never a crash.
+    """
+    lr = group.get("lr")
+    if isinstance(lr, torch.Tensor) and lr.numel() == 1:
+        return float(lr.detach())
+    if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+        return float(lr)
+    if lr is None and group.get("relative_step") is True:  # Adafactor's relative step
+        steps = [s.get("step", 0) for p in group.get("params", ()) if isinstance(s := optimizer.state.get(p), dict)]
+        t = float(max((s for s in steps if isinstance(s, (int, float))), default=0)) + 1.0
+        return min(1e-6 * t if group.get("warmup_init") else 1e-2, 1.0 / math.sqrt(t))
+    return math.nan
+
+
 @dataclass
 class StepRecord:
     """What reached one ``optimizer.step()`` call, or one hand-written update (``observed_at="parameter change"``).
 
     ``grads`` are read at ``optimizer.step()``, after whatever the user's step did to them (unscale, clip).
+    ``lrs`` holds each param group's learning rate as :func:`group_lr` reads it (NaN where the optimizer says none).
     For a parameter-change record ``grads`` holds each parameter's update (value after the call minus before),
     ``grad_norm`` its global norm and ``lrs`` is empty (a hand-written update has no param groups).
     ``pre_clip`` is each parameter's gradient summed over the backward passes since the previous update, taken as
@@ -159,7 +181,7 @@ class StepRecorder:
 
     def _record(self, optimizer: torch.optim.Optimizer) -> StepRecord:
         scale = self._scale()
-        lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        lrs = [group_lr(optimizer, g) for g in optimizer.param_groups]
         grads: dict[str, torch.Tensor | None] = {}
         norm = float("nan")
         if self.capture != "lr":

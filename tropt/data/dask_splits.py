@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from ..output import terminal_line
 from . import limits
 from .columns import is_numeric
 from .hashing import hash_rows, mix
@@ -363,10 +364,10 @@ def map_split(reader: Any, name: str, kinds: dict, feats: list, label: Any, grou
         keep = ("time",) if time is not None and _reducible_time(ddf.dtypes[time]) else ()
         parts: Sequence[Any] = _gather_as_done(client,
                                 [client.submit(_without, f, keep, pure=False) for f in futures] if keep else futures,
-                                f"tropt: fingerprinting {name} on the Dask cluster", progress)
+                                f"tropt: fingerprinting {terminal_line(name)} on the Dask cluster", progress)
         futures = {"time": [client.submit(operator.getitem, f, "time", pure=False) for f in futures]} if keep else None
     else:
-        with _local_progress(len(tasks), f"tropt: fingerprinting {name} with Dask", progress):
+        with _local_progress(len(tasks), f"tropt: fingerprinting {terminal_line(name)} with Dask", progress):
             parts = compute(*tasks)
     lengths = np.array([p["n"] for p in parts], dtype=np.int64)
     n = int(lengths.sum())

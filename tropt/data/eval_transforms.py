@@ -404,16 +404,32 @@ def check_eval_transforms(setup: Setup, *, n_batches: int = 8, fail_effect: floa
     notes: list[str] = []
     _randomness(setup, how, diffs, metrics, tables, findings, notes)
     df = _feature_table(xt, xv)
+    read_twice = int(diffs["samples"].sum()) if diffs is not None and len(diffs) else 0
+    metrics.update(features_compared=0, random_samples_compared=read_twice)
     if df is not None:
         _judge_features(df, fail_effect, fail_std_ratio, warn_effect, warn_std_ratio, z, metrics, tables, findings)
+    elif not read_twice and not findings:
+        return _nothing_compared(dim, metrics, tables)
     else:
         notes.append("no floating-point input tensor in both splits to compare" if dim is not None
                      else "a custom split_fn layout: per-feature statistics not compared")
     status = max((f[0] for f in findings), key=lambda s: s.rank, default=Status.PASS)
     findings.sort(key=lambda f: -f[0].rank)
-    summary = "; ".join(f[1] for f in findings) if findings else (
-        "validation inputs are distributed like training inputs" + ("" if how is None else " and read deterministically"
-                                                                    if not setup.eval_augmentation else ""))
+    alike = ["validation inputs are distributed like training inputs"] if df is not None else []
+    if read_twice and not setup.eval_augmentation:
+        alike.append("validation inputs are read deterministically" if not alike else "read deterministically")
+    summary = "; ".join(f[1] for f in findings) if findings else " and ".join(alike) or "no difference found"
     if notes:
         summary += " (" + "; ".join(notes) + ")"
     return CheckResult(CHECK, status, summary, metrics, tables, [f[2] for f in findings])
+
+
+def _nothing_compared(dim: int | None, metrics: dict, tables: dict) -> CheckResult:
+    """SKIP: no floating-point input was compared between the splits nor read twice, so a PASS would say nothing."""
+    why = ("a custom split_fn layout hides where samples sit, so per-feature statistics are not compared, and no "
+           "floating-point input was read twice" if dim is None else
+           "no floating-point input in the batches besides the label (only integer or boolean tensors, such as token "
+           "ids or masks): per-feature statistics and repeated reads compare floating-point inputs only")
+    return CheckResult(CHECK, Status.SKIP, f"nothing was compared: {why}", metrics, tables,
+                       ["Nothing to fix. To have how evaluation data is prepared checked, give val_data whose batches "
+                        "carry the floating-point inputs the model reads (features, pixels, embeddings)."])

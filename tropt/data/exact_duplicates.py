@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from ..registry import register
 from ..result import CheckResult, Status
 from ._common import MAX_EVIDENCE, _label_kind, _labels, _load, _pct, _pkey
 from .exact_join import exact_join
-from .feature_space import space_words, too_small_to_judge
+from .feature_space import Chance, judge_chance, refutation_words, space_words
 
 
 def _exact_stats(datas: list, labels: list | None, max_evidence: int) -> dict:
@@ -68,13 +67,14 @@ def _conflicts(datas: list, labels: list | None, stats: dict) -> pd.DataFrame | 
     }).sort_values(["fingerprint", "split"], kind="stable").reset_index(drop=True)
 
 
-def _words(datas: list, stats: dict, metrics: dict, pair_rows: list, chance: bool, space: tuple | None,
+def _words(datas: list, stats: dict, metrics: dict, pair_rows: list, chance: bool, judged: Chance | None,
            group: Any) -> tuple[str, list[str]]:
     """The summary and advice for the copies found (chance copies in a feature space too small to judge)."""
     leaked, conflicting, within_total = metrics["leaked_rows"], stats["conflicting"], metrics["duplicates_within"]
     advice = []
     if leaked and chance:
-        assert space is not None  # chance comes with the feature space it was judged by
+        assert judged is not None  # chance comes with the feature space it was judged by
+        space = judged.space
         # Few possible feature vectors for the rows: copies across splits are what chance gives (rows repeat within
         # each split too), so they say nothing about leakage. Not FAIL; the numbers and the evidence stay.
         worst_pair = max(pair_rows, key=lambda r: r["leaked_fraction"])
@@ -97,6 +97,7 @@ def _words(datas: list, stats: dict, metrics: dict, pair_rows: list, chance: boo
         summary = (f"{leaked} row(s) of later splits have an exact copy in an earlier split "
                    f"(worst: {worst_pair['leaked_rows']} of {worst_pair['rows']} {worst_pair['split']} rows in "
                    f"{worst_pair['earlier_split']}, {_pct(worst_pair['leaked_fraction'])})")
+        summary += _refuted_words(datas, judged)
     else:
         summary = ("no row of a later split has an exact copy in an earlier split "
                    f"({', '.join(f'{d.name}: {d.n}' for d in datas)} rows)")
@@ -107,6 +108,35 @@ def _words(datas: list, stats: dict, metrics: dict, pair_rows: list, chance: boo
     if within_total:
         summary += f"; {within_total} duplicate row(s) within splits"
     return summary, advice
+
+
+def _refuted_words(datas: list, judged: Chance | None) -> str:
+    """Why the copies are not chance although the repeated rows alone make the feature space look small ('' when
+    the space did not look small)."""
+    if judged is None or not judged.small:
+        return ""
+    refuted = [(pair, nb) for pair, nb in judged.pairs.items() if nb["refuted"]]
+    if not refuted:
+        return ""
+    (li, ei), nb = max(refuted, key=lambda r: r[1]["exact_rate"])
+    return (f"; the repeated rows alone suggest a small feature space ({space_words(judged.space)}), but "
+            + refutation_words(nb, datas[li].name, datas[ei].name))
+
+
+def _judge(splits: Mapping[str, Any], datas: list, stats: dict, metrics: dict, opts: tuple[Any, Any, Any, Any, bool],
+           max_fraction: float, small_space: float) -> tuple[bool, Chance | None]:
+    """(whether every pair above ``max_fraction`` is chance in a feature space too small to judge, the judgement);
+    the feature space and each judged pair's near rows go into ``metrics``."""
+    over = [(li, ei) for (li, ei), (count, *_rest) in stats["pairs"].items() if count / datas[li].n > max_fraction]
+    if not over or not datas[0].tabular:
+        return False, None
+    judged = judge_chance(splits, *opts, datas, small_space, over)
+    assert judged is not None  # measured for a tabular split
+    judged.record(metrics, datas)
+    for d, distinct, repeat in zip(datas, stats["split_distinct"], stats["repeat_rows"]):
+        metrics[f"distinct_vectors.{d.name}"] = distinct
+        metrics[f"within_repeat_rate.{d.name}"] = repeat / d.n  # rows sharing their vector within the split
+    return all(judged.of(pair) for pair in over), judged
 
 
 @register("data.exact_duplicates", title="Exact duplicates across splits",
@@ -125,6 +155,12 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
     across and within splits, and the copies are a WARN with the distinct counts and within-split repeat rates.
     The bound is the product of the columns' distinct counts or, for discrete columns, the number of vectors the
     earliest split's repeating rows imply (one-hot columns are dependent: 20 of them may hold 1,296 answers).
+    Rows copied before a random split repeat too, and make that bound small, so chance must also show in rows the
+    copies cannot make: in a small space, later rows with an earlier row differing in a few columns (the space's
+    step, at least 2) are at least as common as later rows with an exact copy
+    (:func:`tropt.data.feature_space.neighbourhood`, on the splits' row samples). When rows matched only exactly
+    outnumber rows matched only nearly beyond a sign test (digits with 5%, 10% or all of its rows copied: under 1%
+    near), the copies are not chance and FAIL as above.
     """
     cid = "data.exact_duplicates"
     datas = _load(splits, label, group, time, features, progress)
@@ -146,17 +182,10 @@ def check_exact_duplicates(splits: Mapping[str, Any], *, label=None, group=None,
     if conflict_table is not None:
         tables["conflicting_labels"] = conflict_table
     leaked, worst = metrics["leaked_rows"], metrics["max_pair_fraction"]
-    space, chance = None, False
-    if worst > max_fraction and datas[0].tabular:
-        chance, space = too_small_to_judge(splits, label, group, time, features, progress, datas, small_space)
-        assert space is not None  # measured for a tabular split
-        if np.isfinite(space[0]):
-            metrics["feature_combinations_log10"] = round(space[0], 3)
-        for d, distinct, repeat in zip(datas, stats["split_distinct"], stats["repeat_rows"]):
-            metrics[f"distinct_vectors.{d.name}"] = distinct
-            metrics[f"within_repeat_rate.{d.name}"] = repeat / d.n  # rows sharing their vector within the split
+    chance, judged = _judge(splits, datas, stats, metrics, (label, group, time, features, progress), max_fraction,
+                            small_space)
     metrics["small_feature_space"] = bool(chance)
-    summary, advice = _words(datas, stats, metrics, pair_rows, chance, space, group)
+    summary, advice = _words(datas, stats, metrics, pair_rows, chance, judged, group)
     status = (Status.FAIL if worst > max_fraction and not chance
               else Status.WARN if leaked or stats["conflicting"] else Status.PASS)
     return CheckResult(cid, status, summary, metrics, tables, advice)

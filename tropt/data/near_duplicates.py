@@ -17,7 +17,7 @@ from ..registry import register
 from ..result import CheckResult, Status
 from . import neighbours as nb
 from ._common import MAX_EVIDENCE, _load, _pairs, _pct, _skip
-from .feature_space import space_words, too_small_to_judge
+from .feature_space import judge_chance, space_words
 from .near_search import NearDuplicateOptions, NearSearch, SearchPlan, _index_bytes
 
 __all__ = ["NearDuplicateOptions", "check_near_duplicates"]
@@ -140,25 +140,30 @@ def _words(s: NearSearch, datas: list) -> tuple[str, list[str]]:
 def _judged(splits: Mapping[str, Any], datas: list, s: NearSearch, o: NearDuplicateOptions, summary: str,
             advice: list[str]) -> tuple[float, str, list[str]]:
     """The pair fraction the verdict rests on: exact copies in a feature space too small to judge are chance (the
-    same rule as data.exact_duplicates), so only the other near duplicates count then."""
+    same rule as data.exact_duplicates, near rows included), so only the other near duplicates count then."""
     metrics, pair_rows = s.metrics, s.pair_rows
     worst = metrics["max_pair_fraction"]
-    judged = worst
-    if worst > o.max_fraction and s.plan.tabular and any(r["of_which_exact"] for r in pair_rows):
-        chance, space = too_small_to_judge(splits, o.label, o.group, o.time, o.features, o.progress, datas,
-                                           o.small_space)
-        metrics["small_feature_space"] = chance
-        if chance:
-            assert space is not None  # chance comes with the feature space it was judged by
-            judged = max((r["near_duplicates"] - r["of_which_exact"]) / r["rows"] for r in pair_rows)
-            metrics["max_pair_fraction_not_exact"] = judged
-            summary = (f"feature space too small to judge exact copies ({space_words(space)} for "
-                       f"{sum(d.n for d in datas)} rows): the {sum(r['of_which_exact'] for r in pair_rows)} "
-                       "exact copies "
-                       f"among the near duplicates are expected by chance; " + summary)
-            advice = ["Exact copies cannot show leakage here: check it by the entity instead (pass group= with the "
-                      "user/patient/session id)."] + (advice if judged > 0 else [])
-    return judged, summary, advice
+    if not (worst > o.max_fraction and s.plan.tabular and any(r["of_which_exact"] for r in pair_rows)):
+        return worst, summary, advice
+    at = {d.name: i for i, d in enumerate(datas)}
+    pairs = [(at[r["split"]], at[r["earlier_split"]]) for r in pair_rows]
+    over = [p for p, r in zip(pairs, pair_rows) if r["of_which_exact"] and r["fraction"] > o.max_fraction]
+    judged = judge_chance(splits, o.label, o.group, o.time, o.features, o.progress, datas, o.small_space, over)
+    assert judged is not None  # measured for a tabular split
+    chance = [judged.of(p) for p in pairs]
+    metrics["small_feature_space"] = any(chance)
+    if not any(chance):
+        return worst, summary, advice
+    judged_frac = max(((r["near_duplicates"] - r["of_which_exact"]) if c else r["near_duplicates"]) / r["rows"]
+                      for r, c in zip(pair_rows, chance))
+    metrics["max_pair_fraction_not_exact"] = judged_frac
+    excused = sum(r["of_which_exact"] for r, c in zip(pair_rows, chance) if c)
+    summary = (f"feature space too small to judge exact copies ({space_words(judged.space)} for "
+               f"{sum(d.n for d in datas)} rows): the {excused} exact copies "
+               f"among the near duplicates are expected by chance; " + summary)
+    advice = ["Exact copies cannot show leakage here: check it by the entity instead (pass group= with the "
+              "user/patient/session id)."] + (advice if judged_frac > 0 else [])
+    return judged_frac, summary, advice
 
 
 @register("data.near_duplicates", title="Near duplicates across splits",

@@ -5,6 +5,7 @@ threshold calibrated on the earlier split's own nearest-neighbour spacing (:clas
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,27 @@ class SearchPlan:
     total: int  # rows of every split
 
 
+DEVIATION_FLOOR = 0.5  # a table column's scale is at least this times its median deviation from its median
+DEVIATION_ELEMENTS = 1 << 22  # values of the row sample the deviations are measured on (32 MB in float64)
+
+
+def deviation_scale(x: np.ndarray) -> np.ndarray:
+    """Per column, the median absolute deviation from the column's median over the finite values that differ from
+    it (0 for a constant column or one without finite values), on evenly spaced rows (at most DEVIATION_ELEMENTS
+    values). Half of it is below the std of any column whose values do vary (0.34 std for a normal column), so it
+    only lifts the scale of columns that are near-constant: the size of their rare deviations, not how rare."""
+    x2 = x.reshape(len(x), -1)
+    rows = max(1, min(len(x2), DEVIATION_ELEMENTS // max(1, x2.shape[1])))
+    v = x2[:: -(-len(x2) // rows)].astype(np.float64)
+    v[~np.isfinite(v)] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-missing columns: NaN, made 0 below
+        dev = np.abs(v - np.nanmedian(v, axis=0))
+        dev[dev == 0] = np.nan
+        out = np.nanmedian(dev, axis=0)
+    return np.nan_to_num(out, nan=0.0)
+
+
 def prepare_vectors(datas: list[SplitData], plan: SearchPlan) -> dict[str, np.ndarray]:
     """One unit vector per row: the numeric block (standardised with the first split's statistics) and/or the text
     block (hashed trigrams of the normalised text), each weighted so that the cosine is their average."""
@@ -75,7 +97,11 @@ def prepare_vectors(datas: list[SplitData], plan: SearchPlan) -> dict[str, np.nd
         mean = mean64.astype(np.float32)
         scale = None
         if tabular:
-            scale = np.where(np.isfinite(std64) & (std64 > 0), std64, 1.0).astype(np.float32)
+            scale = np.where(np.isfinite(std64) & (std64 > 0), std64, 1.0)
+            # A near-constant column (a border pixel, 0 in all but a few rows) has a tiny std because it rarely
+            # deviates, not because its deviations are small: dividing by it made noise of 0.01 a third of a
+            # standard deviation, and 64 such columns hid copies. Its scale is at least half its typical deviation.
+            scale = np.fmax(scale, DEVIATION_FLOOR * deviation_scale(datas[0].numeric)).astype(np.float32)
         for d in datas:
             # Tables: a constant 1 (one standard deviation) next to the standardised features makes magnitude
             # count; tensors/images keep pure cosine (brightness/contrast changes are still near copies).

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from ..output import terminal_line
 from . import dask_splits, limits
 from . import neighbours as nb
 from .columns import column_kind, head_kinds, looks_like_text
@@ -293,7 +294,7 @@ def _scan_dataset(reader: Reader, progress: bool) -> SplitData:
     shape0: tuple | None = None
     cells = 0
     note = ""
-    for i in tqdm(range(n), desc=f"tropt: reading {name}", disable=not progress, leave=False):
+    for i in tqdm(range(n), desc=f"tropt: reading {terminal_line(name)}", disable=not progress, leave=False):
         try:
             sample = ds[i]
         except Exception as exc:

@@ -17,7 +17,7 @@ from ..errors import TroptError
 from ..result import read_json, write_json
 from .budget import Guardrails
 from .candidates import BASELINE
-from .stats import ADOPT, INCONCLUSIVE, REJECT_INSTABILITY, REJECT_QUALITY, Paired, decide, paired
+from .stats import ADOPT, INCONCLUSIVE, REJECT_INSTABILITY, REJECT_QUALITY, Paired, decide, holm, paired
 
 FORMAT = "tropt.comparison/1"
 _VERDICT_COLOUR = {ADOPT: "#1a7f37", REJECT_QUALITY: "#cf222e", REJECT_INSTABILITY: "#cf222e", INCONCLUSIVE: "#6e7781"}
@@ -91,22 +91,29 @@ class Comparison:
     # ------------------------------------------------------------------ tables
     def decision(self, guardrails: Guardrails | None = None) -> pd.DataFrame:
         """One verdict per candidate (adopt, reject: quality, reject: instability, escalate: budget, inconclusive),
-        its reason and the numbers behind it. ``guardrails`` defaults to the ones given to compare."""
+        its reason and the numbers behind it. ``guardrails`` defaults to the ones given to compare.
+
+        The candidates are one family: their p-values are adjusted by Holm's method (``p_adjusted``, over
+        ``family_size`` candidates), so the chance that any of them is adopted or rejected by chance stays at 5%."""
         g = guardrails if guardrails is not None else self.guardrails
         if not isinstance(g, Guardrails):
             raise TroptError(f"decision: guardrails is a {type(g).__name__}", "pass tropt.Guardrails(...) or None")
         base = self._runs_of(BASELINE)
-        rows = [decide(n, self._runs_of(n), base, self.paired(n), metric=self.metric, guardrails=g,
-                       higher_is_better=self.higher_is_better)
-                for n in self.candidates if n != BASELINE]
+        names = [n for n in self.candidates if n != BASELINE]
+        tests = [self.paired(n) for n in names]
+        adjusted = holm([t.p_value for t in tests])
+        family = sum(_finite(p) for p in adjusted)
+        rows = [decide(n, self._runs_of(n), base, t, metric=self.metric, guardrails=g,
+                       higher_is_better=self.higher_is_better, p_adjusted=p, family=family)
+                for n, t, p in zip(names, tests, adjusted, strict=True)]
         cols = ["candidate", "verdict", "reason"]
         df = pd.DataFrame(rows)
         return df[cols + [c for c in df.columns if c not in cols]] if rows else pd.DataFrame(columns=cols)
 
     def to_frame(self, guardrails: Guardrails | None = None) -> pd.DataFrame:
         """One row per candidate (the baseline first): mean ± std over seeds, the paired gain to the baseline with
-        its 95% interval and p-value, time, throughput, cost, failures, instability, early-stopping savings and the
-        verdict."""
+        its 95% interval, p-value and Holm-adjusted p-value, time, throughput, cost, failures, instability,
+        early-stopping savings and the verdict."""
         m = self.metric
         verdicts = self.decision(guardrails).set_index("candidate") if len(self.candidates) > 1 else None
         overrides = self.meta.get("candidates", {})
@@ -122,11 +129,12 @@ class Comparison:
                 f"{m}_mean": float(s.mean()) if s.size else math.nan,
                 f"{m}_std": float(s.std(ddof=1)) if s.size > 1 else math.nan,
             }
-            if name == BASELINE:
-                row.update(gain=0.0, ci_low=math.nan, ci_high=math.nan, p_value=math.nan)
+            if name == BASELINE or verdicts is None:
+                row.update(gain=0.0, ci_low=math.nan, ci_high=math.nan, p_value=math.nan, p_adjusted=math.nan)
             else:
-                p = self.paired(name)
-                row.update(gain=p.gain, ci_low=p.ci_low, ci_high=p.ci_high, p_value=p.p_value)
+                v = verdicts.loc[name]
+                row.update(gain=v["gain"], ci_low=v["ci_low"], ci_high=v["ci_high"], p_value=v["p_value"],
+                           p_adjusted=v["p_adjusted"])
             extra = sorted({k for r in ok for k in r if k.startswith("final_") or k.startswith("test_")})
             for k in extra:
                 vals = [r[k] for r in ok if _finite(r.get(k))]

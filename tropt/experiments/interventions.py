@@ -68,9 +68,11 @@ def acceptance(metric: str, g: Guardrails, goal: str = "quality") -> str:
         return (f"samples/s ≥ {SPEEDUP:g}× the baseline's over the same seeds, with {metric} not worse "
                 f"beyond seed noise (quality drop ≤ {fmt(g.max_quality_drop)}{' relative' if g.relative else ''}) and "
                 f"unstable runs ≤ the baseline's + {g.max_instability_increase}")
-    parts = [f"{metric} better than the baseline beyond seed noise (paired t-test p < 0.05 and |gain| > the baseline's "
-             f"std over seeds, ≥ {MIN_SEEDS} seeds)",
-             f"quality drop ≤ {fmt(g.max_quality_drop)}{' (relative)' if g.relative else ''}",
+    parts = [f"{metric} better than the baseline: the paired 95% interval of the gain above min_effect "
+             f"{g.describe_min_effect()}, with the paired t-test's Holm-adjusted p < 0.05 across the comparison's "
+             f"candidates (≥ {MIN_SEEDS} seeds)",
+             f"not rejected for quality: the whole interval beyond a drop of {fmt(g.max_quality_drop)}"
+             f"{' (relative)' if g.relative else ''} rejects it",
              f"unstable runs ≤ the baseline's + {g.max_instability_increase}"]
     if g.max_seconds is not None:
         parts.append(f"≤ {fmt(g.max_seconds)} s per run")
@@ -100,7 +102,8 @@ def compared_candidate(row: dict, table: Any, comp: Any, g: Guardrails, budget: 
     ident = {**{k: ident.get(k) for k in ("config_hash", "data_fingerprint", "git_commit") if ident.get(k) is not None},
              "seeds": seeds, "comparison_id": comp.meta.get("comparison_id")}
     noise, n = row.get("noise"), row.get("seeds")
-    lim = [f"{n} paired seeds (seed noise {fmt(noise)})",
+    lim = [f"{n} paired seeds (the baseline's spread between seeds {fmt(noise)}; the decision reads the paired "
+           "differences, which the pairing frees of that spread)",
            f"budget {budget_text(budget)}: a longer run can rank candidates differently"]
     if isinstance(n, int) and n < MIN_SEEDS:
         lim.append(f"fewer than {MIN_SEEDS} seeds cannot tell a difference from noise")
@@ -125,9 +128,6 @@ def compared_candidate(row: dict, table: Any, comp: Any, g: Guardrails, budget: 
         verdict = ADOPT
         observed = (f"adopt (speed): {sps / base_sps:.2f}× the baseline's samples/s ({fmt(sps)} vs {fmt(base_sps)}) "
                     f"with the score within seed noise ({row['reason']})")
-    cost = row.get("cost_per_run")  # a price per run when the budget has cost_per_hour, else seconds per run
-    per = cost if finite(cost) and cost > 0 else secs
-    gpc = row["gain"] / per if finite(row.get("gain")) and finite(per) and per > 0 else math.nan
     if goal == "speed":
         lim.append("compare judges the score; the speed is read from wall time per run, which machine load moves")
     return {
@@ -135,7 +135,8 @@ def compared_candidate(row: dict, table: Any, comp: Any, g: Guardrails, budget: 
         "hypothesis": hyp, "changed": changed, "acceptance": acceptance(comp.metric, g, goal),
         "budget": budget_text(budget, comp), "identity": ident,
         "observed": observed, "limitations": lim, "rollback": rollback,
-        "gain": row.get("gain"), "gain_per_cost": gpc, "seconds": secs,
+        # cost is its own objective, reported beside the gain and never folded into it
+        "gain": row.get("gain"), "seconds": secs, "cost_per_run": row.get("cost_per_run"),
     }
 
 
@@ -143,9 +144,41 @@ VERDICT_ORDER = {ADOPT: 0, INCONCLUSIVE: 1, ESCALATE: 2}
 
 
 def priority(iv: dict) -> tuple:
-    """Adopted first by gain per cost (highest first), then inconclusive, escalated, rejected."""
-    gpc = iv.get("gain_per_cost")
-    return (VERDICT_ORDER.get(iv["verdict"], 3), -(gpc if finite(gpc) else -math.inf))
+    """Adopted first, then inconclusive, escalated, rejected; within each, by the gain on the selection metric
+    (largest first). Time and cost never rank: at the same compute, timing noise must not pick the winner, so equal
+    gains keep the order the candidates were given in (a stable sort)."""
+    gain = iv.get("gain")
+    return (VERDICT_ORDER.get(iv["verdict"], 3), -(gain if finite(gain) else -math.inf))
+
+
+# Overrides that set the same thing: two candidates changing one of them are alternatives, never a combination
+# (an optimizer comes with its own learning rate; batch_size re-batches train_data; use_scaler belongs to precision).
+KNOBS = {"lr": "learning rate", "optimizer": "learning rate", "precision": "precision", "use_scaler": "precision",
+         "train_data": "training data", "batch_size": "training data"}
+
+
+def knobs(overrides: Any) -> set[str]:
+    """The knobs a candidate's overrides turn (see :data:`KNOBS`; any other keyword is its own knob)."""
+    return {KNOBS.get(k, k) for k in (overrides or {})}
+
+
+def combination_notes(winner: str, others: list[str], overrides: dict[str, Any], metric: str) -> list[str]:
+    """What to compare next when several candidates beat the baseline and only ``winner`` is adopted: the
+    combination with those that turn other knobs; none with those that turn the same knob (alternatives)."""
+    mine = knobs(overrides.get(winner))
+    apart = [o for o in others if not knobs(overrides.get(o)) & mine]
+    same = [o for o in others if o not in apart]
+    notes = []
+    if apart:
+        notes.append(f"{', '.join(apart)} also beat the baseline and turn{'s' if len(apart) == 1 else ''} other knobs "
+                     f"than {winner} ({', '.join(sorted(mine)) or 'none'}); their combination with {winner} was not "
+                     f"compared, so only the best by gain on {metric} is adopted: compare the combination next")
+    if same:
+        shared = sorted(mine & set().union(*(knobs(overrides.get(o)) for o in same)))
+        notes.append(f"{', '.join(same)} also beat the baseline but set the same knob as {winner} "
+                     f"({', '.join(shared)}): they are alternatives, not a combination; {winner} is adopted for the "
+                     f"larger gain on {metric}")
+    return notes
 
 
 def hypothesis(s: Any, budget: Budget | None, g: Guardrails, why: str) -> dict[str, Any]:

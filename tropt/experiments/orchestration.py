@@ -121,7 +121,9 @@ def compare(
     early_stopping
         A patience (int) or :class:`tropt.experiments.EarlyStopping`: the same rule for every run.
     guardrails
-        :class:`tropt.Guardrails` for the decisions (default: no quality drop, no extra instability).
+        :class:`tropt.Guardrails` for the decisions (default: no quality drop, no extra instability, a minimum
+        effect of 0.5% of the baseline's mean). Decisions read the paired 95% interval of each candidate's gain, with
+        p-values Holm-adjusted across the candidates (see :mod:`tropt.experiments.stats`).
     executor
         Any ``concurrent.futures.Executor`` (e.g. :func:`tropt.experiments.dask_executor`); None runs sequentially
         in this process. Runs travel as cloudpickle bytes; results do not depend on the executor (use process-based

@@ -1,8 +1,9 @@
 """``OptimizationPlan``: from findings (and a comparison) to a decision a person can act on.
 
 The plan holds the baseline, the bottlenecks worst first, the prioritised interventions (blocking correctness fixes
-first, then compared candidates by guardrail-respecting gain per cost, then hypotheses never compared), the adopted
-changes and the stop / escalate conditions. Values only: it renders as Markdown, standalone HTML and JSON.
+first, then compared candidates by verdict and gain on the selection metric, then hypotheses never compared), the
+adopted changes and the stop / escalate conditions. Time and cost are reported beside the gain, never ranked by.
+Values only: it renders as Markdown, standalone HTML and JSON.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .candidates import BASELINE
 from .interventions import (
     NOT_COMPARED,
     blocking_fix,
+    combination_notes,
     compared_candidate,
     finite,
     fmt,
@@ -203,8 +205,9 @@ class OptimizationPlan:
         page = (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
                 f"<style>{REPORT_CSS}</style></head><body>{self._repr_html_()}</body></html>")
         if path is not None:
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(page)
+            from ..output import write_text_atomic
+
+            write_text_atomic(path, page)
         return page
 
     def __repr__(self) -> str:
@@ -247,9 +250,8 @@ def _build(rep: Report, comp: Any, budget: Budget | None, g: Guardrails, sugg: A
                                 "overfitting curve); the baseline stands")
     adopted = [iv for iv in interventions if iv.get("verdict") == ADOPT][:1]
     others = [iv["name"] for iv in interventions if iv.get("verdict") == ADOPT][1:]
-    if others:
-        notes.append(f"{', '.join(others)} also beat the baseline alone; their combination with {adopted[0]['name']} "
-                     "was not compared, so only the best by gain per cost is adopted: compare the combination next")
+    if others and comp is not None:
+        notes += combination_notes(adopted[0]["name"], others, comp.meta.get("candidates", {}), comp.metric)
     if blocking:
         outcome, reason = BLOCKED, (f"{len(blocking)} correctness FAIL{'s' if len(blocking) > 1 else ''} "
                                     f"({', '.join(r.check for r in blocking)}) block every comparison: fix "
@@ -268,8 +270,8 @@ def _build(rep: Report, comp: Any, budget: Budget | None, g: Guardrails, sugg: A
     elif adopted:
         outcome, reason = ADOPTED, f"adopt {adopted[0]['name']}: {adopted[0]['observed']}"
     elif comp is not None:
-        outcome, reason = KEEP, ("no candidate beat the baseline beyond seed noise inside the guardrails: "
-                                 "keep the baseline")
+        outcome, reason = KEEP, ("no candidate beat the baseline inside the guardrails (a paired 95% interval "
+                                 "above min_effect, Holm-adjusted p < 0.05): keep the baseline")
         why["adopted"] = "none: no candidate was adopted (see each intervention's observed result)"
     else:
         outcome, reason = UNCOMPARED, "no comparison was run: every intervention is a hypothesis until compared"
@@ -395,12 +397,13 @@ def _stop_conditions(g: Guardrails, comp: Any) -> list[str]:
     return [
         "stop before any comparison when a correctness check (data.*, model.*, loop.*) FAILs: fix it and diagnose "
         "again",
-        f"reject (quality) a candidate when {metric} drops by more than {fmt(g.max_quality_drop)}"
-        f"{' of the baseline' if g.relative else ''} beyond seed noise",
+        f"reject (quality) a candidate when the whole paired 95% interval of its change in {metric} lies beyond a "
+        f"drop of {fmt(g.max_quality_drop)}{' of the baseline' if g.relative else ''} (non-inferiority; Holm-adjusted "
+        "p < 0.05 across the candidates)",
         f"reject (instability) a candidate with more than {g.max_instability_increase} unstable runs (non-finite, "
         "spiking or diverging) beyond the baseline's, even when it is faster",
-        f"call it inconclusive, never a winner, when fewer than {MIN_SEEDS} seeds pair or the gain is within seed "
-        "noise",
+        f"call it inconclusive, never a winner, when fewer than {MIN_SEEDS} seeds pair, the Holm-adjusted p is not "
+        f"below 0.05, or the interval's lower bound does not clear min_effect {g.describe_min_effect()}",
     ]
 
 

@@ -84,10 +84,21 @@ def _reinit(model: torch.nn.Module, seed: int) -> None:
             m.reset_parameters()
 
 
-def _optimizer_label(opt: torch.optim.Optimizer) -> str:
+NO_OPTIMIZER = "none (hand-written update)"
+
+
+def _optimizer_label(opt: torch.optim.Optimizer | None) -> str:
+    """The optimizer's class and first learning rate; a loop that updates the parameters by hand has none."""
+    if opt is None:
+        return NO_OPTIMIZER
     lr = opt.param_groups[0].get("lr") if opt.param_groups else None
     return (f"{type(opt).__name__}(lr={float(lr):.3g})" if isinstance(lr, (int, float, torch.Tensor))
             else type(opt).__name__)
+
+
+def _first_lr(opt: torch.optim.Optimizer | None) -> float:
+    """The first param group's learning rate, NaN without an optimizer (a hand-written update) or param groups."""
+    return float(opt.param_groups[0]["lr"]) if opt is not None and opt.param_groups else math.nan
 
 
 class _Run:
@@ -196,7 +207,8 @@ def _curve_signals(losses: list[float], lrs: list[float]) -> dict[str, Any]:
     out = {"non_finite": int((~np.isfinite(y)).sum()), "spikes": 0, "curve_class": "too_short"}
     if y.size >= MIN_CURVE_POINTS or out["non_finite"]:
         try:
-            diag = classify_curve(y, lrs=lrs[: y.size] if len(lrs) >= y.size else None)
+            known = len(lrs) >= y.size and not np.isnan(np.asarray(lrs[: y.size], dtype=float)).all()
+            diag = classify_curve(y, lrs=lrs[: y.size] if known else None)
             out["spikes"] = int(diag.metrics.get("spikes", 0) or 0)
             out["curve_class"] = diag.primary
         except TroptError:
@@ -293,7 +305,7 @@ def _train(spec: RunSpec, run: _Run, callback: Callable[[dict], Any] | None) -> 
         if loss is not None:  # None only on the first step of a loop whose loss tropt reads by an extra forward
             run.losses.append(loss)
             run.loss_steps.append(run.steps)
-            run.lrs.append(float(ctx.optimizer.param_groups[0]["lr"]) if ctx.optimizer.param_groups else math.nan)
+            run.lrs.append(_first_lr(ctx.optimizer))
         done = (budget.steps is not None and run.steps >= budget.steps) or (
             budget.samples is not None and run.samples >= budget.samples)
         if budget.seconds is not None and not done and time.perf_counter() - t0 >= budget.seconds:

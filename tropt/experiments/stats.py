@@ -1,4 +1,4 @@
-"""Selection statistics and decisions: is a candidate's difference to the baseline bigger than seed noise?
+"""Selection statistics and decisions: is a candidate's difference to the baseline real, and big enough to act on?
 
 The test (documented, and the same for every candidate):
 
@@ -6,29 +6,41 @@ The test (documented, and the same for every candidate):
   Only seeds where both runs succeeded are paired. ``gain`` is the paired difference signed so that positive is
   better (candidate − baseline for higher-is-better metrics, baseline − candidate for losses).
 * Fewer than ``MIN_SEEDS`` (3) pairs: **inconclusive**, never a winner.
-* The difference is *beyond seed noise* when both hold: a two-sided paired t-test (``scipy.stats.ttest_rel``)
-  gives p < ``ALPHA`` (0.05), **and** the mean gain exceeds the seed noise, the standard deviation of the
-  baseline's scores over seeds (a minimum effect: significance alone can come from tiny, consistent differences).
+* The decision reads the paired differences only: their mean, the 95% t confidence interval of that mean (scipy's
+  ``ttest_rel(...).confidence_interval()``) and the two-sided paired t-test's p-value. The spread of the baseline
+  between seeds (``noise``) is reported beside them, never used as a yardstick: the pairing removes it, so a small
+  gain seen on every seed is a gain however much the seeds differ from each other.
+* Many candidates, one family: every p-value of a comparison is adjusted by Holm's step-down method
+  (:func:`holm`), which keeps the chance of *any* false claim among the candidates (family-wise error) at
+  ``ALPHA`` (0.05). ``p_adjusted`` is reported beside ``p_value``; ``family_size`` says how many were adjusted.
+* **Adopt** needs the Holm-adjusted p < ``ALPHA`` *and* the interval's lower bound above the minimum effect,
+  ``Guardrails.min_effect``: the smallest gain worth acting on, in the metric's units (or a fraction of the
+  baseline's mean with ``relative=True``). Its default is ``MIN_EFFECT`` = 0.5% of the baseline's mean: smaller
+  consistent differences are what incidental changes produce (a 1% learning-rate change moved an under-trained
+  model's loss by 0.34% on every seed), and it keeps a deterministic but negligible difference from being adopted.
+* **Reject: quality** is non-inferiority: the Holm-adjusted p < ``ALPHA`` *and* the interval's upper bound below
+  minus the guardrail's allowed drop (the whole interval lies beyond it). A drop whose interval reaches inside the
+  allowed drop is not rejected on quality (it is not adopted either).
 * When the seeds change nothing (every run of the baseline and candidate gives the same score for all seeds) the
-  seed noise cannot be measured: **inconclusive**, with that reason.
+  variation cannot be measured: **inconclusive**, with that reason.
 
 Decisions (:func:`decide`), in this order: reject for instability (more unstable runs than the baseline plus
 ``Guardrails.max_instability_increase``, even if faster); inconclusive when the baseline failed or a candidate's
 run raised; escalate for budget when runs were cut short by the seconds cap (the comparison is not at the stated
-budget, so quality is not judged); reject for quality (a drop beyond the guardrail *and* beyond seed noise);
-escalate for budget when slower than the guardrail's per-run limit; adopt (a gain beyond seed noise, inside every
-guardrail); otherwise inconclusive.
+budget, so quality is not judged); reject for quality (above); escalate for budget when slower than the
+guardrail's per-run limit; adopt (above, inside every guardrail); otherwise inconclusive.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeGuard
 
 import numpy as np
 
-from .budget import Guardrails
+from .budget import MIN_EFFECT, Guardrails
 
 MIN_SEEDS = 3
 ALPHA = 0.05
@@ -40,6 +52,9 @@ ESCALATE = "escalate: budget"
 INCONCLUSIVE = "inconclusive"
 VERDICTS = (ADOPT, REJECT_QUALITY, REJECT_INSTABILITY, ESCALATE, INCONCLUSIVE)
 
+__all__ = ["ADOPT", "ALPHA", "ESCALATE", "INCONCLUSIVE", "MIN_EFFECT", "MIN_SEEDS", "REJECT_INSTABILITY",
+           "REJECT_QUALITY", "VERDICTS", "Paired", "decide", "holm", "paired"]
+
 
 @dataclass
 class Paired:
@@ -50,9 +65,9 @@ class Paired:
     gain_std: float
     ci_low: float  # 95% t interval of the mean gain
     ci_high: float
-    p_value: float
-    noise: float  # the baseline's standard deviation over seeds
-    beyond_noise: bool  # significant and bigger than the noise (in either direction)
+    p_value: float  # two-sided paired t-test, unadjusted
+    noise: float  # the baseline's standard deviation over seeds (reported, not a yardstick)
+    beyond_noise: bool  # the 95% interval excludes zero (p < alpha), in either direction
     note: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -65,7 +80,7 @@ def _std(x: np.ndarray) -> float:
 
 def paired(base: dict[int, float], cand: dict[int, float], higher_is_better: bool, *, alpha: float = ALPHA,
            min_seeds: int = MIN_SEEDS) -> Paired:
-    """Pair ``cand`` with ``base`` by seed (finite scores only) and test the difference against seed noise."""
+    """Pair ``cand`` with ``base`` by seed (finite scores only): the mean paired gain, its interval and p-value."""
     seeds = sorted(s for s in cand if s in base and math.isfinite(cand[s]) and math.isfinite(base[s]))
     b = np.array([base[s] for s in seeds], dtype=float)
     c = np.array([cand[s] for s in seeds], dtype=float)
@@ -93,26 +108,78 @@ def paired(base: dict[int, float], cand: dict[int, float], higher_is_better: boo
         p = 0.0 if gain != 0 else 1.0
         lo = hi = gain
     else:
-        p = float(stats.ttest_rel(c, b).pvalue)
-        half = float(stats.t.ppf(0.975, n - 1)) * gain_std / math.sqrt(n)
+        se = gain_std / math.sqrt(n)
+        p = float(min(1.0, 2 * stats.t.sf(abs(gain) / se, n - 1)))  # scipy's ttest_rel(c, b).pvalue, computed directly
+        half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * se
         lo, hi = gain - half, gain + half
-    beyond = p < alpha and abs(gain) > noise
+    beyond = p < alpha
+    level = f"{100 * (1 - alpha):g}%"
     if beyond:
-        note = f"beyond seed noise: |gain| {abs(gain):.3g} > noise {noise:.3g}, p={p:.3g} < {alpha}"
-    elif p >= alpha:
-        note = f"within seed noise: p={p:.3g} >= {alpha} over {n} seeds"
+        note = f"the paired {level} interval {lo:.3g}..{hi:.3g} excludes zero (p={p:.3g} < {alpha})"
     else:
-        note = f"within seed noise: |gain| {abs(gain):.3g} <= noise {noise:.3g} (p={p:.3g})"
+        note = f"within seed noise: the paired {level} interval {lo:.3g}..{hi:.3g} includes zero (p={p:.3g} over {n} " \
+               "seeds)"
     return Paired(n, gain, gain_std, lo, hi, p, noise, beyond, note)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of ``p_values`` (one family): the adjusted p of the i-th smallest of m is
+    ``max over j <= i of min(1, (m - j + 1) p_(j))``. A NaN (a candidate with no test) stays NaN and does not count
+    in m. Rejecting every adjusted p below alpha keeps the family-wise error at alpha under any dependence."""
+    p = [float(x) for x in p_values]
+    finite = sorted((v, i) for i, v in enumerate(p) if math.isfinite(v))
+    m = len(finite)
+    out = [math.nan] * len(p)
+    running = 0.0
+    for rank, (v, i) in enumerate(finite):
+        running = max(running, min(1.0, (m - rank) * v))
+        out[i] = running
+    return out
 
 
 def _g(x: Any) -> str:
     return f"{x:.4g}" if isinstance(x, (int, float)) and x is not None and math.isfinite(x) else "n/a"
 
 
+def _quality(stats: Paired, numbers: str, allowed: float, min_eff: float,
+             p_adj: float, family: int) -> tuple[str, str] | None:
+    """The quality verdict from the paired interval: (REJECT_QUALITY or ADOPT, reason), or None (inconclusive)."""
+    significant = _finite(p_adj) and p_adj < ALPHA
+    holm_text = (f"Holm-adjusted p={_g(p_adj)} < {ALPHA} over {family} candidate{'s' if family != 1 else ''}"
+                 if significant else "")
+    if significant and stats.gain < 0 and stats.ci_high < -allowed:
+        return REJECT_QUALITY, (f"quality dropped by {_g(-stats.gain)}: the whole 95% interval of the change "
+                                f"({_g(stats.ci_low)}..{_g(stats.ci_high)}) lies beyond the guardrail's allowed drop "
+                                f"{_g(allowed)} (non-inferiority rejected; {holm_text}): {numbers}")
+    if significant and stats.gain > 0 and stats.ci_low > min_eff:
+        return ADOPT, (f"better: the 95% interval of the gain ({_g(stats.ci_low)}..{_g(stats.ci_high)}) lies above "
+                       f"min_effect {_g(min_eff)} ({holm_text}), inside every guardrail: {numbers}")
+    return None
+
+
+def _inconclusive_reason(stats: Paired, numbers: str, allowed: float, min_eff: float, p_adj: float,
+                         family: int) -> str:
+    if not _finite(stats.p_value) or stats.p_value >= ALPHA:
+        return f"{stats.note}: {numbers}"
+    if not (_finite(p_adj) and p_adj < ALPHA):
+        return (f"p={_g(stats.p_value)} alone, but the Holm-adjusted p={_g(p_adj)} >= {ALPHA} over {family} "
+                f"candidates: a difference this size is expected by chance among that many: {numbers}")
+    if stats.gain > 0:
+        return (f"better beyond seed noise (the interval excludes zero), but by too little to adopt: the 95% "
+                f"interval of the gain ({_g(stats.ci_low)}..{_g(stats.ci_high)}) does not clear min_effect "
+                f"{_g(min_eff)}, the smallest gain worth acting on (Guardrails(min_effect=...)): {numbers}")
+    return (f"worse, but not beyond the guardrail: the 95% interval of the change ({_g(stats.ci_low)}.."
+            f"{_g(stats.ci_high)}) reaches inside the allowed drop {_g(allowed)}: {numbers}")
+
+
 def decide(name: str, cand_runs: list[dict], base_runs: list[dict], stats: Paired, *, metric: str,
-           guardrails: Guardrails, higher_is_better: bool) -> dict[str, Any]:
-    """One verdict for one candidate, with the numbers behind it."""
+           guardrails: Guardrails, higher_is_better: bool, p_adjusted: float | None = None,
+           family: int = 1) -> dict[str, Any]:
+    """One verdict for one candidate, with the numbers behind it.
+
+    ``p_adjusted`` is the candidate's p-value after Holm's adjustment over the ``family`` candidates of its
+    comparison (:meth:`Comparison.decision` computes it); None judges the candidate alone (its own p-value).
+    """
     n_c, n_b = len(cand_runs), len(base_runs)
     unstable_c = sum(bool(r.get("unstable")) for r in cand_runs)
     unstable_b = sum(bool(r.get("unstable")) for r in base_runs)
@@ -123,12 +190,17 @@ def decide(name: str, cand_runs: list[dict], base_runs: list[dict], stats: Paire
     b_mean = float(b_scores.mean()) if b_scores.size else math.nan
     secs_c = float(np.mean([r["seconds"] for r in cand_runs])) if cand_runs else math.nan
     secs_b = float(np.mean([r["seconds"] for r in base_runs])) if base_runs else math.nan
+    p_adj = stats.p_value if p_adjusted is None else p_adjusted
+    allowed = guardrails.allowed_drop(b_mean) if math.isfinite(b_mean) else 0.0
+    min_eff = guardrails.required_gain(b_mean) if math.isfinite(b_mean) else 0.0
     numbers = (f"{metric} {_g(c_mean)} vs baseline {_g(b_mean)}; paired gain {_g(stats.gain)} "
-               f"(95% CI {_g(stats.ci_low)}..{_g(stats.ci_high)}, p={_g(stats.p_value)}, seed noise {_g(stats.noise)}, "
-               f"{stats.n} seeds)")
+               f"(95% CI {_g(stats.ci_low)}..{_g(stats.ci_high)}, p={_g(stats.p_value)}, Holm-adjusted p={_g(p_adj)}, "
+               f"{stats.n} seeds; the baseline's spread between seeds {_g(stats.noise)})")
     costs: list[float] = [r["cost"] for r in cand_runs if _finite(r.get("cost"))]  # finite: the key is there
     out = {"candidate": name, "metric": metric, "mean": c_mean, "baseline_mean": b_mean, "gain": stats.gain,
-           "p_value": stats.p_value, "noise": stats.noise, "seeds": stats.n, "unstable_runs": unstable_c,
+           "ci_low": stats.ci_low, "ci_high": stats.ci_high, "p_value": stats.p_value, "p_adjusted": p_adj,
+           "family_size": family, "min_effect": min_eff, "allowed_drop": allowed,
+           "noise": stats.noise, "seeds": stats.n, "unstable_runs": unstable_c,
            "baseline_unstable_runs": unstable_b, "failed_runs": sum(r["status"] == "failed" for r in cand_runs),
            "seconds": secs_c, "baseline_seconds": secs_b, "cost_per_run": float(np.mean(costs)) if costs else math.nan}
 
@@ -159,17 +231,16 @@ def decide(name: str, cand_runs: list[dict], base_runs: list[dict], stats: Paire
                                  f"(e.g. seed {r['seed']} after {r['steps']} steps, {r['samples']} samples, "
                                  f"{_g(r['seconds'])} s): the comparison is not at the stated budget; raise "
                                  "Budget(seconds=...) or lower steps/samples")
-    allowed = guardrails.allowed_drop(b_mean) if math.isfinite(b_mean) else 0.0
-    if stats.beyond_noise and stats.gain < 0 and -stats.gain > allowed:
-        return verdict(REJECT_QUALITY, f"quality dropped by {_g(-stats.gain)} (> guardrail {_g(allowed)}), beyond "
-                                       f"seed noise: {numbers}")
+    judged = _quality(stats, numbers, allowed, min_eff, p_adj, family)
+    if judged is not None and judged[0] == REJECT_QUALITY:
+        return verdict(*judged)
     limit = guardrails.max_seconds
     if limit is not None and secs_c > limit:
         return verdict(ESCALATE, f"{_g(secs_c)} s per run exceeds the guardrail's {_g(limit)} s "
                                  f"(baseline {_g(secs_b)} s)")
-    if stats.beyond_noise and stats.gain > 0:
-        return verdict(ADOPT, f"better beyond seed noise, inside every guardrail: {numbers}")
-    return verdict(INCONCLUSIVE, f"{stats.note}: {numbers}")
+    if judged is not None:
+        return verdict(*judged)
+    return verdict(INCONCLUSIVE, _inconclusive_reason(stats, numbers, allowed, min_eff, p_adj, family))
 
 
 def _finite(x: Any) -> TypeGuard[float]:

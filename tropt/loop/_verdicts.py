@@ -9,7 +9,8 @@ from typing import Any
 import pandas as pd
 
 from ..core.compare import Tensors, nonfinite_tensors
-from ..errors import StepError
+from ..core.optimizer_params import FrozenOptimizer, frozen_optimizer
+from ..errors import StepError, TroptError
 from ..result import CheckResult, Status
 from ..setup import Setup
 
@@ -24,9 +25,17 @@ def tolerance_for(setup: Setup, tol: float | None = None) -> float:
 
 
 def require_steps(setup: Setup, calls: list[int], what: str) -> None:
-    """Raise a clear StepError when the step under test neither reached ``optimizer.step()`` nor changed a parameter."""
+    """Raise a clear StepError when the step under test neither reached ``optimizer.step()`` nor changed a parameter.
+
+    When the optimizer holds only frozen parameters (a step may skip an update that has no gradient), the error says
+    so: that is the cause to fix, not the call.
+    """
     if sum(calls) == 0:
         who = "tropt.standard_step" if setup.uses_standard_step else "your step function"
+        frozen = _frozen_optimizer(setup)
+        if frozen is not None:
+            raise StepError(f"{who} never called optimizer.step() and changed no parameter during {what}: "
+                            f"{frozen.sentence()}", frozen.advice)
         raise StepError(
             f"{who} never called optimizer.step() and changed no parameter during {what}"
             + (" (or the GradScaler skipped every step because the gradients were inf/NaN)"
@@ -34,6 +43,20 @@ def require_steps(setup: Setup, calls: list[int], what: str) -> None:
             "call ctx.optimizer.step() (or ctx.scaler.step(ctx.optimizer)) once per call of step(ctx, micro_batches), "
             "or update the parameters by hand in it",
         )
+
+
+def _frozen_optimizer(setup: Setup) -> FrozenOptimizer | None:
+    """The Setup's optimizer, built on a fresh copy, when it holds only frozen parameters (else None)."""
+    if setup.optimizer is None:
+        return None
+    from ..snapshot import preserved
+
+    try:
+        with preserved():
+            ctx = setup.build()
+            return frozen_optimizer(ctx.model, ctx.optimizer)
+    except TroptError:  # the factories' own errors are reported by the checks that build them
+        return None
 
 
 def steps_per_call_note(calls: list[int]) -> str | None:

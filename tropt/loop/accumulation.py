@@ -1,7 +1,9 @@
 """``loop.accumulation``: does one batch as K micro-batches give the gradient of the batch as one?
 
 Runs the user's step on fresh seeded copies with the batch as 1 micro-batch, as K equal and as K unequal ones, and
-compares the gradients at ``optimizer.step()`` and before clipping. Why they differ is named by
+compares the gradients at ``optimizer.step()`` and before clipping. Unequal sizes are judged on the micro-batches the
+Setup's data really produces (a short batch split into K, :mod:`._micro_sizes`); the artificial split that tries a
+loop hardest is a latent note when the data never gives unequal micro-batches. Why they differ is named by
 :mod:`.accumulation_causes`. This check owns the finding "``optimizer.step()`` ran more than once per call"; the other
 loop checks defer to it.
 """
@@ -12,7 +14,6 @@ import dataclasses
 from dataclasses import dataclass
 
 import pandas as pd
-import torch
 
 from ..core.batch import split_sizes
 from ..core.capture import run_steps
@@ -24,6 +25,7 @@ from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
 from ._invariance_common import STANDARD_STEP_ADVICE, cosine, norm_of
+from ._micro_sizes import most_unequal, train_batch_sizes, unequal_sizes
 from ._verdicts import TOLERANCE, latent_when_unused, nonfinite_result, require_steps, tolerance_for
 from .accumulation_causes import (
     CONSTANT_DIVISOR,
@@ -53,9 +55,13 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
     K is ``setup.accumulation_steps`` when > 1, else 4. Two things are compared: the gradients before any clipping
     (summed over the step's backward passes), which clipping cannot hide and from which the cause is named against
     the Setup's own ``loss_fn`` over the whole batch; and the gradients at ``optimizer.step()``, for what happens
-    between backward and step (``zero_grad`` or clipping per micro-batch). Unequal micro-batch sizes are tried first:
-    a match there is a PASS; on a mismatch the equal split decides between WARN (exact only for equal sizes, e.g.
-    ``loss / K``: a latent note when this Setup's data always splits equally) and FAIL. A step that divides by a
+    between backward and step (``zero_grad`` or clipping per micro-batch). Unequal micro-batch sizes are tried first,
+    on an artificial split (one large micro-batch, K-1 small): a match there is a PASS; on a mismatch the equal split
+    decides between FAIL and "exact only for equal sizes" (e.g. ``loss / K``), which is judged on the micro-batches the
+    Setup's data really produces: a latent PASS when it never gives unequal ones (accumulation_steps=1, every batch a
+    multiple of K: ``drop_last=True``, equal batches), a WARN measured on its own short batch split into K when it
+    does, and a WARN on the artificial split only when the batch sizes cannot be known. ``metrics["uneven_split"]``
+    says which split the verdict used ("data" or "artificial"). A step that divides by a
     constant is right only at that K: a latent WARN when it is the configured K. With batch-dependent layers
     (BatchNorm) the comparison is rerun with their batch statistics frozen: WARN when that isolated rerun matches,
     FAIL when it does not. Non-finite gradients are their own FAIL, never a match. A step that cannot run with K
@@ -80,9 +86,9 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
 
 def _check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None = None) -> CheckResult:
     plan = _Plan.make(setup, k, tol)
-    with preserved(setup.model):
+    with preserved(setup.model):  # the verdict may run the data's own unequal split too
         found = _measure(plan)
-    return found if isinstance(found, CheckResult) else _verdict(plan, found)
+        return found if isinstance(found, CheckResult) else _verdict(plan, found)
 
 
 @dataclass
@@ -158,9 +164,10 @@ class _Plan:
     def one(self, full: object, freeze: bool) -> Run:
         return _observe(self.setup, [full], 1, freeze=freeze, what="the 1-micro-batch run")
 
-    def many(self, micro: list, freeze: bool) -> Run:
+    def many(self, micro: list, freeze: bool, k: int | None = None) -> Run:
+        k = self.k if k is None else k
         try:
-            return _observe(self.setup, micro, self.k, freeze=freeze, what=f"the {self.k}-micro-batch run")
+            return _observe(self.setup, micro, k, freeze=freeze, what=f"the {k}-micro-batch run")
         except StepError as exc:
             exc.in_k_run = True  # type: ignore[attr-defined]  # the only run that differs from normal training: check_accumulation may call it latent
             raise
@@ -205,7 +212,7 @@ def _uneven_first(plan: _Plan) -> CheckResult | _Pair:
     a, ub = plan.one(plan.batch, False), plan.many(plan.uneven_micro, False)
     u = plan.compare(a, ub)
     metrics = {"k": k, "batch_size": n, "uneven_sizes": "+".join(map(str, plan.uneven_sizes)), "max_rel_error": u.err,
-               "uneven_max_rel_error": u.err, "pre_clip_max_rel_error": u.pre_err,
+               "uneven_split": "artificial", "uneven_max_rel_error": u.err, "pre_clip_max_rel_error": u.pre_err,
                "global_rel_error": global_rel_error(a.post, ub.post), "tolerance": tol,
                "optimizer_steps_in_k_run": ub.calls, "batch_dependent_layers": 0,
                "observed_at": f"{a.where} (and before clipping)"}
@@ -213,7 +220,8 @@ def _uneven_first(plan: _Plan) -> CheckResult | _Pair:
         return bad
     if u.err <= tol and u.pre_err <= tol and ub.calls == 1:
         return CheckResult("loop.accumulation", Status.PASS,
-                           f"{k} micro-batches of unequal sizes ({metrics['uneven_sizes']}) give the full-batch "
+                           f"{k} micro-batches of unequal sizes ({metrics['uneven_sizes']}, an artificial split) give "
+                           "the full-batch "
                            f"gradient (max relative error {max(u.err, u.pre_err):.1e} ≤ {tol:.0e}, before and after "
                            "clipping); "
                            "equal sizes follow",
@@ -298,7 +306,8 @@ def _uneven_split(plan: _Plan, even: _Pair, ev: _Evidence, uneven: _Pair | None)
         ua = even.a if plan.n_even == plan.n and not ev.frozen else plan.one(plan.batch, ev.frozen)
         uneven = plan.compare(ua, plan.many(plan.uneven_micro, ev.frozen))
     ev.uerr = max(uneven.err, uneven.pre_err)
-    ev.metrics.update(uneven_sizes="+".join(map(str, plan.uneven_sizes)), uneven_max_rel_error=ev.uerr)
+    ev.metrics.update(uneven_sizes="+".join(map(str, plan.uneven_sizes)), uneven_split="artificial",
+                      uneven_max_rel_error=ev.uerr)
     ev.tables["parameters_uneven"] = uneven.table
     if ev.uerr > plan.tol and not ev.frozen:
         ev.ucause = loss_side_cause(plan.setup, plan.uneven_micro, plan.batch, uneven.a, uneven.b, plan.k, plan.close,
@@ -345,41 +354,87 @@ def _verdict(plan: _Plan, ev: _Evidence) -> CheckResult:
                   "BatchNorm layer(s) normalise each micro-batch by its own statistics.",
                   "If that matters, use GroupNorm/LayerNorm, or larger micro-batches."]
         if uerr > tol:
-            advice.append(f"Also: unequal micro-batch sizes ({metrics['uneven_sizes']}) change the gradient by "
-                          f"{uerr:.1%}; weight each micro-batch loss by its share of the samples.")
+            advice.append(f"Also: unequal micro-batch sizes (an artificial {metrics['uneven_sizes']} split) change the "
+                          f"gradient by {uerr:.1%}; weight each micro-batch loss by its share of the samples.")
         return CheckResult("loop.accumulation", Status.WARN, summary, metrics, tables, advice)
     if uerr <= tol:
         return CheckResult("loop.accumulation", Status.PASS,
                            f"{k} micro-batches give the full-batch gradient (max relative error "
-                           f"{max(ev.err, ev.pre_err, uerr):.1e} ≤ {tol:.0e}, even and uneven)", metrics, tables)
+                           f"{max(ev.err, ev.pre_err, uerr):.1e} ≤ {tol:.0e}, even and uneven: an artificial "
+                           f"{metrics['uneven_sizes']} split)", metrics, tables)
     return _unequal_only(plan, ev)
 
 
 def _unequal_only(plan: _Plan, ev: _Evidence) -> CheckResult:
-    """Exact for equal micro-batches only: a WARN, or a latent PASS when this Setup's data always splits equally."""
+    """Exact for equal micro-batches only, on the artificial split: judged on the micro-batches this Setup's data
+    really produces. A latent PASS when it never gives unequal ones (no accumulation, every batch a multiple of K);
+    the data's own unequal split decides when it has one; the artificial split only when its sizes are unknown."""
     setup, metrics, tables, ucause = plan.setup, ev.metrics, ev.tables, ev.ucause
-    named = ucause if ucause is not None and ucause[2] not in (None, PER_MICRO_MEAN, "scaled") else None
-    what = (f"exact for equal micro-batches, but unequal sizes ({metrics['uneven_sizes']}) change the gradient by "
-            f"{ev.uerr:.1%}")
-    advice = [*(named[1] if named is not None else
-                ["Weight each micro-batch loss by its share of the step's samples (n_i / n) instead of dividing by K, "
-                 "or make every micro-batch the same size (drop_last=True)."]), STANDARD_STEP_ADVICE]
-    if named is not None:
-        what += f": {named[0]}"
-    sizes = _batch_sizes_of(setup)
+    what, advice = _unequal_finding(f"on an artificial split ({metrics['uneven_sizes']})", ev.uerr, ucause)
     acc = setup.accumulation_steps
-    if sizes is not None and (acc == 1 or all(s % acc == 0 for s in sizes)):
+    sizes = train_batch_sizes(setup)
+    if sizes is not None:
+        metrics["train_batch_sizes"] = ", ".join(map(str, sorted(set(sizes))))
+    if acc == 1 or (sizes is not None and not unequal_sizes(sizes, acc)):
         # This Setup's data cannot give unequal micro-batches: a note for a future change, not a wrong update now.
         why = ("it does not accumulate (accumulation_steps=1)" if acc == 1 else
-               f"every batch ({', '.join(map(str, sorted(set(sizes))))} samples) splits into {acc} equal micro-batches")
-        metrics.update(latent=True, train_batch_sizes=", ".join(map(str, sorted(set(sizes)))))
+               f"every batch ({metrics['train_batch_sizes']} samples) splits into {acc} equal micro-batches")
+        metrics["latent"] = True
         return CheckResult("loop.accumulation", Status.PASS,
                            f"exact for the micro-batches this Setup produces ({why}); latent: {what}", metrics, tables,
                            ["Nothing to fix for this data. Before feeding batches whose size is not a multiple of K (a "
                             "short last batch, variable-length samples):", *advice])
-    if sizes is not None:
-        metrics["train_batch_sizes"] = ", ".join(map(str, sorted(set(sizes))))
-    return CheckResult("loop.accumulation", Status.WARN, what, metrics, tables, advice)
+    short = most_unequal(sizes, acc, plan.n) if sizes is not None else None
+    if short is None:
+        why = ("the batch sizes this Setup's data gives are not known (an iterable dataset or a custom batch sampler)"
+               if sizes is None else f"its unequal batches ({', '.join(map(str, unequal_sizes(sizes, acc)))} "
+               f"samples) are larger than the sampled batch of {plan.n}")
+        return CheckResult("loop.accumulation", Status.WARN, f"{what}; judged there because {why}", metrics, tables,
+                           advice)
+    return _data_split(plan, ev, short)
+
+
+def _unequal_finding(where: str, err: float, cause: tuple[str, list[str], str | None] | None) -> tuple[str, list[str]]:
+    """The sentence and advice for unequal micro-batches that change the gradient, naming a cause that explains it."""
+    named = cause if cause is not None and cause[2] not in (None, PER_MICRO_MEAN, "scaled") else None
+    what = f"exact for equal micro-batches, but unequal sizes change the gradient by {err:.1%} {where}"
+    if named is not None:
+        what += f": {named[0]}"
+    advice = [*(named[1] if named is not None else
+                ["Weight each micro-batch loss by its share of the step's samples (n_i / n) instead of dividing by K, "
+                 "or make every micro-batch the same size (drop_last=True)."]), STANDARD_STEP_ADVICE]
+    return what, advice
+
+
+def _data_split(plan: _Plan, ev: _Evidence, short: int) -> CheckResult:
+    """The unequal micro-batches the data really produces: a batch of ``short`` samples split into the Setup's K,
+    run on the first ``short`` samples of the sampled batch, against that batch as 1 micro-batch."""
+    setup, metrics, tables, acc, tol = plan.setup, ev.metrics, ev.tables, plan.setup.accumulation_steps, plan.tol
+    batch = setup.split(plan.batch, sizes=[short, plan.n - short])[0] if short < plan.n else plan.batch
+    sizes = split_sizes(short, acc)
+    micro = setup.split(batch, sizes=sizes)
+    p = plan.compare(plan.one(batch, False), plan.many(micro, False, k=acc))
+    err = max(p.err, p.pre_err)
+    label = "+".join(map(str, sizes))
+    metrics.update(uneven_split="data", data_uneven_batch_size=short, data_uneven_sizes=label,
+                   data_uneven_max_rel_error=err)
+    tables["parameters_data_uneven"] = p.table
+    if (bad := plan.broken(p.a, p.b, metrics, tables)) is not None:
+        return bad
+    where = f"on the unequal micro-batches this Setup's data produces (the {short}-sample batch as {label})"
+    if err <= tol:
+        what, advice = _unequal_finding(f"on an artificial split ({metrics['uneven_sizes']})", ev.uerr, ev.ucause)
+        metrics["latent"] = True
+        return CheckResult("loop.accumulation", Status.PASS,
+                           f"exact for the micro-batches this Setup produces (max relative error {err:.1e} ≤ {tol:.0e} "
+                           f"{where}); latent: {what}", metrics, tables,
+                           ["Nothing to fix for this data. Before feeding batches that split more unequally:", *advice])
+    cause = None
+    if p.pre_err > tol and p.b.calls == 1:
+        cause = loss_side_cause(setup, micro, batch, p.a, p.b, acc, plan.close, False, {})
+    what, advice = _unequal_finding(where, err, cause)
+    return CheckResult("loop.accumulation", Status.WARN,
+                       f"{what}; an artificial {metrics['uneven_sizes']} split: {ev.uerr:.1%}", metrics, tables, advice)
 
 
 def _observe(setup: Setup, micro_batches: list, k: int, *, freeze: bool, what: str) -> Run:
@@ -404,29 +459,3 @@ def _steps_per_call_result(calls: int, metrics: dict, tables: dict) -> CheckResu
                        ["Call optimizer.step() (or scaler.step(optimizer)) exactly once per call of step(ctx, "
                         "micro_batches); look for a second call in a helper, a callback or a wrapper.",
                         STANDARD_STEP_ADVICE])
-
-
-def _batch_sizes_of(setup: Setup) -> list[int] | None:
-    """The batch sizes one pass over the training data gives, when they can be known without guessing; else None.
-
-    A DataLoader with a plain batch size (and a sized dataset) is computed, a list of batches is measured, and a
-    Dataset is batched by the Setup's ``batch_size``. Custom batch samplers may give any size: None.
-    """
-    data = setup.train_data
-    try:
-        if isinstance(data, torch.utils.data.DataLoader):
-            bs = data.batch_size
-            iterable = isinstance(data.dataset, torch.utils.data.IterableDataset)
-            if bs is None or not hasattr(data.dataset, "__len__") or iterable:
-                return None
-            m = len(data.dataset)
-            sizes = [bs] * (m // bs) + ([] if data.drop_last or m % bs == 0 else [m % bs])
-            return sizes or None
-        if isinstance(data, torch.utils.data.Dataset):
-            m, bs = len(data), setup.batch_size  # type: ignore[arg-type]
-            return [bs] * (m // bs) + ([m % bs] if m % bs else [])
-        if isinstance(data, (list, tuple)) and len(data) <= 10_000:
-            return [setup.size(b) for b in data]
-    except Exception:  # noqa: BLE001 - unknown layouts: assume unequal sizes can happen (keep the WARN)
-        return None
-    return None

@@ -1,14 +1,20 @@
-"""``loop.loss_scaling``: do the gradients that reach ``optimizer.step()`` depend on the GradScaler's scale?
+"""``loop.loss_scaling``: do the gradients that reach ``optimizer.step()`` depend on the GradScaler's scale, and
+does the declared clip clip?
 
 The step runs once with the scaler starting at scale 1 and once at a large scale (2^16, or 2^12 / 2^8 when that
 overflows on the first step); the unscaled gradients and the clipped norm must agree. The cause is named from the
 evidence: not unscaled, unscaled twice, clipped by norm or by value while still scaled.
+
+With ``Setup(grad_clip=c)``, with or without a scaler, the norm that reaches ``optimizer.step()`` on a step whose raw
+norm exceeds c must be at most c (see :mod:`._clip_probe`): FAIL naming a clip over an exhausted generator or over
+parameters without gradients, WARN for a clip at another bound, by value, absent, or not isolated.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -20,6 +26,7 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
+from ._clip_probe import ClipProbe, probe_clip
 from ._invariance_common import STANDARD_STEP_ADVICE
 from ._verdicts import defer_multi_step, require_steps, tolerance_for
 
@@ -55,16 +62,15 @@ def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | Non
     """
     setup.validate()
     owner = "ctx.scaler"
+    batch = setup.sample_batch()  # one read of the data for every run below
     if not setup.use_scaler:
-        own = _step_scaler(setup)
+        own = _step_scaler(setup, batch)
         if own is None:
-            return CheckResult("loop.loss_scaling", Status.SKIP,
-                               "no GradScaler in this Setup (use_scaler=False) and the step scales no loss with one "
-                               "of its own: nothing to check")
+            return _without_scaler(probe_clip(setup, batch))
         owner = own
     tol = tolerance_for(setup, tol)
     with preserved(setup.model):
-        micro = setup.split(setup.sample_batch(), setup.accumulation_steps)
+        micro = setup.split(batch, setup.accumulation_steps)
         ctx = setup.build(init_scale=1.0)
         quiet_randomness(ctx.model)
         # Whichever GradScaler scales the loss (ctx.scaler, or one the step builds itself) starts at the scale under
@@ -84,7 +90,7 @@ def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | Non
         raise TroptError("every large loss scale (2^16, 2^12, 2^8) overflowed on the first step, so no step ran to "
                          "compare",
                          "check the loss for huge values; fp16 overflows above 65504")
-    result = _loss_scaling_verdict(setup, rec_a, rec_b, used, tol, owner)
+    result = _with_clip(_loss_scaling_verdict(setup, rec_a, rec_b, used, tol, owner), probe_clip(setup, batch))
     if setup.precision != "fp16" and result.status is Status.PASS:
         result = dataclasses.replace(
             result, status=Status.WARN,
@@ -95,8 +101,39 @@ def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | Non
     return defer_multi_step(result, calls_a)
 
 
-def _step_scaler(setup: Setup) -> str | None:
-    """The type of an enabled GradScaler the step itself uses to scale the loss (one probe step), or None.
+def _without_scaler(clip: ClipProbe | None) -> CheckResult:
+    """No scaler to compare: SKIP, unless the declared clip (when there is one) does not hold."""
+    summary = ("no GradScaler in this Setup (use_scaler=False) and the step scales no loss with one of its own: "
+               "nothing to check")
+    if clip is None:
+        return CheckResult("loop.loss_scaling", Status.SKIP, summary)
+    if clip.status in (Status.WARN, Status.FAIL):
+        return CheckResult("loop.loss_scaling", clip.status, clip.sentence, clip.metrics(), clip.tables(),
+                           [*clip.advice, STANDARD_STEP_ADVICE])
+    return CheckResult("loop.loss_scaling", Status.SKIP, f"{summary} about the loss scale; {clip.sentence}",
+                       clip.metrics(), clip.tables())
+
+
+def _with_clip(result: CheckResult, clip: ClipProbe | None) -> CheckResult:
+    """The scale comparison's result with the declared clip's finding: the worse status, both sentences."""
+    if clip is None:
+        return result
+    metrics, tables = {**result.metrics, **clip.metrics()}, {**result.tables, **clip.tables()}
+    if clip.status not in (Status.WARN, Status.FAIL):
+        summary = f"{result.summary}; {clip.sentence}" if result.status is Status.PASS else result.summary
+        return dataclasses.replace(result, summary=summary, metrics=metrics, tables=tables)
+    if result.status is Status.PASS:  # the clip's finding leads
+        return dataclasses.replace(result, status=clip.status, summary=f"{clip.sentence} (the loss scale itself: "
+                                   f"{result.summary})", metrics=metrics, tables=tables,
+                                   advice=[*clip.advice, STANDARD_STEP_ADVICE])
+    status = Status.FAIL if Status.FAIL in (result.status, clip.status) else result.status
+    return dataclasses.replace(result, status=status, summary=f"{result.summary}; {clip.sentence}", metrics=metrics,
+                               tables=tables, advice=[*result.advice, *clip.advice])
+
+
+def _step_scaler(setup: Setup, batch: Any) -> str | None:
+    """The type of an enabled GradScaler the step itself uses to scale the loss (one probe step on ``batch``), or
+    None.
 
     A probe step that raises counts as no scaler: the checks that need the step report that error themselves.
     """
@@ -104,7 +141,7 @@ def _step_scaler(setup: Setup) -> str | None:
         ctx = setup.build()
         quiet_randomness(ctx.model)
         with contextlib.suppress(TroptError):
-            setup.run_step(ctx, setup.split(setup.sample_batch(), setup.accumulation_steps))
+            setup.run_step(ctx, setup.split(batch, setup.accumulation_steps))
     used = [s for s in watch.used if s.is_enabled()]
     return f"the step's own {type(used[-1]).__name__}" if used else None
 

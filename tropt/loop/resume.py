@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.capture import observed_at, run_steps
+from ..core.capture import group_lr, observed_at, run_steps
 from ..core.compare import compare_tensors, flatten_state, max_rel_error
 from ..errors import StepError, TroptError
 from ..registry import register
@@ -221,7 +221,8 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
 
 def _lrs(ctx: StepContext) -> list[float]:
     """Each group's learning rate (NaN for a hand-written update without an optimizer)."""
-    return [float(g["lr"]) for g in ctx.optimizer.param_groups] if ctx.optimizer is not None else [float("nan")]
+    opt = ctx.optimizer
+    return [group_lr(opt, g) for g in opt.param_groups] if opt is not None else [float("nan")]
 
 
 def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: dict, final_a: dict, final_b: dict,

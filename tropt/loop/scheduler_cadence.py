@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.capture import PARAMETER_CHANGE, StepRecorder, on_update
+from ..core.capture import PARAMETER_CHANGE, StepRecorder, group_lr, on_update
 from ..core.modes import quiet_randomness
 from ..errors import TroptError
 from ..registry import register
@@ -49,7 +49,7 @@ def _schedule_position(sched: object) -> float:
 
 
 def _lr0(optimizer: Any) -> float:
-    return float(optimizer.param_groups[0]["lr"])
+    return group_lr(optimizer, optimizer.param_groups[0])  # NaN when the group holds no number (unknown)
 
 
 def _cadence_run(setup: Setup, ctx: StepContext, batches: list, kk: int) -> dict:
@@ -282,23 +282,50 @@ def _count_verdict(e: _Evidence) -> CheckResult | None:
                         f"{sum(calls1)} optimizer step(s) with K=1): the schedule runs that much faster than planned",
                         ["Call scheduler.step() exactly once per optimizer step: look for a second call (a callback, a "
                          "helper, or the epoch loop also stepping it).", _AFTER_OPT])
+    # The order within a call shows in the K=1 run alone: found even when K=1 and K=k cannot be compared.
+    early = _stepped_early(c, metrics)
     if calls1 != callsk:
         per = [x for x in callsk if x]
         metrics["see_also"] = "loop.accumulation"  # named in the summary by diagnose only when it reports the defect
-        return e.result(Status.WARN,
-                        "cannot compare the schedule per optimizer step: optimizer.step() ran "
-                        f"{sum(callsk)} times with K={k} but {sum(calls1)} with K=1 over {c.steps} step(s), so the "
-                        "step does not run the optimizer once per call"
-                        f"{' (once per micro-batch?)' if per and max(per) == k else ''}",
-                        [f"Call optimizer.step() once per call of the step function, after the backward of the last of "
-                         f"the {k} micro-batches; then rerun this check.", _AFTER_OPT])
+        return _cannot_compare(e, early,
+                               "cannot compare the schedule per optimizer step: optimizer.step() ran "
+                               f"{sum(callsk)} times with K={k} but {sum(calls1)} with K=1 over {c.steps} step(s), so "
+                               "the step does not run the optimizer once per call"
+                               f"{' (once per micro-batch?)' if per and max(per) == k else ''}",
+                               [f"Call optimizer.step() once per call of the step function, after the backward of the "
+                                f"last of the {k} micro-batches; then rerun this check.", _AFTER_OPT])
     note = steps_per_call_note(calls1 + callsk)
     if note is not None:
         metrics.update(optimizer_steps_per_call=int(max(calls1 + callsk)), see_also="loop.accumulation")
-        return e.result(Status.WARN, f"cannot compare the schedule per optimizer step: {note}",
-                        ["Call optimizer.step() exactly once per call of step(ctx, micro_batches); then rerun this "
-                         "check."])
+        return _cannot_compare(e, early, f"cannot compare the schedule per optimizer step: {note}",
+                               ["Call optimizer.step() exactly once per call of step(ctx, micro_batches); then rerun "
+                                "this check."])
     return None
+
+
+def _cannot_compare(e: _Evidence, early: tuple[str, list[str]] | None, why: str, advice: list[str]) -> CheckResult:
+    """The WARN for runs that cannot be compared; led by a scheduler stepped before the optimizer when K=1 shows
+    one."""
+    if early is None:
+        return e.result(Status.WARN, why, advice)
+    sentence, early_advice = early
+    return e.result(Status.WARN, f"{sentence}; and {why}", [*early_advice, *advice])
+
+
+def _stepped_early(c: _Cadence, metrics: dict) -> tuple[str, list[str]] | None:
+    """From the K=1 run alone: the scheduler stepped before ``optimizer.step()`` within a call (the first update
+    already uses the schedule's second learning rate); the sentence and advice, or None. Adds the learning rates to
+    ``metrics``."""
+    early = next(((d, used, planned) for d, used, planned in c.one["early"]
+                  if (c.has_position and d > 0) or not math.isclose(used, planned, rel_tol=1e-9)), None)
+    if early is None or c.plateau or c.hand_set:  # a hand-set LR is written before the step on purpose
+        return None
+    _, used, planned = early
+    metrics.update(lr_at_optimizer_step=float(used), lr_planned=float(planned))
+    return (f"the scheduler is stepped before optimizer.step(): the optimizer steps with learning rate {used:.3g} "
+            f"where the schedule's value for that step is {planned:.3g}, so every update uses the next step's "
+            "learning rate (the schedule's first value is skipped)",
+            [f"Move ctx.scheduler.step() after optimizer.step() (PyTorch's order since 1.1). {_AFTER_OPT}"])
 
 
 def _schedule_verdict(setup: Setup, e: _Evidence) -> CheckResult:
@@ -331,16 +358,9 @@ def _schedule_verdict(setup: Setup, e: _Evidence) -> CheckResult:
             ["Call scheduler.step() once per optimizer step (after optimizer.step()), not once per micro-batch; "
              "a warm-up of W steps otherwise ends after W/K optimizer steps."]))
     # Stepped before optimizer.step(): the first update already uses the schedule's second learning rate.
-    early = next(((d, used, planned) for d, used, planned in c.one["early"]
-                  if (c.has_position and d > 0) or not math.isclose(used, planned, rel_tol=1e-9)), None)
-    if early is not None and not c.plateau and not c.hand_set:  # a hand-set LR is written before the step on purpose
-        _, used, planned = early
-        metrics.update(lr_at_optimizer_step=float(used), lr_planned=float(planned))
-        return e.result(Status.WARN,
-                        f"the scheduler is stepped before optimizer.step(): the optimizer steps with learning rate "
-                        f"{used:.3g} where the schedule's value for that step is {planned:.3g}, so every update uses "
-                        "the next step's learning rate (the schedule's first value is skipped)",
-                        [f"Move ctx.scheduler.step() after optimizer.step() (PyTorch's order since 1.1). {_AFTER_OPT}"])
+    early = _stepped_early(c, metrics)
+    if early is not None:
+        return e.result(Status.WARN, *early)
     if c.hand_set:
         return e.result(Status.PASS, f"the hand-set learning rate advances once per optimizer step: same learning "
                                      f"rates with K=1 and K={k} over {c.steps} optimizer steps")

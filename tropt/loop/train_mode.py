@@ -13,7 +13,14 @@ With ``Setup(metric=...)`` and ``val_data`` the reverse is checked too: the metr
 (as tropt calls it); WARN when a mode-dependent module runs in training mode during it (the metric switches the model
 to train: dropout makes two evaluations differ, batch norm updates its running statistics).
 
-Cost: ``steps`` (2) calls of the user's step and two evaluations of the metric.
+Eval mode must be deterministic, with or without dropout modules: the Setup's loss is evaluated twice on one copy in
+eval mode on the same batch. WARN when they differ and functional dropout that ignores the mode is found
+(``F.dropout(x, p)``, whose training flag defaults to True; ``scaled_dot_product_attention(dropout_p=p)`` without
+``if self.training``), naming each call and its module. A difference from random draws in the loss (diffusion noise:
+from one RNG state the evaluations agree) is a note, not a finding.
+
+Cost: ``steps`` (2) calls of the user's step, two (four when they differ) eval-mode losses and two evaluations of the
+metric.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
+from ._eval_determinism import EvalProbe, probe_eval_mode
 from ._verdicts import require_steps
 
 if TYPE_CHECKING:
@@ -153,22 +161,23 @@ class _Observed:
     metric_modes: dict[str, bool | None] | None
     scores: tuple[float, float] | None
     metric_note: str
+    probe: EvalProbe
 
 
 def _observe_modes(setup: Setup, steps: int) -> CheckResult | _Observed:
     """Run the user's step ``steps`` times on a fresh copy and the metric twice, recording every module's mode."""
     k = setup.accumulation_steps
+    batches = list(setup.batches(steps))  # one read of the data: the eval-mode probe evaluates on the first batch
+    probe = probe_eval_mode(setup, batches[0])
     ctx = setup.build()
     watched = mode_dependent(ctx.model)
     if not watched:
-        return CheckResult(CHECK, Status.SKIP,
-                           "the model has no dropout or batch-norm module: train/eval mode does not change its step",
-                           {"mode_dependent_modules": 0})
+        return _without_modules(probe)
     handed = {n: bool(m.training) for n, m in watched.items()}
     optimizer = getattr(ctx, "optimizer", None)
     calls = []
     with ModeRecorder(watched, optimizer) as rec:
-        for batch in setup.batches(steps):
+        for batch in batches:
             before = len(rec.updates)
             setup.run_step(ctx, setup.split(batch, k))
             if optimizer is None:
@@ -180,7 +189,19 @@ def _observe_modes(setup: Setup, steps: int) -> CheckResult | _Observed:
     frozen = {n: _frozen(ctx.model, n, m) for n, m in watched.items()}
     metric_modes, scores, metric_note = _metric_modes(setup)
     return _Observed(watched, handed, optimizer is not None, calls, during, rec.at_step, frozen, metric_modes, scores,
-                     metric_note)
+                     metric_note, probe)
+
+
+def _without_modules(probe: EvalProbe) -> CheckResult:
+    """A model without dropout or batch-norm modules: a WARN when functional dropout makes eval mode random, else
+    SKIP (the mode does not change its step), saying what the eval-mode probe found."""
+    metrics = {"mode_dependent_modules": 0, **probe.metrics()}
+    if probe.warns:
+        return CheckResult(CHECK, Status.WARN, f"{probe.finding()}; the model has no dropout module for model.eval() "
+                           "to switch off", metrics, {"functional_dropout": probe.dropout}, [probe.ADVICE])
+    seen = probe.note() or ("" if probe.error else "two evaluations in eval mode agree")
+    return CheckResult(CHECK, Status.SKIP, "the model has no dropout or batch-norm module: train/eval mode does not "
+                       "change its step" + (f" ({seen})" if seen else ""), metrics)
 
 
 def _train_mode_verdict(o: _Observed, steps: int) -> CheckResult:
@@ -218,11 +239,28 @@ def _train_mode_verdict(o: _Observed, steps: int) -> CheckResult:
         status = Status.PASS
         summary = f"the {ran} trainable dropout/batch-norm module(s) run in train mode during your step"
     status, summary = _metric_finding(o, status, summary, metrics, notes, advice)
+    tables = {"modules": pd.DataFrame(rows)}
+    status, summary = _probe_finding(o.probe, status, summary, metrics, tables, notes, advice)
     if o.metric_note:
         notes.append(o.metric_note)
     if notes:
         summary += " (" + "; ".join(notes) + ")"
-    return CheckResult(CHECK, status, summary, metrics, {"modules": pd.DataFrame(rows)}, advice)
+    return CheckResult(CHECK, status, summary, metrics, tables, advice)
+
+
+def _probe_finding(probe: EvalProbe, status: Status, summary: str, metrics: dict, tables: dict, notes: list[str],
+                   advice: list[str]) -> tuple[Status, str]:
+    """Add what two eval-mode evaluations showed: functional dropout left on (a WARN), or a note."""
+    metrics.update(probe.metrics())
+    if not probe.warns:
+        if probe.note():
+            notes.append(probe.note())
+        return status, summary
+    tables["functional_dropout"] = probe.dropout
+    advice.append(probe.ADVICE)
+    if status is Status.PASS:
+        return Status.WARN, probe.finding()
+    return status, f"{summary}; {probe.finding()}"
 
 
 def _metric_finding(o: _Observed, status: Status, summary: str, metrics: dict, notes: list[str],
@@ -249,8 +287,10 @@ def _metric_finding(o: _Observed, status: Status, summary: str, metrics: dict, n
         advice.append("Evaluate in eval mode: call model.eval() (and torch.no_grad()) in the metric, and never "
                       "model.train() inside it.")
     elif differ and scores is not None:
+        why = ("the functional dropout named here" if o.probe.warns
+               else "randomness in the validation data (see data.eval_transforms) or in the model")
         notes.append(f"two evaluations of the metric differ ({scores[0]:.6g} vs {scores[1]:.6g}) with every module in "
-                     "eval mode: randomness in the validation data (see data.eval_transforms) or in the model")
+                     f"eval mode: {why}")
     return status, summary
 
 

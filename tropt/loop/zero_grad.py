@@ -12,6 +12,7 @@ import torch
 from ..core.capture import PARAMETER_CHANGE, TrainingState, observed_at, run_steps
 from ..core.compare import compare_tensors, global_rel_error, nonfinite_tensors
 from ..core.modes import quiet_randomness
+from ..core.optimizer_params import FrozenOptimizer, frozen_optimizer
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -55,12 +56,14 @@ def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progr
         for p in ctx.model.parameters():
             p.grad = None
         rec_b, calls_b = run_steps(setup, ctx, [steps[-1]])
+        frozen = frozen_optimizer(ctx.model, ctx.optimizer)
     require_steps(setup, calls_a + calls_b, f"step {t}")
-    result = _zero_grad_verdict(t, tol, earlier, rec_a, rec_b, leftover)
+    result = _zero_grad_verdict(t, tol, earlier, rec_a, rec_b, leftover, frozen)
     return defer_multi_step(result, calls + calls_a + calls_b)
 
 
-def _zero_grad_verdict(t: int, tol: float, earlier: list, rec_a: list, rec_b: list, leftover: dict) -> CheckResult:
+def _zero_grad_verdict(t: int, tol: float, earlier: list, rec_a: list, rec_b: list, leftover: dict,
+                       frozen: FrozenOptimizer | None = None) -> CheckResult:
     a, b = rec_a[0].grads, rec_b[0].grads
     # NaN against NaN is no match: a loss that went non-finite is the finding, whatever the zero_grad placement.
     earlier_bad = next(((i + 1, r.grads) for i, r in enumerate(earlier) if nonfinite_tensors(r.grads)), None)
@@ -78,6 +81,12 @@ def _zero_grad_verdict(t: int, tol: float, earlier: list, rec_a: list, rec_b: li
                "leftover_grad_norm_before_step_t": leftover_norm,
                "observed_at": where}
     tables = {"parameters": table}
+    if norm_of(a) == 0.0 and norm_of(b) == 0.0 and frozen is not None and not by_hand:
+        # Not a misplaced zero_grad: the optimizer was built over frozen parameters, which never get a gradient.
+        metrics.update(frozen.metrics())
+        return CheckResult("loop.zero_grad", Status.FAIL,
+                           f"no gradient reaches optimizer.step(): {frozen.sentence()}", metrics,
+                           {"optimizer_parameters": frozen.table, **tables}, [frozen.advice])
     if norm_of(a) == 0.0 and norm_of(b) == 0.0:
         return CheckResult(
             "loop.zero_grad", Status.FAIL,

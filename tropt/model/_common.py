@@ -105,17 +105,26 @@ def input_paths(setup: Setup, model: nn.Module, batch: Any, ctx: Any = None) -> 
     return found
 
 
+# Hugging Face's name for the target a model computes its own loss from. Encoder-decoders (T5, BART, M2M100,
+# Whisper) also shift it right into their decoder input, so zeroing it changes the output; it stays a target.
+TARGET_ARGUMENTS = ("labels",)
+
+
 def argument_positions(setup: Setup, model: nn.Module, batch: Any, ctx: Any = None) -> frozenset | None:
     """The root model's tensor arguments (``("arg", i)`` / ``("kwarg", name)``) whose zeroing changes its output:
     what the input-independent baseline zeroes. Zeroing the model's arguments, not the batch, keeps targets that
-    the loss derives from the inputs (a language model's shifted tokens) and labels passed into the model
-    (``labels=`` of a Hugging Face model) intact. None when ``loss_fn`` never calls the root model."""
+    the loss derives from the inputs (a language model's shifted tokens) intact; the labels passed into the model
+    (``labels=`` of a Hugging Face model, :data:`TARGET_ARGUMENTS`) are never zeroed, even where they change the
+    output (an encoder-decoder builds its decoder input from them). A decoder input the loss passes explicitly is
+    zeroed like any input: it cannot be told from a causal LM's own input, the same shift of the same tokens, and
+    zeroing it only makes the baseline weaker. None when ``loss_fn`` never calls the root model."""
     seen: list = []
 
     def record(module: nn.Module, args: tuple, kwargs: dict) -> None:
         if not seen:
             seen.extend([("arg", i) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-                        + [("kwarg", k) for k, v in kwargs.items() if isinstance(v, torch.Tensor)])
+                        + [("kwarg", k) for k, v in kwargs.items()
+                           if isinstance(v, torch.Tensor) and k not in TARGET_ARGUMENTS])
 
     handle = model.register_forward_pre_hook(record, with_kwargs=True)
     try:

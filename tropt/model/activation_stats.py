@@ -5,8 +5,11 @@ record per layer the mean and standard deviation, which units are ever active (r
 pre-activation), and for sigmoid/tanh the fraction of saturated pre-activations (|x| > 5, where the derivative is
 under 3% of its peak for sigmoid and 0.02% for tanh). Measured at initialisation on a few sampled batches, during a
 short training of a copy (fastai's per-step activation histograms, the "colorful dimension"), and again after it.
+Activation modules outside ``torch.nn`` (transformers' ``NewGELUActivation``/``GELUActivation``, timm's ``GELU``) are
+recognised by their class name, and transformers' ``Conv1D`` (GPT-2's projections) counts as a Linear layer.
 Functional activations (``F.relu`` inside ``forward``) have no module to hook: their inputs show up as the
-Linear/Conv outputs.
+Linear/Conv outputs, which are recorded but judge no unit. A run that judged no activation unit is a SKIP that says
+so, never a PASS.
 """
 
 from __future__ import annotations
@@ -33,6 +36,36 @@ RECTIFIERS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.ELU, nn.CE
 SATURATING = (nn.Sigmoid, nn.Tanh, nn.Hardtanh, nn.Hardsigmoid, nn.LogSigmoid, nn.Softsign)
 LINEAR = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd)
 BINS = 40
+# Activation modules outside torch.nn, by class name (lower case; the first family that matches wins, so GELUTanh is a
+# rectifier): transformers.activations, timm.layers.activations and most hand-written ones follow these names.
+_NAMED_RECTIFIERS = ("gelu", "relu", "silu", "swish", "mish", "elu", "softplus")
+_NAMED_SATURATING = ("sigmoid", "tanh", "softsign")
+_NOT_ACTIVATIONS = ("linear", "identity", "laplace")  # transformers' LinearActivation, LaplaceActivation
+
+
+def _kind(module: nn.Module) -> str | None:
+    """How a module is judged: "rectifier", "saturating", "linear" (output statistics only) or None (not hooked).
+
+    torch.nn's own classes decide by type; other leaf modules by their class name: an elementwise activation
+    (``NewGELUActivation``) or transformers' ``Conv1D`` (a Linear with the weight transposed)."""
+    if isinstance(module, RECTIFIERS):
+        return "rectifier"
+    if isinstance(module, SATURATING):
+        return "saturating"
+    if isinstance(module, LINEAR):
+        return "linear"
+    if type(module).__module__.startswith("torch.") or next(module.children(), None) is not None:
+        return None
+    name = type(module).__name__.lower()
+    if name == "conv1d" and isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.ndim == 2:
+        return "linear"
+    if any(w in name for w in _NOT_ACTIVATIONS):
+        return None
+    if any(w in name for w in _NAMED_RECTIFIERS):
+        return "rectifier"
+    if any(w in name for w in _NAMED_SATURATING):
+        return "saturating"
+    return None
 
 
 def _unit_dim(x: torch.Tensor, conv_like: bool) -> int:
@@ -43,10 +76,8 @@ def _unit_dim(x: torch.Tensor, conv_like: bool) -> int:
 
 
 class _LayerStats:
-    def __init__(self, name: str, module: nn.Module) -> None:
-        self.name, self.module = name, module
-        self.kind = ("rectifier" if isinstance(module, RECTIFIERS) else "saturating" if isinstance(module, SATURATING)
-                     else "linear")
+    def __init__(self, name: str, module: nn.Module, kind: str) -> None:
+        self.name, self.module, self.kind = name, module, kind
         self.type = type(module).__name__
         self.reset()
         self.hist: list[torch.Tensor] = []
@@ -60,6 +91,7 @@ class _LayerStats:
         self.active: torch.Tensor | None = None
         self.saturated: float | torch.Tensor = 0.0
         self.elements = 0
+        self.width = 0  # a saturating layer's units (a rectifier's are counted by ``active``)
 
     def update(self, inp: torch.Tensor | None, out: torch.Tensor, conv_like: bool, record_hist: bool) -> None:
         o = out.detach().float()
@@ -73,6 +105,7 @@ class _LayerStats:
             self.active = act if self.active is None or self.active.shape != act.shape else self.active | act
         if self.kind == "saturating" and inp is not None:
             self.saturated += (inp.detach().float().abs() > 5).sum()
+            self.width = int(inp.shape[_unit_dim(inp, conv_like)]) if inp.ndim else 1
         if record_hist:
             if self.range is None:
                 lo, hi = float(o.min()), float(o.max())
@@ -93,7 +126,7 @@ class _LayerStats:
         var = max(float(self.sumsq) / n - mean * mean, 0.0)
         d: dict[str, Any] = {"mean": mean, "std": math.sqrt(var)}
         d["dead_fraction"] = (1.0 - float(self.active.float().mean())) if self.active is not None else math.nan
-        d["units"] = int(self.active.numel()) if self.active is not None else 0
+        d["units"] = int(self.active.numel()) if self.active is not None else self.width
         d["saturated_fraction"] = float(self.saturated) / n if self.kind == "saturating" else math.nan
         return d
 
@@ -107,8 +140,9 @@ class _Hooks:
         self._last_conv = False
         self.handles = []
         for name, m in model.named_modules():
-            if isinstance(m, RECTIFIERS + SATURATING + LINEAR):
-                st = _LayerStats(name or type(m).__name__, m)
+            kind = _kind(m)
+            if kind is not None:
+                st = _LayerStats(name or type(m).__name__, m, kind)
                 self.layers.append(st)
                 self.handles.append(m.register_forward_hook(self._hook(st)))
 
@@ -119,6 +153,8 @@ class _Hooks:
             if st.kind == "linear":
                 self._last_conv = isinstance(module, nn.modules.conv._ConvNd)
             inp = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            if st.kind != "linear" and (inp is None or inp.shape != out.shape):
+                return  # not elementwise: no unit to judge (a module named like an activation that is not one)
             st.update(inp, out, self._last_conv or isinstance(module, nn.modules.conv._ConvNd), self.record_hist)
         return hook
 
@@ -217,7 +253,8 @@ def _judge(stats: pd.DataFrame, metrics: dict[str, Any], tables: dict[str, pd.Da
     if reasons:
         summary = "; ".join(reasons)
     else:
-        summary = (f"{metrics['hooked_layers']} layers hooked: at most {metrics['max_dead_fraction']:.0%} dead units"
+        summary = (f"{metrics['judged_layers']} activation layers ({metrics['judged_units']} units) judged, "
+                   f"{metrics['hooked_layers']} layers hooked: at most {metrics['max_dead_fraction']:.0%} dead units"
                    + (f", {metrics['max_saturated_fraction']:.0%} saturation" if len(worst_sat) else "")
                    + f" at init and after {steps} training steps")
     return CheckResult(CHECK, status, summary, metrics, tables, advice, series)
@@ -278,7 +315,18 @@ def check_activation_stats(setup: Setup, *, n_batches: int = 4, steps: int = 20,
         metrics["hist_bins"] = BINS
     if stats.empty:
         return CheckResult(CHECK, Status.SKIP, "no hooked layer ran in the forward pass", metrics)
+    judged = stats[stats["kind"] != "linear"].drop_duplicates("layer")
+    metrics.update(judged_layers=len(judged), judged_units=int(judged["units"].sum()))
     tables = {"layers": stats}
+    if not len(judged):
+        # Linear/Conv outputs alone say nothing about dead or saturated units: a PASS here would have examined nothing.
+        return CheckResult(CHECK, Status.SKIP,
+                           f"no activation module ran in forward(): only {metrics['hooked_layers']} Linear/Conv "
+                           "layer(s) were observed, and their outputs judge no unit (activations applied "
+                           "functionally, e.g. F.relu or torch.tanh inside forward(), cannot be hooked)",
+                           metrics, tables,
+                           ["To have dead and saturated units judged, use activation modules (nn.ReLU(), nn.GELU(), "
+                            "...) as attributes of the model instead of functional calls in forward()."])
     if hist_layers:
         # a layer with a histogram has its range (set before its first histogram step)
         ranges = [cast("tuple[float, float]", st.range) for st in hist_layers]

@@ -10,6 +10,10 @@ the user's ``fn(model, val_data)`` runs unchanged.
   95/5 labels; the advice names better metrics (balanced accuracy, AUROC, F1; MAE or R² against the constant mean).
 - FAIL when the metric never runs the model it is given (it closes over the original model), gives the same score
   for every predictor (it ignores the predictions), or raises on the model's output.
+- A metric that reads the loss the model computes itself (``outputs.loss``: the Trainer's ``eval_loss``) is a
+  function of the predictions: each predictor's output gets the loss of its own prediction, by the standard loss
+  (against one of the model's arguments, ``labels=`` first; shifted by one position for a causal LM) that
+  reproduces the model's. A loss no standard one reproduces is unknown (NaN) for the predictors: SKIP, saying so.
 - ERROR (a clear :class:`tropt.errors.StepError`) when it returns no finite number (a tensor of several
   elements, NaN, a string).
 - SKIP without a metric or ``val_data``, or when the metric bypasses ``model(...)`` so no predictor can be substituted.
@@ -21,9 +25,10 @@ running the model once over the validation data.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -44,6 +49,9 @@ if TYPE_CHECKING:
 
 CHECK = "model.eval_metric"
 LOGIT = 10.0  # a confident logit: softmax/sigmoid of it is 0.99995
+UNKNOWN_LOSS = ("the metric reads the loss the model computes itself (outputs.loss), and no standard loss (cross "
+                "entropy, NLL, binary cross entropy, MSE, L1) of the model's prediction against one of its arguments "
+                "reproduces it, so no other prediction's loss can be computed")
 
 
 # ---------------------------------------------------------------------------------------------- trivial predictors
@@ -73,6 +81,57 @@ def _replace(out: Any, new: torch.Tensor) -> Any:
                      "return a tensor, .logits or a dict")
 
 
+def _own_loss(out: Any) -> torch.Tensor | None:
+    """The loss a model computed itself and returns beside its prediction (``outputs.loss``, ``out["loss"]``)."""
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
+def _set_loss(out: Any, loss: torch.Tensor) -> Any:
+    """``out`` (already a copy made by :func:`_replace`) with its own loss replaced."""
+    if isinstance(out, MutableMapping):
+        out["loss"] = loss  # a dict, or a Hugging Face ModelOutput (its attribute follows the key)
+        return out
+    with contextlib.suppress(AttributeError, TypeError):  # a frozen output object: left as it is
+        out.loss = loss
+    return out
+
+
+def _objective_loss(objective: Objective, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The value of a standard loss (see :mod:`tropt.core.objective`) on (``out``, ``y``)."""
+    o, t = objective.pairs(out.float(), y.to(out.device))
+    if objective.kind == "cross_entropy":
+        return torch.nn.functional.cross_entropy(o, t.long())
+    if objective.kind == "nll":
+        return torch.nn.functional.nll_loss(o, t.long())
+    if objective.kind == "bce_logits":
+        return torch.nn.functional.binary_cross_entropy_with_logits(o, t.float())
+    if objective.kind == "bce":
+        return torch.nn.functional.binary_cross_entropy(o, t.float())
+    if objective.kind == "mse":
+        return torch.nn.functional.mse_loss(o, t.float())
+    return torch.nn.functional.l1_loss(o, t.float())
+
+
+def _recompute_loss(loss: float, pred: torch.Tensor, new: torch.Tensor, args: tuple,
+                    kwargs: dict) -> torch.Tensor | None:
+    """The model's own loss for the prediction ``new``: the standard loss of (``pred``, one of the model's tensor
+    arguments, ``labels=`` first) that reproduces ``loss``, also with the one-position shift of a causal language
+    model (prediction at t against the target at t + 1), evaluated on ``new``. None when none reproduces it."""
+    targets = [kwargs["labels"]] if isinstance(kwargs.get("labels"), torch.Tensor) else []
+    targets += [a for a in (*args, *kwargs.values())
+                if isinstance(a, torch.Tensor) and all(a is not t for t in targets)]
+    for y in targets:
+        shifts = [(pred, new, y)]
+        if pred.ndim >= 3 and y.ndim >= 2 and y.shape[1] > 1:
+            shifts.append((pred[:, :-1], new[:, :-1], y[:, 1:]))
+        for p, n, t in shifts:
+            objective = identify_objective(loss, p, {"target": t})
+            if objective is not None:
+                return _objective_loss(objective, n, t)
+    return None
+
+
 class TrivialPredictor(nn.Module):
     """Runs the wrapped model and replaces its prediction with :meth:`_trivial_output`'s, in the same output format.
 
@@ -85,6 +144,7 @@ class TrivialPredictor(nn.Module):
         super().__init__()
         self.inner = model
         self.calls = 0  # 0 after a metric evaluation: the metric bypassed the wrapper (e.g. model.predict)
+        self.loss_unknown = False  # the model's own loss was asked for but cannot be recomputed (see forward)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -99,7 +159,18 @@ class TrivialPredictor(nn.Module):
         if pred is None:
             raise TroptError(f"{CHECK}: the model's output holds no tensor",
                              "return a tensor, .logits or a dict of tensors")
-        return _replace(out, self._trivial_output(pred.detach(), args, kwargs))
+        new = self._trivial_output(pred.detach(), args, kwargs)
+        replaced = _replace(out, new)
+        loss = _own_loss(out)
+        if loss is None or replaced is new:
+            return replaced
+        # The model's own loss (outputs.loss, the Trainer's eval_loss) belongs to its prediction: recompute it for
+        # this one by the rule that reproduces the model's, or make it unknown (NaN), never the model's own value.
+        recomputed = _recompute_loss(float(loss.detach().float()), pred.detach(), new, args, kwargs)
+        if recomputed is None:
+            self.loss_unknown = True
+            recomputed = torch.full_like(loss, math.nan)
+        return _set_loss(replaced, recomputed.to(loss.dtype))
 
     def _trivial_output(self, pred: torch.Tensor, args: tuple,  # pragma: no cover - abstract
                         kwargs: dict) -> torch.Tensor:
@@ -301,17 +372,19 @@ def _score_predictors(metric: Any, predictors: list, data: Any, seed: int, rows:
             rows.append({"predictor": name, "description": wrapped.description, "score": score, "error": ""})
         except TroptError as exc:
             rows.append({"predictor": name, "description": wrapped.description, "score": math.nan,
-                         "error": exc.message})
+                         "error": UNKNOWN_LOSS if wrapped.loss_unknown else exc.message})
 
 
 def _degenerate(metric: Any, table: pd.DataFrame, scored: pd.DataFrame, metrics: dict) -> CheckResult | None:
     """SKIP when nothing but the model could be scored; FAIL when every predictor scores the same."""
     if len(scored) < 2:  # only the model itself: the metric cannot be compared with anything
         first = next((e for e in table["error"] if e), "")
+        advice = (["Let the metric compute its loss from the prediction (e.g. cross entropy of outputs.logits against "
+                   "the labels), so tropt can score trivial predictions with it."] if first == UNKNOWN_LOSS else
+                  ["Let the metric call model(...) on the validation inputs, so tropt can substitute trivial "
+                   "predictors."])
         return CheckResult(CHECK, Status.SKIP, f"no trivial predictor could be scored with {metric.name}: {first}",
-                           metrics, {"scores": table},
-                           ["Let the metric call model(...) on the validation inputs, so tropt can substitute "
-                            "trivial predictors."])
+                           metrics, {"scores": table}, advice)
     # Not a function of the predictions: every predictor, from random outputs to the true labels, scores the same.
     values = scored["score"].to_numpy(dtype=float)
     if len(values) >= 3 and float(values.max() - values.min()) <= 1e-9 * max(1.0, float(abs(values).max())):

@@ -7,16 +7,17 @@ own loop via ``monitor.result()``).
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..core.modes import dropout_off
+from ..core.optimizer_params import frozen_optimizer
 from ..registry import register
-from ..result import CheckResult
-from ..snapshot import preserved
+from ..result import CheckResult, Status
+from ..snapshot import copy_module, preserved
 from .gradient_verdict import judge_gradient_flow
 from .monitor import GradientMonitor
 
@@ -32,7 +33,7 @@ def init_reference(setup: Setup, ctx: Any, batch: Any) -> tuple[float, float] | 
     """(global gradient norm at the model's own initialisation, at PyTorch's default initialisation of the same
     architecture) on one batch: every module with ``reset_parameters`` re-initialised on a copy. None when no module
     can be re-initialised or a norm is not finite. The model's gradients are cleared afterwards; RNGs are restored."""
-    ref = copy.deepcopy(ctx.model)
+    ref = copy_module(ctx.model)
     norms = []
     with preserved():
         torch.manual_seed(setup.seed)
@@ -46,9 +47,12 @@ def init_reference(setup: Setup, ctx: Any, batch: Any) -> tuple[float, float] | 
             return None
         for model in (ctx.model, ref):
             model.zero_grad(set_to_none=True)
-            with dropout_off(model), ctx.autocast():
-                loss = setup.loss(model, batch)
-            loss.float().backward()
+            # The backward pass runs in the forward's modes: activation checkpointing recomputes the forward inside
+            # it, and a block recomputed with dropout back on raises torch's CheckpointError.
+            with dropout_off(model):
+                with ctx.autocast():
+                    loss = setup.loss(model, batch)
+                loss.float().backward()
             grads = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
             norms.append(float(torch.stack(grads).norm()) if grads else math.nan)
             model.zero_grad(set_to_none=True)
@@ -169,4 +173,10 @@ def check_gradient_flow(setup: Setup, *, steps: int = 20, vanish_ratio: float = 
                                  explode_norm=explode_norm, grad_clip=setup.grad_clip, init_reference=reference,
                                  explode_init_ratio=explode_init_ratio)
     result.metrics["observed_at"] = "parameter change" if hand.recorded else "optimizer.step"
+    frozen = frozen_optimizer(ctx.model, ctx.optimizer) if not mon.recorded_steps else None
+    if frozen is not None:  # it did call optimizer.step(): on an optimizer holding only frozen parameters
+        return dataclasses.replace(result, status=Status.FAIL, summary=f"no optimizer step updated the model: "
+                                   f"{frozen.sentence()}", metrics={**result.metrics, **frozen.metrics()},
+                                   tables={"optimizer_parameters": frozen.table, **result.tables},
+                                   advice=[frozen.advice])
     return result

@@ -36,6 +36,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from ..core.capture import group_lr
 from ..errors import TroptError
 from .gradient_verdict import judge_gradient_flow, parameter_summary
 from .update_norms import flat_copies, sgd_update_rules
@@ -247,8 +248,8 @@ class GradientMonitor:
             self._all_in_optimizer = bool(self.in_optimizer.all())
             self._outside = [i for i in range(len(self._params)) if not self.in_optimizer[i]]
         for g, gidx in zip(optimizer.param_groups, per_group):  # a parameter whose group has lr 0 never moves
-            lr = g.get("lr", None)
-            if gidx and lr is not None and float(lr) != 0.0:
+            # An lr tropt cannot read (NaN: a None the optimizer schedules itself) is not known to be 0.
+            if gidx and group_lr(optimizer, g) != 0.0:
                 self.lr_nonzero[gidx] = True
         if step % self.every:
             return

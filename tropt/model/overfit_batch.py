@@ -47,12 +47,17 @@ def _acc(a: float) -> str:
 def _plateaued(losses: np.ndarray, window: float = 0.25, share: float = 0.1, tol: float = 0.005) -> bool:
     """Whether the last ``window`` of the curve added less than ``share`` of the total improvement (and, for a curve
     that barely moved at all, less than ``tol`` of its start). A slow but steady decline is not a plateau: its last
-    quarter holds a quarter of the progress."""
+    quarter holds a quarter of the progress. Nor is a tail that falls at every step at least as fast as the curve
+    did on average, however little it moved: an optimizer warming up (Adafactor's ``warmup_init`` steps 1e-6 * t)
+    is still speeding up."""
     n = len(losses)
     if n < 8:
         return False
     w = max(2, int(n * window))
     tail = losses[-w:]
+    falling = bool((np.diff(tail) < 0).all())
+    if falling and losses[0] > losses[-1] and (tail[0] - tail[-1]) / (w - 1) >= (losses[0] - losses[-1]) / (n - 1):
+        return False
     span = max(losses[0] - losses.min(), 0.0)
     return (tail[0] - tail.min()) <= max(share * span, tol * abs(losses[0]))
 

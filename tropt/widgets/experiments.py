@@ -56,8 +56,8 @@ class ComparePanel(W.VBox):
         self.action = Action("Compare", self._job, icon="balance-scale")
         super().__init__([header("Compare candidates (tropt.compare)",
                                  "The Setup is the baseline; every candidate runs on your step over the same seeds, "
-                                 "data order and budget. A candidate is adopted only when it beats the baseline beyond "
-                                 "seed noise."),
+                                 "data order and budget. A candidate is adopted only when its paired interval clears "
+                                 "the minimum effect (Holm-corrected across candidates)."),
                           W.HBox([self.choose, W.VBox([self.seeds, self.steps])]),
                           W.HTML(f'<div style="color:#6e7781">{html.escape(note)}</div>' if note else ""),
                           self.action.box])

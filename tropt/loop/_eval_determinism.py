@@ -1,0 +1,209 @@
+"""Eval-mode determinism, for ``loop.train_mode``: two evaluations of the model in eval mode on one batch must agree.
+
+Dropout written as a call (``F.dropout(x, p)``, whose ``training`` flag defaults to True, or
+``scaled_dot_product_attention(..., dropout_p=p)`` without ``if self.training``) is no ``nn.Dropout`` module, so
+``model.eval()`` never reaches it. A ``TorchFunctionMode`` sees every such call made while the model evaluates, with
+its probability and training flag, and forward hooks name the module whose ``forward`` made it. When the two
+evaluations differ and no such call explains it, a rerun from one RNG state tells random draws (the loss's own noise,
+as in diffusion objectives: a note, not a finding) from nondeterministic kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
+
+from ..errors import TroptError
+from ..snapshot import preserved
+from ._verdicts import tolerance_for
+
+if TYPE_CHECKING:
+    from ..setup import Setup
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """Where a dropout function takes its probability and training flag (position, keyword, default)."""
+
+    name: str
+    p: tuple[int, str, float]
+    training: tuple[int, str, bool] | None  # None: applies whenever p > 0 (attention's dropout_p)
+
+    def read(self, args: tuple, kwargs: dict) -> tuple[float, bool]:
+        def arg(at: int, key: str, default: Any) -> Any:
+            return kwargs[key] if key in kwargs else args[at] if len(args) > at else default
+
+        p = float(arg(*self.p))
+        return p, True if self.training is None else bool(arg(*self.training))
+
+
+def _specs() -> dict[Callable, _Spec]:
+    specs: dict[Callable, _Spec] = {}
+    for name, default in (("dropout", True), ("dropout1d", True), ("dropout2d", True), ("dropout3d", True),
+                          ("alpha_dropout", False), ("feature_alpha_dropout", False)):
+        fn = getattr(F, name, None)
+        if fn is not None:
+            specs[fn] = _Spec(f"F.{name}", (1, "p", 0.5), (2, "training", default))
+    for name in ("dropout", "alpha_dropout", "feature_dropout", "feature_alpha_dropout"):
+        fn = getattr(torch, name, None)
+        if fn is not None:
+            specs[fn] = _Spec(f"torch.{name}", (1, "p", 0.5), (2, "train", False))
+    specs[F.scaled_dot_product_attention] = _Spec("F.scaled_dot_product_attention", (4, "dropout_p", 0.0), None)
+    return specs
+
+
+_SPECS = _specs()
+
+
+class DropoutSpy(TorchFunctionMode):
+    """Counts the dropout calls that apply (p > 0 and training) while it is active, by the module making them."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.calls: Counter[tuple[str, str, float]] = Counter()
+        self._stack: list[str] = []
+        self._handles = []
+        for name, m in model.named_modules():
+            try:
+                pre = m.register_forward_pre_hook(self._push(name or "(model)"))
+            except RuntimeError:  # a scripted module takes no hooks: its calls count for its parent
+                continue
+            self._handles += [pre, m.register_forward_hook(self._pop, always_call=True)]
+
+    def _push(self, name: str) -> Callable:
+        def hook(module: nn.Module, args: Any) -> None:
+            self._stack.append(name)
+        return hook
+
+    def _pop(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        try:
+            spec = _SPECS.get(func)
+        except TypeError:  # an unhashable callable
+            spec = None
+        if spec is not None:
+            try:
+                p, training = spec.read(args, kwargs)
+            except (TypeError, ValueError):  # an unusual call: not ours to judge
+                p, training = 0.0, False
+            if p > 0 and training:
+                self.calls[(self._stack[-1] if self._stack else "(outside the model)", spec.name, p)] += 1
+        return func(*args, **kwargs)
+
+    def table(self) -> pd.DataFrame:
+        rows = [{"module": m, "function": f, "p": p, "training": True, "calls": n}
+                for (m, f, p), n in self.calls.items()]
+        return pd.DataFrame(rows, columns=["module", "function", "p", "training", "calls"])
+
+
+@dataclass
+class EvalProbe:
+    """Two evaluations of a fresh copy in eval mode on one batch, and what makes them differ."""
+
+    losses: tuple[float, float] = (math.nan, math.nan)
+    rel_diff: float = math.nan
+    tolerance: float = math.nan
+    dropout: pd.DataFrame = field(default_factory=pd.DataFrame)
+    same_seed_agree: bool | None = None  # when they differ without dropout: do two evaluations from one RNG state agree
+    error: str = ""
+
+    @property
+    def differ(self) -> bool:
+        return not self.error and not self.rel_diff <= self.tolerance
+
+    @property
+    def warns(self) -> bool:
+        """Functional dropout that ignores the mode, and evaluations that differ: the finding."""
+        return self.differ and len(self.dropout) > 0
+
+    def metrics(self) -> dict[str, Any]:
+        if self.error:
+            return {"eval_probe": "not evaluated"}
+        out: dict[str, Any] = {"eval_loss_first": self.losses[0], "eval_loss_second": self.losses[1],
+                               "eval_rel_diff": self.rel_diff, "eval_tolerance": self.tolerance,
+                               "functional_dropout_calls": int(self.dropout["calls"].sum()) if len(self.dropout) else 0}
+        if self.same_seed_agree is not None:
+            out["eval_same_seed_agree"] = self.same_seed_agree
+        return out
+
+    def finding(self) -> str:
+        """The sentence of the WARN (``warns``), naming each functional dropout call found."""
+        calls = "; ".join(f"{r.function}({'dropout_p' if 'attention' in r.function else 'p'}={r.p:g}"
+                          f"{'' if 'attention' in r.function else ', training=True'}) in {r.module!r} "
+                          f"({r.calls} call{'s' if r.calls != 1 else ''})"
+                          for r in self.dropout.itertuples())
+        return (f"two evaluations of the model in eval mode on the same batch differ ({self.losses[0]:.6g} vs "
+                f"{self.losses[1]:.6g}): functional dropout runs whatever the mode: {calls}")
+
+    def note(self) -> str:
+        """What the probe found when it is no finding (empty when the evaluations agree)."""
+        if self.error:
+            return f"eval-mode determinism not checked: {self.error}"
+        if not self.differ:
+            return ""
+        if self.dropout.empty and self.same_seed_agree:
+            return (f"two evaluations in eval mode differ ({self.losses[0]:.6g} vs {self.losses[1]:.6g}) by random "
+                    "draws in the loss or the model (from the same RNG state they agree): no dropout call found")
+        if self.dropout.empty:
+            return (f"two evaluations in eval mode differ by {self.rel_diff:.1e} even from the same RNG state: "
+                    "nondeterministic kernels (GPU atomics)?")
+        return ""
+
+    ADVICE = ("Make functional dropout follow the module's mode: F.dropout(x, p, training=self.training) (F.dropout's "
+              "training flag defaults to True), or use an nn.Dropout module; for attention pass "
+              "dropout_p=self.dropout if self.training else 0.0.")
+
+
+def _rel(a: float, b: float) -> float:
+    if a == b:
+        return 0.0
+    return abs(a - b) / max(abs(a), abs(b), 1e-30)
+
+
+def probe_eval_mode(setup: Setup, batch: Any) -> EvalProbe:
+    """Evaluate a fresh copy twice in eval mode (no gradients, the Setup's precision) on ``batch``."""
+    tol = tolerance_for(setup)
+    with preserved():
+        ctx = setup.build()
+        model = ctx.model
+        model.eval()
+
+        def loss() -> float:
+            with torch.no_grad(), ctx.autocast():
+                return float(setup.loss(model, batch).float())
+
+        spy = DropoutSpy(model)
+        try:
+            with spy:
+                first, second = loss(), loss()  # no reseed between them: dropout left on must be allowed to differ
+        except TroptError as exc:  # e.g. a model whose eval-mode forward returns predictions, not a loss
+            return EvalProbe(error=exc.message)
+        finally:
+            spy.remove()
+        if not (math.isfinite(first) and math.isfinite(second)):
+            return EvalProbe((first, second), error="the loss in eval mode is not finite")
+        probe = EvalProbe((first, second), _rel(first, second), tol, spy.table())
+        if probe.differ and probe.dropout.empty:
+            again = []
+            for _ in range(2):
+                torch.manual_seed(setup.seed)
+                again.append(loss())
+            probe.same_seed_agree = _rel(*again) <= tol
+    return probe
