@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import tropt
-from tropt.dynamics.lr_range import centred_median, check_lr_range, ema_smooth, suggest
+from tropt.dynamics.lr_range import CHECK_ID, centred_median, check_lr_range, ema_smooth, suggest
 from tropt.result import CheckResult, Status
 from tropt.testing import untouched
 
@@ -159,3 +159,34 @@ def test_a_sweep_whose_loss_barely_moves_gives_no_range():
     r = _result(linreg_setup(KNOWN_GOOD_LR), [sweep], [0.05], 100, 10.0, 100.0, 0.05, 4.0, "step return")
     assert r.status is Status.WARN and "lowered the loss by more than 5%" in r.summary
     assert abs(r.metrics["best_relative_drop"] - (2.34 - 2.30) / 2.34) < 1e-9 and "suggested_low" not in r.metrics
+
+
+# ------------------------------------------------------------------ optimizers with no learning rate to sweep
+def test_adafactor_with_relative_step_is_skipped_not_an_error():
+    """Adafactor(relative_step=True, lr=None) derives its own step size: a sweep cannot set it, so SKIP with why
+    and what to do (it raised ``float(None)`` -> TypeError, an ERROR in a report)."""
+    pytest.importorskip("transformers")
+    from support import family_ports as fp
+
+    s = fp.adafactor_setup()
+    with untouched(s):
+        r = check_lr_range(s, num_steps=20, repeats=1, progress=False)
+    assert r.status is Status.SKIP, r.summary
+    assert "relative_step" in r.summary and "no learning rate" in r.summary, r.summary
+    assert any("explicit lr" in a for a in r.advice), r.advice
+    [report] = tropt.diagnose(s, checks=[CHECK_ID], progress=False).results
+    assert report.status is Status.SKIP, report.summary  # through the runner too, not ERROR
+
+
+def test_a_group_whose_lr_is_not_a_number_is_skipped_not_an_error():
+    """Any group lr that group_lr cannot read (here None, with no relative step) is no rate to sweep: SKIP."""
+    def no_lr(m):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        opt.param_groups[0]["lr"] = None  # e.g. a custom optimizer that schedules its own step size
+        return opt
+
+    s = linreg_setup(KNOWN_GOOD_LR).replace(optimizer=no_lr)
+    with untouched(s):
+        r = check_lr_range(s, num_steps=20, repeats=1, progress=False)
+    assert r.status is Status.SKIP and "no learning rate to sweep" in r.summary, r.summary
+    assert r.metrics["lr"] == "None" and r.metrics["relative_step"] is False

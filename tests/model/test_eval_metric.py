@@ -278,3 +278,24 @@ def test_a_metric_that_reads_only_the_labels_next_to_a_models_own_loss_still_fai
 
     r = run(own_loss_setup().replace(metric=tropt.Metric(label_share_of_0)))
     assert r.status is Status.FAIL and "not a function" in r.summary, r.summary
+
+
+def test_a_metric_that_ignores_the_model_it_is_given_shows_its_calls_and_scores():
+    """The FAIL for a metric closing over another model carries its evidence: one row per evaluation tropt ran, what
+    it handed the metric, how many forward calls that got (none), and the score that came back (the same for random
+    outputs as for the model: the score does not depend on what the metric is given)."""
+    import matplotlib.axes
+    import matplotlib.pyplot as plt
+
+    r = run(cc.metric_closing_over_the_original_model())
+    assert r.status is Status.FAIL and r.metrics["model_calls"] == 0
+    table = r.tables["metric_calls"]
+    assert list(table.columns) == ["evaluation", "handed", "forward_calls", "score"]
+    assert table["evaluation"].tolist() == ["model", "random"]
+    assert table["forward_calls"].tolist() == [0, 0]
+    assert table["score"].tolist() == [r.metrics["model_score"]] * 2 and 0.0 <= r.metrics["model_score"] <= 1.0
+    assert r.metrics["random_calls"] == 0 and r.metrics["random_score"] == r.metrics["model_score"]
+    ax = r.plot()
+    assert isinstance(ax, matplotlib.axes.Axes) and len(ax.patches) == 2  # one bar per evaluation
+    assert "0 forward calls" in [t.get_text() for t in ax.texts]
+    plt.close(ax.figure)

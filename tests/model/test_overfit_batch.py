@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.model_fixtures import C, D, adam, mlp, run, setup_for
+from support.model_fixtures import C, D, IgnoresInput, adam, mlp, run, setup_for
 from torch import nn
 from torch.nn import functional as F
 
@@ -15,15 +15,6 @@ import tropt
 from tropt.model import check_overfit_batch
 from tropt.result import Status
 from tropt.testing import untouched
-
-
-class IgnoresInput(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = mlp()
-
-    def forward(self, x):
-        return self.net(torch.zeros_like(x))
 
 
 def test_model_that_ignores_its_input_fails_overfit():

@@ -322,12 +322,8 @@ CASES: list[Case] = [
     Case("model.eval_metric", "healthy", cc.healthy, (P,), lambda r: r.metrics["majority_class_score"] == 0.25),
     Case("model.eval_metric", "defect", metric_ignoring_the_output, (FAIL,),
          lambda r: "for every predictor" in r.summary and r.tables["scores"]["score"].nunique() == 1),
-    # A known gap, kept visible: this FAIL names its cause (metrics["model_calls"] == 0) but carries no evidence
-    # table (the trivial predictors' scores are left out), and so has nothing to plot. It passes once it does.
     Case("model.eval_metric", "defect_closure", cc.metric_closing_over_the_original_model, (FAIL,),
-         lambda r: "never calls the model it is given" in r.summary and r.metrics["model_calls"] == 0,
-         marks=(pytest.mark.xfail(strict=True, reason="model.eval_metric: the FAIL for a metric that never calls the "
-                                  "model it is given has empty tables (no scores) and plot() raises"),)),
+         lambda r: "never calls the model it is given" in r.summary and r.metrics["model_calls"] == 0),
     # ------------------------------------------------------------------------------------------ stage 3
     Case("model.overfit_batch", "healthy", model_setup, (P,), lambda r: r.metrics["final_accuracy"] == 1.0),
     Case("model.overfit_batch", "defect", lambda: model_setup(IgnoresInput()), (FAIL,), has("ignores its input")),

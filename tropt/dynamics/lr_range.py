@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..core.capture import group_lr
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -40,7 +41,7 @@ class _HeldScheduler:
         pass
 
     def get_last_lr(self) -> list[float]:
-        return [g["lr"] for g in self.optimizer.param_groups]
+        return [group_lr(self.optimizer, g) for g in self.optimizer.param_groups]
 
     def state_dict(self) -> dict:
         return {}
@@ -151,6 +152,29 @@ def _lr_set_by_step(stepped: float, swept: float) -> CheckResult:
                 "or make the step read its peak learning rate from the optimizer's param group."])
 
 
+def _no_lr_to_sweep(optimizer: Any) -> CheckResult | None:
+    """A SKIP when a param group holds no learning rate the sweep can set (e.g. Adafactor's relative step), else None.
+
+    A group with ``relative_step=True`` derives its step size itself and ignores ``group["lr"]``; any other group
+    whose rate :func:`tropt.core.capture.group_lr` cannot read (``lr=None``, a schedule object) has none to set.
+    """
+    for i, g in enumerate(optimizer.param_groups):
+        relative = g.get("relative_step") is True
+        if not relative and math.isfinite(group_lr(optimizer, g)):
+            continue
+        why = ("relative_step=True: it derives its own step size from the step count and ignores the group's lr"
+               if relative else "no number the sweep could set or read")
+        return CheckResult(
+            CHECK_ID, Status.SKIP,
+            f"the optimizer ({type(optimizer).__name__}) has no learning rate to sweep: param group {i} holds "
+            f"lr={g.get('lr')!r} with {why}",
+            {"optimizer": type(optimizer).__name__, "group": i, "lr": repr(g.get("lr")), "relative_step": relative},
+            advice=["Pass an optimizer with an explicit lr to sweep it (e.g. Adafactor(relative_step=False, "
+                    "scale_parameter=False, warmup_init=False, lr=1e-3), or AdamW); Adafactor(relative_step=True) "
+                    "sets its own step size, so there is no learning rate to tune."])
+    return None
+
+
 def _ramp(plan: _Plan, sweep_setup: Any, ctx: Any, runner: Any, ratios: list[float], stepped_at: list[float],
           seed: int, r: int, bar: Any) -> tuple[list[float], list[float]] | CheckResult:
     """One sweep's (losses, learning rates) up to where it stops; a SKIP when the step sets its own LR."""
@@ -195,12 +219,15 @@ def _sweep(setup: Setup, sweep_setup: Any, plan: _Plan, r: int,
     ctx = sweep_setup.build(seed=seed)
     if setup.scheduler is not None:
         ctx.scheduler = _HeldScheduler(ctx.optimizer)
-    group_lrs = [float(g["lr"]) for g in ctx.optimizer.param_groups]
+    unsweepable = _no_lr_to_sweep(ctx.optimizer)
+    if unsweepable is not None:
+        return unsweepable
+    group_lrs = [group_lr(ctx.optimizer, g) for g in ctx.optimizer.param_groups]
     ref = group_lrs[0] if group_lrs[0] > 0 else (max(group_lrs) or 1.0)
     ratios = [g / ref for g in group_lrs]
     runner = StepRunner(sweep_setup, ctx)
     stepped_at: list[float] = []  # group 0's LR at each optimizer.step(): a step that sets its own LR shows here
-    handle = ctx.optimizer.register_step_pre_hook(lambda o, a, k: stepped_at.append(float(o.param_groups[0]["lr"])))
+    handle = ctx.optimizer.register_step_pre_hook(lambda o, a, k: stepped_at.append(group_lr(o, o.param_groups[0])))
     try:
         ramp = _ramp(plan, sweep_setup, ctx, runner, ratios, stepped_at, seed, r, bar)
     finally:

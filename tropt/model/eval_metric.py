@@ -9,7 +9,9 @@ the user's ``fn(model, val_data)`` runs unchanged.
 - WARN when a trivial predictor scores within ``margin`` (relative) of the perfect score, e.g. accuracy 0.95 on
   95/5 labels; the advice names better metrics (balanced accuracy, AUROC, F1; MAE or R² against the constant mean).
 - FAIL when the metric never runs the model it is given (it closes over the original model), gives the same score
-  for every predictor (it ignores the predictions), or raises on the model's output.
+  for every predictor (it ignores the predictions), or raises on the model's output. A metric that never runs its
+  model is evaluated once more with random outputs: the ``metric_calls`` table lists each evaluation, what it was
+  handed, the forward calls that got (0) and the score that came back (the same).
 - A metric that reads the loss the model computes itself (``outputs.loss``: the Trainer's ``eval_loss``) is a
   function of the predictions: each predictor's output gets the loss of its own prediction, by the standard loss
   (against one of the model's arguments, ``labels=`` first; shifted by one position for a causal LM) that
@@ -26,9 +28,8 @@ running the model once over the validation data.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -43,6 +44,7 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
 from ._common import fmt
+from ._outputs import own_loss, recompute_loss, replace_prediction, set_loss
 
 if TYPE_CHECKING:
     from ..setup import Setup
@@ -55,83 +57,6 @@ UNKNOWN_LOSS = ("the metric reads the loss the model computes itself (outputs.lo
 
 
 # ---------------------------------------------------------------------------------------------- trivial predictors
-def _replace(out: Any, new: torch.Tensor) -> Any:
-    """The model's output with its prediction tensor (see :func:`output_tensor`) replaced by ``new``."""
-    if isinstance(out, torch.Tensor):
-        return new
-    if isinstance(getattr(out, "logits", None), torch.Tensor):
-        out = copy.copy(out)
-        try:
-            out.logits = new
-        except (AttributeError, TypeError):
-            out["logits"] = new
-        return out
-    if isinstance(out, Mapping):
-        out = dict(out)
-        key = ("logits" if isinstance(out.get("logits"), torch.Tensor)
-               else next(k for k, v in out.items() if isinstance(v, torch.Tensor)))
-        out[key] = new
-        return out
-    if isinstance(out, (list, tuple)):
-        items = list(out)
-        i = next(i for i, v in enumerate(items) if isinstance(v, torch.Tensor))
-        items[i] = new
-        return type(out)(items) if not hasattr(out, "_fields") else type(out)(*items)
-    raise TroptError(f"{CHECK}: the model returns a {type(out).__name__} with no prediction tensor",
-                     "return a tensor, .logits or a dict")
-
-
-def _own_loss(out: Any) -> torch.Tensor | None:
-    """The loss a model computed itself and returns beside its prediction (``outputs.loss``, ``out["loss"]``)."""
-    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
-    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
-
-
-def _set_loss(out: Any, loss: torch.Tensor) -> Any:
-    """``out`` (already a copy made by :func:`_replace`) with its own loss replaced."""
-    if isinstance(out, MutableMapping):
-        out["loss"] = loss  # a dict, or a Hugging Face ModelOutput (its attribute follows the key)
-        return out
-    with contextlib.suppress(AttributeError, TypeError):  # a frozen output object: left as it is
-        out.loss = loss
-    return out
-
-
-def _objective_loss(objective: Objective, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The value of a standard loss (see :mod:`tropt.core.objective`) on (``out``, ``y``)."""
-    o, t = objective.pairs(out.float(), y.to(out.device))
-    if objective.kind == "cross_entropy":
-        return torch.nn.functional.cross_entropy(o, t.long())
-    if objective.kind == "nll":
-        return torch.nn.functional.nll_loss(o, t.long())
-    if objective.kind == "bce_logits":
-        return torch.nn.functional.binary_cross_entropy_with_logits(o, t.float())
-    if objective.kind == "bce":
-        return torch.nn.functional.binary_cross_entropy(o, t.float())
-    if objective.kind == "mse":
-        return torch.nn.functional.mse_loss(o, t.float())
-    return torch.nn.functional.l1_loss(o, t.float())
-
-
-def _recompute_loss(loss: float, pred: torch.Tensor, new: torch.Tensor, args: tuple,
-                    kwargs: dict) -> torch.Tensor | None:
-    """The model's own loss for the prediction ``new``: the standard loss of (``pred``, one of the model's tensor
-    arguments, ``labels=`` first) that reproduces ``loss``, also with the one-position shift of a causal language
-    model (prediction at t against the target at t + 1), evaluated on ``new``. None when none reproduces it."""
-    targets = [kwargs["labels"]] if isinstance(kwargs.get("labels"), torch.Tensor) else []
-    targets += [a for a in (*args, *kwargs.values())
-                if isinstance(a, torch.Tensor) and all(a is not t for t in targets)]
-    for y in targets:
-        shifts = [(pred, new, y)]
-        if pred.ndim >= 3 and y.ndim >= 2 and y.shape[1] > 1:
-            shifts.append((pred[:, :-1], new[:, :-1], y[:, 1:]))
-        for p, n, t in shifts:
-            objective = identify_objective(loss, p, {"target": t})
-            if objective is not None:
-                return _objective_loss(objective, n, t)
-    return None
-
-
 class TrivialPredictor(nn.Module):
     """Runs the wrapped model and replaces its prediction with :meth:`_trivial_output`'s, in the same output format.
 
@@ -160,17 +85,17 @@ class TrivialPredictor(nn.Module):
             raise TroptError(f"{CHECK}: the model's output holds no tensor",
                              "return a tensor, .logits or a dict of tensors")
         new = self._trivial_output(pred.detach(), args, kwargs)
-        replaced = _replace(out, new)
-        loss = _own_loss(out)
+        replaced = replace_prediction(out, new)
+        loss = own_loss(out)
         if loss is None or replaced is new:
             return replaced
         # The model's own loss (outputs.loss, the Trainer's eval_loss) belongs to its prediction: recompute it for
         # this one by the rule that reproduces the model's, or make it unknown (NaN), never the model's own value.
-        recomputed = _recompute_loss(float(loss.detach().float()), pred.detach(), new, args, kwargs)
+        recomputed = recompute_loss(float(loss.detach().float()), pred.detach(), new, args, kwargs)
         if recomputed is None:
             self.loss_unknown = True
             recomputed = torch.full_like(loss, math.nan)
-        return _set_loss(replaced, recomputed.to(loss.dtype))
+        return set_loss(replaced, recomputed.to(loss.dtype))
 
     def _trivial_output(self, pred: torch.Tensor, args: tuple,  # pragma: no cover - abstract
                         kwargs: dict) -> torch.Tensor:
@@ -302,13 +227,23 @@ def _score(metric: Any, model: nn.Module, data: Any, seed: int) -> float:
         return metric(model, data)
 
 
-def _score_model(metric: Any, model: nn.Module, data: Any, seed: int) -> tuple[float, CheckResult | None]:
-    """The model's own score, or a FAIL when the metric raises on its output or never calls it."""
-    # Any of the copy's modules running counts as using it (a custom predict() may call self.forward directly).
+@contextlib.contextmanager
+def _counting(model: nn.Module) -> Any:
+    """Counts the forward calls of ``model`` and of any of its modules (a custom predict() may call a submodule)."""
     calls = [0]
     counters = [m.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for m in model.modules()]
     try:
-        model_score = _score(metric, model, data, seed)
+        yield calls
+    finally:
+        for h in counters:
+            h.remove()
+
+
+def _score_model(metric: Any, model: nn.Module, data: Any, seed: int) -> tuple[float, CheckResult | None]:
+    """The model's own score, or a FAIL when the metric raises on its output or never calls it."""
+    try:
+        with _counting(model) as calls:
+            model_score = _score(metric, model, data, seed)
     except StepError as exc:
         if exc.__cause__ is None:  # it ran but returned no finite number: bad input, a clear error
             raise
@@ -317,18 +252,37 @@ def _score_model(metric: Any, model: nn.Module, data: Any, seed: int) -> tuple[f
             {"metric": metric.name, "error_type": type(exc.__cause__).__name__},
             advice=[f"Fix the metric {metric.name}: tropt calls it as fn(model, val_data) with the model in "
                     "eval mode under torch.no_grad() (as tropt.compare does)."])
-    finally:
-        for h in counters:
-            h.remove()
     if calls[0] == 0:
-        return model_score, CheckResult(
-            CHECK, Status.FAIL,
-            f"the metric {metric.name} never calls the model it is given: it is not a function of the "
-            "model's predictions (does it close over another model, or read stored predictions?)",
-            {"metric": metric.name, "model_score": model_score, "model_calls": 0},
-            advice=[f"Make {metric.name} evaluate the model it is given: fn(model, val_data) should call "
-                    "model(...) on the validation inputs."])
+        return model_score, _never_called(metric, model, data, seed, model_score)
     return model_score, None
+
+
+def _never_called(metric: Any, model: nn.Module, data: Any, seed: int, model_score: float) -> CheckResult:
+    """The FAIL for a metric that never ran the model it was handed, with its evidence: each evaluation tropt ran,
+    what it handed the metric, the forward calls that got, and the score that came back. A second evaluation with
+    random outputs shows the score does not follow what the metric is given."""
+    rows = [{"evaluation": "model", "handed": "the model as given (tropt's copy)", "forward_calls": 0,
+             "score": model_score}]
+    metrics: dict[str, Any] = {"metric": metric.name, "model_score": model_score, "model_calls": 0}
+    random = RandomPredictor(model, seed)
+    try:
+        with _counting(random) as calls:
+            score = _score(metric, random, data, seed)
+        rows.append({"evaluation": "random", "handed": random.description, "forward_calls": calls[0],
+                     "score": score})
+        metrics.update(random_calls=calls[0], random_score=score)
+    except TroptError:  # the model's own evaluation is the evidence; the second one only adds to it
+        pass
+    same = len(rows) == 2 and rows[1]["score"] == model_score
+    return CheckResult(
+        CHECK, Status.FAIL,
+        f"the metric {metric.name} never calls the model it is given: it is not a function of the "
+        "model's predictions (does it close over another model, or read stored predictions?)"
+        + (f"; handed random outputs it returns the same {fmt(model_score)}" if same else ""),
+        metrics,
+        {"metric_calls": pd.DataFrame(rows, columns=["evaluation", "handed", "forward_calls", "score"])},
+        advice=[f"Make {metric.name} evaluate the model it is given: fn(model, val_data) should call "
+                "model(...) on the validation inputs."])
 
 
 def _predictors(model: nn.Module, objective: Objective | None, y: torch.Tensor | None, lookup: dict, seed: int,

@@ -57,7 +57,10 @@ def plot_eval_transforms(result: Any, ax: Any = None, max_bars: int = 20) -> Any
 
 @register_plot("model.eval_metric")
 def plot_eval_metric(result: Any, ax: Any = None) -> Any:
-    """The metric's score for the model and each trivial predictor, with the perfect score marked."""
+    """The metric's score for the model and each trivial predictor, with the perfect score marked (or, for a metric
+    that never calls its model, each evaluation's score with the forward calls it made)."""
+    if "scores" not in result.tables and "metric_calls" in result.tables:
+        return _plot_metric_calls(result, ax)
     df = _need(result, "scores")
     df = df[df["score"].notna()]
     if df.empty:
@@ -73,6 +76,29 @@ def plot_eval_metric(result: Any, ax: Any = None) -> Any:
         ax.axvline(float(perfect), color=_COLOURS["pass"], linestyle="--", label=f"perfect {float(perfect):.3g}")
         ax.legend(fontsize=8)
     ax.set_xlabel(str(result.metrics.get("metric", "score")))
+    return titled(ax, result)
+
+
+def _plot_metric_calls(result: Any, ax: Any = None) -> Any:
+    """A metric that never calls its model: the score of each evaluation, labelled with its forward calls."""
+    df = _need(result, "metric_calls")
+    df = df[df["score"].notna()]
+    if len(df) < 2:
+        raise TroptError("model.eval_metric scored fewer than two evaluations: nothing to compare in a picture",
+                         "look at result.tables['metric_calls'] and result.summary")
+    ax = new_axes(ax)
+    y = np.arange(len(df))
+    scores = df["score"].to_numpy(dtype=float)
+    ax.barh(y, scores, color=["#0969da" if e == "model" else "#6e7781" for e in df["evaluation"]])
+    ax.set_yticks(y, [f"{e}: {h}" for e, h in zip(df["evaluation"], df["handed"])])
+    ax.invert_yaxis()
+    for yy, s, c in zip(y, scores, df["forward_calls"]):
+        ax.annotate(f"{int(c)} forward call{'' if int(c) == 1 else 's'}", (s, yy), xytext=(4, 0),
+                    textcoords="offset points", va="center", fontsize=8)
+    low, high = min(0.0, float(scores.min())), max(0.0, float(scores.max()))
+    ax.set_xlim(low, high + 0.35 * ((high - low) or 1.0))  # room for the call counts right of the bars
+    ax.set_xlabel(str(result.metrics.get("metric", "score")))
+    ax.tick_params(axis="y", labelsize=8)
     return titled(ax, result)
 
 
