@@ -226,7 +226,51 @@ def link_findings(results: list[CheckResult]) -> list[CheckResult]:
         if isinstance(other, str) and found.get(other) in (Status.FAIL, Status.WARN):
             r = dataclasses.replace(r, summary=f"{r.summary}; {other} reports this defect")
         out.append(r)
+    return _link_symptoms(out)
+
+
+# A loop.* FAIL that names its cause (``metrics["cause"]``) isolates a defect in the user's step; the FAILs it explains
+# are those of checks that ran that same step (never a data check, never a forward-only one like model.init_loss).
+# Conservative on purpose: a root cause and the FAILs it may explain are listed, not inferred.
+_STEP_ROOTS: dict[str, tuple[str, ...]] = {
+    "loop.accumulation": ("model.overfit_batch", "model.gradient_flow", "dynamics.", "perf.", "loop.ddp"),
+}
+
+
+def _isolated_cause(r: CheckResult) -> bool:
+    cause = r.metrics.get("cause")
+    return (r.status is Status.FAIL and r.check in _STEP_ROOTS and "symptom_of" not in r.metrics
+            and isinstance(cause, str) and cause not in ("", "unnamed"))
+
+
+def _link_symptoms(results: list[CheckResult]) -> list[CheckResult]:
+    """FAILs that a broken step explains, marked ``metrics["symptom_of"] = <root id>``: a sentence in the summary,
+    and advice to fix the step first instead of the result's own (a learning rate or a clip tuned against a broken
+    step tunes the bug). A loop.* FAIL that names a cause of its own is a root, not a symptom."""
+    roots = [r for r in results if _isolated_cause(r)]
+    if not roots:
+        return results
+    out = []
+    for r in results:
+        root = next((x for x in roots if x.check != r.check and _explains(x, r)), None)
+        if root is not None:
+            fix = f" ({root.advice[0].rstrip('.')})" if root.advice else ""
+            r = dataclasses.replace(
+                r, metrics={**r.metrics, "symptom_of": root.check},
+                summary=f"{r.summary}; a symptom of the broken step that {root.check} isolates",
+                advice=[f"Fix the step first: {root.check} FAILs{fix}; this check ran that step, so its FAIL follows "
+                        "from it. Change no hyperparameter until the step is fixed, then diagnose again; if this "
+                        "check still FAILs, its own advice applies then."])
+        out.append(r)
     return out
+
+
+def _explains(root: CheckResult, r: CheckResult) -> bool:
+    if r.status is not Status.FAIL or "symptom_of" in r.metrics or _isolated_cause(r):
+        return False
+    if r.check.startswith("loop.") and r.metrics.get("cause") not in (None, "", "unnamed"):
+        return False  # a loop check that names a cause of its own reports a defect of its own
+    return any(r.check == p or (p.endswith(".") and r.check.startswith(p)) for p in _STEP_ROOTS[root.check])
 
 
 def _badge(status: Status) -> str:

@@ -197,15 +197,25 @@ class Verdict:
 
 def verdict_order(results: Iterable[CheckResult]) -> list[Finding]:
     """The non-passing results in the order to fix them: FAIL, ERROR, WARN; within each by contract stage, then
-    by severity (highest first), then contract order."""
+    by severity (highest first), then contract order. A symptom of a broken step is ranked after its root cause
+    (:func:`rank_stage`)."""
     findings = []
     for r in results:
         if r.status in _FINDING_ORDER:
             score, metric = severity(r)
             findings.append(Finding(r, score, metric))
-    findings.sort(key=lambda f: (_FINDING_ORDER.index(f.status), _stage(f.check), -f.severity,
+    findings.sort(key=lambda f: (_FINDING_ORDER.index(f.status), *rank_stage(f.result), -f.severity,
                                  _contract_index(f.check)))
     return _group_errors(findings)
+
+
+def rank_stage(result: CheckResult) -> tuple[int, int]:
+    """(stage, 0 or 1) a finding is ranked at: its contract stage, or, for a symptom of a broken step
+    (``metrics["symptom_of"]``, see :func:`tropt.result.link_findings`), right after the root cause it follows from."""
+    root = result.metrics.get("symptom_of")
+    if isinstance(root, str) and root != result.check:
+        return max(_stage(result.check), _stage(root)), 1
+    return _stage(result.check), 0
 
 
 def _group_errors(findings: list[Finding]) -> list[Finding]:

@@ -421,3 +421,86 @@ def test_unknown_batch_sizes_warn_only_when_the_setup_accumulates_and_name_the_a
     # Without accumulation every step is one micro-batch, whatever the sizes: a latent note, never a WARN.
     r = check_accumulation(_loader_setup(loader, k=1))
     assert r.status is Status.PASS and r.metrics["latent"] and "does not accumulate" in r.summary, r.summary
+
+
+class TwoTower(nn.Module):
+    """Two Linear towers embedding the two views of a pair: a CLIP-style contrastive encoder."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(6, 8)
+
+
+def info_nce(model, batch):
+    """In-batch negatives: every other pair in the batch is a negative, so the loss depends on the batch's makeup."""
+    z1, z2 = F.normalize(model.a(batch[0]), dim=1), F.normalize(model.b(batch[1]), dim=1)
+    logits = z1 @ z2.T / 0.1
+    return F.cross_entropy(logits, torch.arange(len(logits)))
+
+
+def two_tower_setup(step=None, k=4):
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.randn(64, 6, generator=g)
+    x2 = x1 + 0.3 * torch.randn(64, 6, generator=g)
+    torch.manual_seed(0)
+    return tropt.Setup(TwoTower(), info_nce, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                       [(x1[i:i + 16], x2[i:i + 16]) for i in range(0, 64, 16)], step=step, accumulation_steps=k)
+
+
+def test_an_in_batch_negatives_loss_warns_naming_the_loss_never_the_step():
+    setup = two_tower_setup()  # tropt.standard_step: the step is right, the loss cannot accumulate exactly
+    with untouched(setup):
+        r = check_accumulation(setup)
+    assert r.status is Status.WARN, r.summary
+    assert "the loss is batch-dependent" in r.summary and "per-micro-batch" not in r.summary
+    assert r.metrics["cause"] == "batch_dependent_loss" and r.metrics["loss_batch_dependence"] > 0.01
+    assert any("GradCache" in a for a in r.advice) and any("larger micro-batch" in a for a in r.advice)
+    assert "batch_dependence" in r.tables
+
+
+def test_a_batch_dependent_loss_does_not_excuse_a_step_that_forgets_to_divide_by_k():
+    r = check_accumulation(two_tower_setup(step_loss_not_divided))
+    assert r.status is Status.FAIL, r.summary
+    assert "summed, not averaged" in r.summary and r.metrics["cause"] == "summed"
+    assert "Divide each micro-batch loss by K=4" in r.advice[0]
+
+
+def test_a_batch_dependent_loss_divided_twice_still_fails():
+    def step(ctx, micro_batches):
+        for mb in micro_batches:
+            (ctx.loss_fn(ctx.model, mb) / len(micro_batches) ** 2).backward()
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+
+    r = check_accumulation(two_tower_setup(step))
+    assert r.status is Status.FAIL and r.metrics["cause"] == "divided_twice", r.summary
+
+
+def test_a_per_item_mean_loss_is_not_batch_dependent():
+    from tropt.loop._batch_dependence import loss_batch_dependence
+
+    setup = mlp_setup(k=4)
+    assert loss_batch_dependence(setup, setup.sample_batch(), freeze=False) < 1e-5
+    setup = two_tower_setup()
+    assert loss_batch_dependence(setup, setup.sample_batch(), freeze=False) > 0.01
+
+
+def test_a_batch_dependent_loss_does_not_excuse_dropped_micro_batches():
+    def step(ctx, micro_batches):  # forgets the last two micro-batches: not what any right step gives
+        for mb in micro_batches[:2]:
+            (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad()
+
+    r = check_accumulation(two_tower_setup(step))
+    assert r.status is Status.FAIL and r.metrics["cause"] == "not_isolated", r.summary
+    assert "cause not isolated" in r.summary and "batch-dependent" in r.summary
+
+
+def test_the_batch_dependence_probe_concatenates_every_batch_sized_leaf():
+    from tropt.loop._batch_dependence import _doubled
+
+    batch = {"x": torch.arange(6.0).reshape(3, 2), "ids": ["a", "b", "c"], "scale": torch.tensor(2.0), "k": 3}
+    twice = _doubled(batch, 3, 0)
+    assert torch.equal(twice["x"], torch.cat([batch["x"], batch["x"]])) and twice["ids"] == ["a", "b", "c"] * 2
+    assert twice["scale"] is batch["scale"] and twice["k"] == 3 and batch["ids"] == ["a", "b", "c"]

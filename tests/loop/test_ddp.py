@@ -205,3 +205,48 @@ def test_per_process_token_normalisation_is_named_with_the_all_reduce_fix():
     good = lm_setup(step_global_token_mean)
     with untouched(good):
         assert check_ddp(good).status is Status.PASS
+
+
+# ------------------------------------------------------------------ every rank, not rank 0: replicas must stay in sync
+def step_clipping_on_rank_1_only(ctx, micro_batches):
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
+    if dist.is_initialized() and dist.get_rank() == 1:  # a clip applied on one process only
+        torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), 1e-3)
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+
+
+def step_perturbing_rank_1_after_the_update(ctx, micro_batches):
+    tropt.standard_step(ctx, micro_batches)
+    if dist.is_initialized() and dist.get_rank() == 1:  # a rank-local update of one parameter
+        module = ctx.model.module if hasattr(ctx.model, "module") else ctx.model
+        with torch.no_grad():
+            module[2].bias.add_(0.01 * dist.get_rank())
+
+
+@pytest.mark.slow
+def test_a_clip_on_rank_1_only_fails_naming_rank_1_and_its_parameters():
+    setup = ddp_setup(step_clipping_on_rank_1_only)
+    with untouched(setup):
+        r = check_ddp(setup)
+    assert r.status is Status.FAIL and "out of sync" in r.summary and "rank 1" in r.summary, r.summary
+    assert r.metrics["cause"] == "replicas out of sync" and r.metrics["ranks_out_of_sync"] == "1"
+    table = r.tables["replicas"]
+    assert list(table.columns[:3]) == ["rank", "parameter", "rel_difference"]
+    bad = table[table["rel_difference"] > r.metrics["tolerance"]]
+    assert set(bad["rank"]) == {1}
+    # every parameter is clipped on rank 1, so every one of them leaves the replicas apart (gradients and values)
+    assert set(bad["parameter"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert set(bad["compared"]) == {"gradient at optimizer.step", "parameter after the step"}
+    assert "averag" not in r.summary and "world size" not in " ".join(r.advice)
+
+
+@pytest.mark.slow
+def test_a_rank_local_update_after_the_step_fails_naming_the_parameter():
+    r = check_ddp(ddp_setup(step_perturbing_rank_1_after_the_update))
+    assert r.status is Status.FAIL and "out of sync" in r.summary, r.summary
+    assert "parameter 2.bias differs by" in r.summary and "on rank 1" in r.summary
+    bad = r.tables["replicas"][r.tables["replicas"]["rel_difference"] > r.metrics["tolerance"]]
+    assert list(bad["parameter"]) == ["2.bias"] and list(bad["rank"]) == [1]
+    assert list(bad["compared"]) == ["parameter after the step"]  # the gradients agreed

@@ -166,3 +166,28 @@ def test_scheduler_stepped_before_the_optimizer_is_found_when_k1_and_k4_cannot_b
     assert r.metrics["lr_at_optimizer_step"] == pytest.approx(5e-3) and r.metrics["lr_planned"] == pytest.approx(1e-2)
     assert r.metrics["see_also"] == "loop.accumulation"
     assert any("after optimizer.step()" in a for a in r.advice) and any("once per call" in a for a in r.advice)
+
+
+def _counting_optimizer(steps: list):
+    """An AdamW factory whose every optimizer counts its steps into ``steps`` (a step pre-hook)."""
+    def factory(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        opt.register_step_pre_hook(lambda *_: steps.append(1))
+        return opt
+    return factory
+
+
+def test_no_scheduler_with_standard_step_skips_without_a_single_optimizer_step():
+    """The Setup alone decides it: no scheduler and tropt.standard_step (which sets no learning rate), so there is no
+    schedule to compare and no step is run (it ran the K=1 and K=4 comparison before, 6 optimizer steps)."""
+    steps: list = []
+    setup = mlp_setup(k=4, scheduler=False).replace(optimizer=_counting_optimizer(steps))
+    with untouched(setup):
+        r = check_scheduler_cadence(setup)
+    assert len(steps) == 0, f"{len(steps)} optimizer steps to conclude there is no schedule"
+    assert r.status is Status.SKIP and "no scheduler" in r.summary and "standard_step" in r.summary, r.summary
+    assert r.metrics["optimizer_steps"] == 0
+    # control: the same counter counts the steps of a step function of the user's, which may set the LR by hand
+    mine = setup.replace(step=lambda ctx, mbs: tropt.standard_step(ctx, mbs))
+    r = check_scheduler_cadence(mine)
+    assert r.status is Status.SKIP and "never changed" in r.summary and len(steps) > 0, r.summary

@@ -45,7 +45,9 @@ def blocking_fix(r: Any, rep: Report) -> dict[str, Any]:
             break
     return {
         "kind": "blocking fix", "name": f"fix {r.check}", "finding": r.check, "verdict": "blocking",
-        "hypothesis": f"a correctness defect, not a tuning choice: {r.summary}",
+        "hypothesis": (f"a symptom of the broken step {r.metrics['symptom_of']} isolates, not a tuning choice: "
+                       f"{r.summary}" if isinstance(r.metrics.get("symptom_of"), str)
+                       else f"a correctness defect, not a tuning choice: {r.summary}"),
         "changed": r.advice[0] if r.advice else "the code or data the finding points at",
         "fix": r.advice[0] if r.advice else "see the check's documentation",
         "evidence": evidence or r.summary,

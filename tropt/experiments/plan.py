@@ -44,10 +44,14 @@ _STAGE = {"data": 1, "model": 2, "loop": 4, "dynamics": 5, "perf": 6}
 
 
 def _order_key(r: Any) -> tuple:
-    """FAIL by stage, then ERROR, then WARN (each by stage): the worst first."""
+    """FAIL by stage, then ERROR, then WARN (each by stage): the worst first; a symptom of a broken step after the
+    root cause it follows from (:func:`tropt.verdict.rank_stage`)."""
+    from ..verdict import rank_stage
+
     rank = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2}[r.status]
     correctness = 0 if r.check.startswith(CORRECTNESS) else 1
-    return (rank, correctness, _STAGE.get(r.check.split(".")[0], 9))
+    stage, symptom = rank_stage(r)
+    return (rank, correctness, _STAGE.get(r.check.split(".")[0], 9) if stage == 99 else stage, symptom)
 
 
 @dataclass

@@ -128,8 +128,12 @@ def load_report(report: Any) -> Report:
 
 
 def blocking_findings(report: Report) -> list[CheckResult]:
-    """Correctness FAILs (data.*, model.*, loop.*), in contract order: they block any comparison."""
-    return [r for r in report if r.status is Status.FAIL and r.check.startswith(CORRECTNESS)]
+    """Correctness FAILs (data.*, model.*, loop.*), in the verdict's order (data first, then by stage; a symptom of a
+    broken step after its root cause, :func:`tropt.verdict.rank_stage`): they block any comparison."""
+    from ..verdict import rank_stage
+
+    fails = [r for r in report if r.status is Status.FAIL and r.check.startswith(CORRECTNESS)]
+    return sorted(fails, key=rank_stage)  # stable: contract order within a stage
 
 
 # ---------------------------------------------------------------------------------------------- helpers

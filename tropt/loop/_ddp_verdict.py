@@ -19,6 +19,38 @@ def rank0_grads(ranks: list[tuple], which: int = 0) -> dict:
     return {name: (None if g is None else torch.from_numpy(g)) for name, g in ranks[0][2][which].items()}
 
 
+def _rel_difference(a: np.ndarray | None, b: np.ndarray | None) -> float | None:
+    """||a - b|| / max(||a||, ||b||), 0 for identical arrays (NaNs in the same places included), inf for a
+    non-finite difference, 1 when only one side has a gradient; None when neither has one."""
+    if a is None and b is None:
+        return None
+    if a is None or b is None:
+        return 1.0
+    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a64.shape == b64.shape and np.array_equal(a64, b64, equal_nan=True):
+        return 0.0
+    if a64.shape != b64.shape:
+        return float("inf")
+    diff = float(np.linalg.norm(a64 - b64))
+    if not np.isfinite(diff):
+        return float("inf")
+    return diff / max(float(np.linalg.norm(a64)), float(np.linalg.norm(b64)), 1e-30)
+
+
+def replica_table(ranks: list[tuple]) -> pd.DataFrame:
+    """Every rank's gradients at ``optimizer.step()`` and parameters after the step against rank 0's: one row per
+    (rank, parameter, what was compared), with the relative difference."""
+    rows = []
+    for what, which in (("gradient at optimizer.step", 0), ("parameter after the step", 2)):
+        reference = ranks[0][2][which]
+        for rank, _, payload, _, _ in ranks[1:]:
+            for name, ref in reference.items():
+                rel = _rel_difference(payload[which].get(name), ref)
+                if rel is not None:
+                    rows.append({"rank": rank, "parameter": name, "rel_difference": rel, "compared": what})
+    return pd.DataFrame(rows, columns=["rank", "parameter", "rel_difference", "compared"])
+
+
 @dataclass
 class DdpEvidence:
     """The single-process run, the DDP ranks, and the reruns that tell why they differ."""
@@ -39,6 +71,7 @@ class DdpEvidence:
     bn_layers: list[str]
     ftable: pd.DataFrame | None  # the comparison with batch statistics frozen
     per_mean: str | None  # "process" or "micro-batch" when per-part means explain the difference
+    replicas: pd.DataFrame  # every rank's gradients and parameters against rank 0's (replica_table)
 
 
 @dataclass
@@ -65,7 +98,8 @@ def _ddp_report(setup: Setup, e: DdpEvidence) -> _Report:
                "optimizer_steps_per_call": max(int(np.max(c)) if c else 0 for *_, c in ranks), "observed_at": e.where,
                "tolerance": e.tol, "allreduce_buckets": allreduces, "synchronised_backward_passes": syncs_per_step,
                "closure_evaluations": closure_evaluations,
-               "backward_passes_from_cleared_gradients": fresh_syncs, "batch_dependent_layers": len(e.bn_layers)}
+               "backward_passes_from_cleared_gradients": fresh_syncs, "batch_dependent_layers": len(e.bn_layers),
+               "replica_max_rel_difference": float(e.replicas["rel_difference"].max()) if len(e.replicas) else 0.0}
     metrics["compared"] = ("gradients before clipping, averaged over processes (at optimizer.step they "
                            f"differ by {float(e.post['rel_error'].max()):.1%})" if pre_clip
                            else "gradients at optimizer.step")
@@ -95,6 +129,8 @@ def ddp_verdict(setup: Setup, e: DdpEvidence) -> CheckResult:
         tables["parameters_find_unused"] = e.utable
         if metrics["find_unused_max_rel_error"] <= tol:
             return _unused_result(e, r)
+    if r.metrics["replica_max_rel_difference"] > tol:
+        return _out_of_sync_result(e, r)
     if e.ftable is not None:
         metrics["frozen_max_rel_error"] = float(e.ftable["rel_error"].max())
         r.tables = tables = {"parameters_frozen_batch_stats": e.ftable, **tables,
@@ -188,3 +224,43 @@ def _sync_result(setup: Setup, e: DdpEvidence, r: _Report, derr: float) -> Check
                           f"with one all-reduce per backward pass that starts from cleared gradients ({syncs_per_step} "
                           f"per optimizer step{f': {evaluations} closure evaluations' if evaluations > 1 else ''})"),
                        metrics, tables)
+
+
+def _out_of_sync_result(e: DdpEvidence, r: _Report) -> CheckResult:
+    """FAIL: some rank's gradients at optimizer.step() or parameters after the step differ from rank 0's. DDP keeps
+    replicas identical only while every process applies the same update; the finding needs no single-process run."""
+    table = e.replicas
+    bad = table[table["rel_difference"] > e.tol].sort_values("rel_difference", ascending=False, kind="stable")
+    steps = int(np.sum(e.ranks[0][4])) if e.ranks[0][4] else 1
+    params, grads = (bad[bad["compared"] == "parameter after the step"],
+                     bad[bad["compared"] == "gradient at optimizer.step"])
+    worst = (params if len(params) else grads).iloc[0]
+    what = "parameter" if len(params) else "the gradient at optimizer.step() of parameter"
+    others = len(set((params if len(params) else grads)["parameter"])) - 1
+    more = f" (and {others} more parameter(s))" if others > 0 else ""
+    ranks_off = sorted(int(x) for x in set(bad["rank"]))
+    on = ", ".join(str(x) for x in ranks_off)
+    if len(grads):
+        grad_ranks = ", ".join(str(x) for x in sorted({int(x) for x in grads["rank"]}))
+        why = (f"the gradients reaching optimizer.step() already differ on rank(s) {grad_ranks} "
+               f"({len(set(grads['parameter']))} parameter(s)), after DDP's all-reduce made them equal: the step "
+               "changes gradients on some processes only (clipping, scaling, a norm from one process's values)")
+    else:
+        why = ("the gradients at optimizer.step() agree on every rank, so the parameters change outside the common "
+               "update on some processes only (an in-place edit after optimizer.step(), an update from a rank-local "
+               "value)")
+    metrics = {**r.metrics, "cause": "replicas out of sync", "ranks_out_of_sync": on,
+               "parameters_out_of_sync": len(set(bad["parameter"]))}
+    tables = {"replicas": bad.reset_index(drop=True), **r.tables}
+    return CheckResult(
+        "loop.ddp", Status.FAIL,
+        f"replicas out of sync after step {steps}: {what} {worst['parameter']} differs by "
+        f"{worst['rel_difference']:.1%} on rank {int(worst['rank'])} from rank 0{more}; out of sync on rank(s) {on}: "
+        f"{why}",
+        metrics, tables,
+        ["Apply every operation that changes gradients or parameters (clipping, scaling, an in-place edit, an extra "
+         "update) on every process alike: a condition on dist.get_rank(), or a value only one process computed, makes "
+         "the replicas drift apart while rank 0 looks right.",
+         "Compute clipping norms from the all-reduced gradients after backward (torch.nn.utils.clip_grad_norm_ on "
+         "ctx.model.parameters() on every rank), and broadcast any rank-local value before using it in the update.",
+         _ADVICE_STD])

@@ -24,6 +24,7 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
+from ._batch_dependence import BATCH_DEPENDENT_LOSS, batch_dependence_table, batch_dependent_cause
 from ._invariance_common import STANDARD_STEP_ADVICE, cosine, norm_of
 from ._micro_sizes import most_unequal, train_batch_sizes, unequal_sizes
 from ._verdicts import TOLERANCE, latent_when_unused, nonfinite_result, require_steps, tolerance_for
@@ -281,6 +282,8 @@ def _mismatch(plan: _Plan, p: _Pair, micro: list, freeze: bool, metrics: dict, t
         metrics["optimizer_steps_per_call"] = b.calls
     elif p.pre_err > tol:
         cause, advice, tag = loss_side_cause(setup, micro, plan.even_batch, a, b, k, close, freeze, metrics)
+        if dependent := batch_dependent_cause(setup, micro, plan.even_batch, a, b, k, close, freeze, metrics, tag):
+            (cause, advice, tag), tables = dependent, {**tables, "batch_dependence": batch_dependence_table(metrics)}
         if tag not in (ZERO_INSIDE, "only_last_loss") and norm_of(b.last) > 0:
             extra, extra_advice, extra_tag = update_side_cause(setup, b, k, close)
             if extra_tag == ZERO_INSIDE:  # the bigger defect first: K-1 micro-batches are lost
@@ -288,6 +291,10 @@ def _mismatch(plan: _Plan, p: _Pair, micro: list, freeze: bool, metrics: dict, t
     else:
         cause, advice, tag = update_side_cause(setup, b, k, close)
     metrics["cause"] = tag or "unnamed"
+    if tag == BATCH_DEPENDENT_LOSS:  # the loss's own inexactness with a right step: never a FAIL of the step
+        latent = "latent (this Setup does not accumulate gradients): " if setup.accumulation_steps == 1 else ""
+        return CheckResult("loop.accumulation", Status.WARN, f"{latent}{prefix}: {cause}",
+                           {**metrics, **({"latent": True} if latent else {})}, tables, advice)
     result = CheckResult("loop.accumulation", Status.FAIL, f"{prefix}: {cause}", metrics, tables,
                          [*advice, STANDARD_STEP_ADVICE])
     if tag == CONSTANT_DIVISOR:

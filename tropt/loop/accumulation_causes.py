@@ -51,7 +51,7 @@ def _scaled(g: dict, c: float) -> dict:
     return {n: (None if v is None else v * c) for n, v in g.items()}
 
 
-def _scalar_fit(g: dict, ref: dict) -> tuple[float, float]:
+def scalar_fit(g: dict, ref: dict) -> tuple[float, float]:
     """(c, residual): the c that makes ``g ≈ c·ref`` best (least squares) and the relative error left at that c."""
     rr = sum(float(r.double().pow(2).sum()) for r in ref.values() if r is not None)
     if rr == 0:
@@ -93,11 +93,11 @@ def loss_side_cause(setup: Setup, micro: list, whole: object, a: Run, b: Run, k:
     hypotheses built from ``loss_fn`` per micro-batch (per-micro-batch means, only the last micro-batch).
     """
     ref = loss_grads(setup, [whole], [1.0], freeze)
-    ca, ra = _scalar_fit(a.pre, ref)
-    cb, rb = _scalar_fit(b.pre, ref)
+    ca, ra = scalar_fit(a.pre, ref)
+    cb, rb = scalar_fit(b.pre, ref)
     facts.update(reference_factor_1x=ca, reference_factor_kx=cb, reference_residual_1x=ra, reference_residual_kx=rb)
     if ra <= close and rb <= close:
-        return _from_factors(ca, cb, k, facts)
+        return from_factors(ca, cb, k, facts)
     hypotheses = _hypotheses(setup, micro, a, b, k, close, freeze, ref, ca, ra)
     tag, (err, cause, advice) = min(hypotheses.items(), key=lambda kv: kv[1][0])
     facts["closest_hypothesis"], facts["closest_hypothesis_error"] = tag, err
@@ -109,7 +109,7 @@ def loss_side_cause(setup: Setup, micro: list, whole: object, a: Run, b: Run, k:
              "items (samples or tokens) and call backward() on every micro-batch before one optimizer step."], None)
 
 
-def _from_factors(ca: float, cb: float, k: int, facts: dict) -> tuple[str, list[str], str | None]:
+def from_factors(ca: float, cb: float, k: int, facts: dict) -> tuple[str, list[str], str | None]:
     """Both runs are exact multiples of the reference (``ca``, ``cb``): the two factors name the cause."""
     if near(cb / ca, k):  # the K run grows with K: every micro-batch loss is divided by the same constant D
         d = 1 / ca
@@ -133,8 +133,8 @@ def _hypotheses(setup: Setup, micro: list, a: Run, b: Run, k: int, close: float,
     """Per hypothesis about the K run: (its error against the K run's pre-clip gradient, cause, advice)."""
     base = a.pre if ra > close else _scaled(ref, ca)  # when the 1x run is not the reference, compare with it directly
     fit = ca if ra <= close else 1.0
-    _, r_last = _scalar_fit(b.pre, loss_grads(setup, micro[-1:], [1.0], freeze))
-    _, r_first = _scalar_fit(b.pre, loss_grads(setup, micro[:1], [1.0], freeze))
+    _, r_last = scalar_fit(b.pre, loss_grads(setup, micro[-1:], [1.0], freeze))
+    _, r_first = scalar_fit(b.pre, loss_grads(setup, micro[:1], [1.0], freeze))
     return {
         "summed": (global_rel_error(b.pre, _scaled(base, k)), *_summed(k)),
         "divided_twice": (global_rel_error(b.pre, _scaled(base, 1 / k)), *_divided_twice(k)),
@@ -167,7 +167,7 @@ def _hypotheses(setup: Setup, micro: list, a: Run, b: Run, k: int, close: float,
 
 def update_side_cause(setup: Setup, b: Run, k: int, close: float) -> tuple[str, list[str], str | None]:
     """Name what happened between the K backward passes and ``optimizer.step()`` when the losses were right."""
-    _, r = _scalar_fit(b.post, b.last)
+    _, r = scalar_fit(b.post, b.last)
     if r <= close and norm_of(b.last) > 0 and global_rel_error(b.pre, b.last) > close:
         return ("only the last micro-batch reaches the step: the gradients are cleared inside the micro-batch loop",
                 ["Do not call zero_grad() inside the micro-batch loop; call it once per optimizer step."], ZERO_INSIDE)

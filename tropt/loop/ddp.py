@@ -36,7 +36,7 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
-from ._ddp_verdict import DdpEvidence, ddp_verdict, rank0_grads
+from ._ddp_verdict import DdpEvidence, ddp_verdict, rank0_grads, replica_table
 from ._verdicts import defer_multi_step, require_steps, tolerance_for
 from .accumulation_causes import loss_grads
 
@@ -45,7 +45,9 @@ _TIMEOUT_S = 60
 
 def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: str, out: Any, freeze: bool,
                find_unused: bool = False) -> None:
-    """One DDP process: wrap a seeded copy, run one step on this rank's micro-batches, send back its gradients.
+    """One DDP process: wrap a seeded copy, run one step on this rank's micro-batches, send back its gradients at
+    ``optimizer.step()``, its pre-clip gradients averaged over the processes, and its parameters after the step (the
+    parent compares every rank's with rank 0's: replicas that drift apart are a finding of their own).
 
     It runs in a forked child, so it is careful: everything it imports was imported by the parent before the fork
     (an import could wait forever on a lock another parent thread held); it uses one thread (OpenMP's pool does
@@ -108,7 +110,8 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
                  (records[0].grads.items() if records else [])}
         pre = _averaged_pre_clip(ddp, records[0].pre_clip if records else {}, world)
         evaluations = records[0].closure_evaluations if records else 0  # LBFGS-style: each is a synchronised backward
-        out.send((rank, "ok", (grads, pre), [*syncs, evaluations], calls))
+        params = {name: p.detach().cpu().numpy().copy() for name, p in ddp.module.named_parameters()}  # after the step
+        out.send((rank, "ok", (grads, pre, params), [*syncs, evaluations], calls))
     except BaseException as exc:  # noqa: BLE001 - report anything to the parent, which turns it into an ERROR
         code = 1
         with contextlib.suppress(BaseException):  # the parent sees the closed pipe instead
@@ -360,4 +363,4 @@ def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence:
         per_mean = _per_process_mean(setup, whole, shares, rank0_grads(franks, int(pre_clip)),
                                      tol, frozen_run, clipped_grads=not pre_clip)
     return DdpEvidence(world_size, tol, k, per_rank, single, ranks, where, table, post, pre_clip, err, unused, utable,
-                     bn_layers, ftable, per_mean)
+                     bn_layers, ftable, per_mean, replica_table(ranks))

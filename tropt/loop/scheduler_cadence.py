@@ -122,8 +122,10 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     rate. ``steps`` defaults to 1 when the scheduler reports its position (decisive on its own), else 2 (3 for a
     learning rate the step sets by hand) so the learning rates can differ. Without a scheduler object the learning
     rate the step writes into ``param_group["lr"]`` (``lr = get_lr(ctx.it)``) is compared the same way; SKIP only
-    when it never changes in either run, or without an optimizer. When the runs differ, a K=1 run over ``steps * k``
-    optimizer steps confirms "advanced per micro-batch" (the K run reads every K-th of its learning rates).
+    when it never changes in either run, or without an optimizer. With neither a scheduler nor a step of the user's
+    (``tropt.standard_step`` sets no learning rate) the Setup alone decides: SKIP before any step runs. When the runs
+    differ, a K=1 run over ``steps * k`` optimizer steps confirms "advanced per micro-batch" (the K run reads every
+    K-th of its learning rates).
     """
     if setup.optimizer is None:
         return CheckResult("loop.scheduler_cadence", Status.SKIP,
@@ -132,6 +134,8 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     setup.validate()
     if steps is not None and steps < 1:
         raise TroptError(f"check_scheduler_cadence needs steps >= 1 (got {steps})", "use steps=2")
+    if setup.scheduler is None and setup.uses_standard_step:
+        return _no_schedule(k)
     with preserved(setup.model):
         found = _cadence_runs(setup, steps, k)
     if isinstance(found, CheckResult):
@@ -139,6 +143,19 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
     evidence = _cadence_evidence(found)
     counted = _count_verdict(evidence)
     return counted if counted is not None else _schedule_verdict(setup, evidence)
+
+
+def _no_schedule(k: int) -> CheckResult:
+    """The SKIP the Setup alone decides, before any step runs: no scheduler, and tropt.standard_step sets no
+    learning rate (a step of the user's may set ``param_group["lr"]`` by hand, so that one is still run)."""
+    return CheckResult("loop.scheduler_cadence", Status.SKIP,
+                       "no scheduler in this Setup and the step is tropt.standard_step, which sets no learning rate: "
+                       "the learning rate stays as the optimizer was built, so there is no schedule to check "
+                       "(no step was run)",
+                       {"optimizer_steps": 0, "k": k, "schedule": "none"},
+                       advice=["To check a schedule, pass it as Setup(scheduler=lambda optimizer: ...); a step that "
+                               "sets param_group['lr'] itself goes in as Setup(step=...), and is then compared with "
+                               f"K=1 and K={k}."])
 
 
 def _cadence_runs(setup: Setup, steps: int | None, k: int) -> CheckResult | _Cadence:

@@ -1,0 +1,130 @@
+"""Is the loss itself batch-dependent? The alternative ``loop.accumulation`` tests before blaming the step.
+
+A loss that is a mean over per-item terms gives the same value on a batch and on that batch concatenated with
+itself. A contrastive loss with in-batch negatives (InfoNCE, CLIP) or a batch-statistics loss does not: each item's
+term depends on the other items, so K micro-batches can never give the full batch's gradient, whatever the step
+does. Then the right K-micro-batch gradient is the one ``loss_fn`` gives per micro-batch averaged over the K, and the
+step is judged against that prediction: a match is a WARN naming the loss; K times or 1/K of it is still the step's
+normalisation bug.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ..core.batch import is_plain_sequence, rebuild
+from ..core.modes import freeze_batch_stats, quiet_randomness
+from ..setup import Setup
+from ._invariance_common import cosine, norm_of
+from .accumulation_causes import Run, from_factors, loss_grads, near, scalar_fit
+
+BATCH_DEPENDENT_LOSS = "batch_dependent_loss"
+NOT_ISOLATED = "not_isolated"
+_SCALE_TAGS = frozenset({"summed", "divided_twice", "constant_divisor", "scaled"})
+_LOSS_ADVICE = [
+    "The loss couples the items of a batch (in-batch negatives, batch statistics), so K micro-batches of n/K items "
+    "see fewer negatives than one batch of n: accumulation cannot reproduce the full-batch gradient.",
+    "For the full-batch loss under accumulation, use gradient caching (GradCache: embed every micro-batch without "
+    "gradients, compute the loss over all embeddings, then backpropagate per micro-batch), or use a larger "
+    "micro-batch (fewer accumulation steps) so each sees enough negatives.",
+]
+
+
+def _doubled(x: Any, n: int, dim: int) -> Any:
+    """``x`` with every batch-sized part repeated: each tensor leaf ``torch.cat([t, t], dim)``, like the split."""
+    if isinstance(x, torch.Tensor):
+        if x.ndim > dim and x.shape[dim] == n:
+            return torch.cat([x, x], dim=dim)
+        return torch.cat([x, x]) if dim and x.ndim >= 1 and x.shape[0] == n else x  # per-sample values
+    if isinstance(x, Mapping):
+        return rebuild(x, {key: _doubled(v, n, dim) for key, v in x.items()})
+    if is_plain_sequence(x):
+        return rebuild(x, list(x) * 2) if len(x) == n else x
+    if isinstance(x, (list, tuple)):
+        return rebuild(x, [_doubled(v, n, dim) for v in x])
+    return x
+
+
+def _loss_value(ctx: Any, batch: Any, *, autocast: bool) -> float:
+    with torch.no_grad(), ctx.autocast() if autocast else contextlib.nullcontext():
+        return float(ctx.loss_fn(ctx.model, batch).float())
+
+
+def loss_batch_dependence(setup: Setup, batch: Any, *, freeze: bool) -> float:
+    """|loss_fn(batch twice over) - loss_fn(batch)| / |loss_fn(batch)|: 0 for a per-item mean loss.
+
+    NaN when it cannot be told: a custom ``split_fn`` layout (tropt cannot concatenate it), a loss that fails on the
+    doubled batch, or a loss that is a sum over items (exactly 2× on the doubled batch: per-item, not coupled).
+    """
+    if setup.split_fn is not None:
+        return float("nan")
+    ctx = setup.build()
+    quiet_randomness(ctx.model)
+    if freeze:
+        freeze_batch_stats(ctx.model)
+    ctx.model.train()
+    twice = _doubled(batch, setup.size(batch), setup.batch_dim)
+    try:  # full precision first, free of half-precision noise; under autocast for a loss that only runs there
+        one, two = (_loss_value(ctx, b, autocast=False) for b in (batch, twice))
+    except Exception:  # noqa: BLE001 - retried under autocast
+        try:
+            one, two = (_loss_value(ctx, b, autocast=True) for b in (batch, twice))
+        except Exception:  # noqa: BLE001 - a loss that cannot take the doubled batch: the probe says nothing
+            return float("nan")
+    if not (math.isfinite(one) and math.isfinite(two)) or near(two, 2 * one, 1e-4):
+        return float("nan")
+    return abs(two - one) / max(abs(one), 1e-12)
+
+
+def batch_dependent_cause(setup: Setup, micro: list, whole: Any, a: Run, b: Run, k: int, close: float,
+                          freeze: bool, facts: dict, tag: str | None) -> tuple[str, list[str], str] | None:
+    """The cause of a mismatch when the loss is batch-dependent, or None when it is not (or a scale cause stands).
+
+    The 1-micro-batch run is fitted against ``loss_fn`` over the whole batch and the K run against ``loss_fn`` per
+    micro-batch averaged over the K (what a right step gives with this loss): both factors 1 is the loss's own
+    inexactness (a WARN); K or 1/K is the step's normalisation, named as for any loss.
+    """
+    if tag in _SCALE_TAGS or tag in ("only_last_loss", "only_first_micro_batch"):
+        return None  # already an exact prediction about the step
+    dep = loss_batch_dependence(setup, whole, freeze=freeze)
+    if not dep > close:
+        return None
+    facts["loss_batch_dependence"] = dep
+    ca, ra = facts.get("reference_factor_1x", float("nan")), facts.get("reference_residual_1x", 1.0)
+    cb, rb = scalar_fit(b.pre, loss_grads(setup, micro, [1 / k] * k, freeze))
+    facts.update(batch_dependent_factor_kx=cb, batch_dependent_residual_kx=rb)
+    what = (f"the loss is batch-dependent: loss_fn on the batch twice over differs from loss_fn on the batch by "
+            f"{dep:.1%}: in-batch negatives / batch statistics cannot accumulate exactly")
+    per_micro = (f"judged against loss_fn per micro-batch: the loss is batch-dependent ({dep:.1%} apart on the "
+                 "batch twice over), which does not excuse a scale")
+    if ra <= close and rb <= close:
+        if near(ca, 1.0) and near(cb, 1.0):
+            return (f"{what}; the step itself is right (its {k}-micro-batch gradient is loss_fn per micro-batch "
+                    f"averaged over the {k}, residual {rb:.1e})", list(_LOSS_ADVICE), BATCH_DEPENDENT_LOSS)
+        cause, advice, scale_tag = from_factors(ca, cb, k, facts)
+        return f"{cause} ({per_micro})", advice, scale_tag or "scaled"
+    ratio = norm_of(b.pre) / norm_of(a.pre) if norm_of(a.pre) else float("nan")
+    for factor, scale_tag in ((k, "summed"), (1 / k, "divided_twice")):  # a scale bug whatever the loss
+        if near(ratio, factor, 0.05) and cosine(a.pre, b.pre) > 0.9:
+            cause, advice, _ = from_factors(1.0, factor, k, facts)
+            return f"{cause} (norm ratio {ratio:.3f}; {per_micro})", advice, scale_tag
+    return (f"cause not isolated: {what}, but the step's {k}-micro-batch gradient is not even loss_fn per "
+            f"micro-batch averaged over the {k} (residual {rb:.1%}; norm ratio {ratio:.3f})",
+            [f"Backpropagate loss_fn on every micro-batch divided by K={k}, then step once: with this loss that is "
+             "the closest accumulation comes to the full batch.", *_LOSS_ADVICE], NOT_ISOLATED)
+
+
+def batch_dependence_table(facts: dict) -> pd.DataFrame:
+    """The evidence: the probe's value and how each run fits its prediction."""
+    rows = [("loss_fn(batch twice over) vs loss_fn(batch)", facts.get("loss_batch_dependence")),
+            ("1 micro-batch / loss_fn(whole batch): factor", facts.get("reference_factor_1x")),
+            ("1 micro-batch / loss_fn(whole batch): residual", facts.get("reference_residual_1x")),
+            ("K micro-batches / mean of loss_fn per micro-batch: factor", facts.get("batch_dependent_factor_kx")),
+            ("K micro-batches / mean of loss_fn per micro-batch: residual", facts.get("batch_dependent_residual_kx"))]
+    return pd.DataFrame(rows, columns=["quantity", "value"])
