@@ -219,3 +219,52 @@ def test_step_returning_none_reads_the_loss_from_loss_fn_calls():
     with untouched(s):
         r = check_loss_curve(s, steps=60, progress=False)
     assert r.metrics["loss_from"] == "loss_fn calls" and r.metrics["steps_run"] == 60
+
+
+# ------------------------------------------------------------------ flat while the learning rate still warms up
+def _warmup(total):
+    """A linear warm-up (LambdaLR) that is still far from its peak when the probe ends."""
+    return lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda t: min(1.0, (t + 1) / total))
+
+
+def test_a_flat_curve_under_a_rising_logged_lr_is_a_warm_up_warn_not_a_fail():
+    y = cf.flat(600)
+    r = diagnose_curves(y, lrs=1e-6 * np.arange(1, 601))
+    assert r.metrics["class"] == "flat" and r.status == Status.WARN, r.summary
+    assert "still warming up" in r.summary and "run longer than the warm-up" in r.summary
+    assert r.metrics["lr_warming_up"] is True and r.advice
+    # the same curve at a constant or decaying learning rate stays a FAIL
+    for lrs in (np.full(600, 1e-3), 1e-3 / np.arange(1, 601)):
+        r = diagnose_curves(y, lrs=lrs)
+        assert r.status == Status.FAIL and "warming up" not in r.summary, r.summary
+
+
+def test_a_flat_run_at_a_constant_tiny_lr_stays_a_fail():
+    s = linreg_setup(1e-9)
+    with untouched(s):
+        r = check_loss_curve(s, steps=100, progress=False)
+    assert r.status == Status.FAIL and r.metrics["class"] == "flat", r.summary
+    assert "warming up" not in r.summary and not r.metrics.get("lr_warming_up")
+    decaying = lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda t: 1.0 / (t + 1))  # noqa: E731
+    r = check_loss_curve(linreg_setup(1e-9, scheduler=decaying), steps=100, progress=False)
+    assert r.status == Status.FAIL and "warming up" not in r.summary, r.summary
+
+
+def test_a_run_flat_during_a_linear_lambdalr_warm_up_is_a_warn():
+    s = linreg_setup(KNOWN_GOOD_LR, scheduler=_warmup(100_000))
+    with untouched(s):
+        r = check_loss_curve(s, steps=100, progress=False)
+    assert r.metrics["class"] == "flat" and r.status == Status.WARN, r.summary
+    assert "flat while the learning rate is still warming up" in r.summary
+    assert r.metrics["lr_end"] > 1.5 * r.metrics["lr_mid"]
+
+
+def test_adafactor_warm_up_init_port_is_not_a_false_flat_fail():
+    """transformers' Adafactor(relative_step=True, warmup_init=True) steps 1e-6·t: flat over a quick probe."""
+    pytest.importorskip("transformers")
+    from support.family_ports import adafactor_setup
+
+    r = tropt.diagnose(adafactor_setup(), checks=["dynamics.loss_curve"], budget="quick", progress=False)
+    res = next(x for x in (r.results if hasattr(r, "results") else r) if x.check == "dynamics.loss_curve")
+    assert res.status == Status.WARN, res.summary
+    assert "still warming up" in res.summary and "lr " in res.summary

@@ -275,3 +275,26 @@ def test_an_encoder_decoder_that_ignores_its_source_still_fails():
 
     r = run(check_overfit_batch, fp.t5_setup(lr=1e-2).replace(loss_fn=no_source), steps=60)
     assert r.status is Status.FAIL and "ignores its input" in r.summary, r.summary
+
+
+# ------------------------------------------------------------------ spectral normalisation bounds the logits
+@pytest.mark.parametrize("kind", ["hooks", "parametrization"])
+def test_a_spectrally_normalised_model_that_stalls_at_a_floor_warns_naming_the_layers(kind):
+    """SNGAN-style layers bound every layer's Lipschitz constant, hence the logits' scale: cross entropy keeps a
+    floor no healthy model can remove. That stall is a WARN naming spectral normalisation and the layers."""
+    from support.family_ports import spectral_norm_setup
+
+    r = run(check_overfit_batch, spectral_norm_setup(kind), steps=100)  # budget="quick"
+    assert r.status is Status.WARN, r.summary
+    assert "spectral normalisation" in r.summary and "floor" in r.summary and "train accuracy" in r.summary
+    assert "(0, 2)" in r.summary  # the layers of nn.Sequential(sn(Linear), LeakyReLU, sn(Linear))
+    assert list(r.tables["spectral_norm"]["layer"]) == ["0", "2"]
+    assert r.metrics["spectral_norm_layers"] == 2 and "final_accuracy" in r.metrics
+    assert any("train accuracy" in a and "temperature" in a for a in r.advice)
+
+
+def test_a_stall_at_a_floor_without_spectral_normalisation_still_fails():
+    """The bounded logits of a frozen tanh head stall the loss too, but no layer is spectrally normalised."""
+    r = run(check_overfit_batch, setup_for(frozen_head(0.3), opt=trainable_adam))
+    assert r.status is Status.FAIL and "stalls at a floor" in r.summary, r.summary
+    assert "spectral" not in r.summary and "spectral_norm_layers" not in r.metrics

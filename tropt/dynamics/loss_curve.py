@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..setup import Setup
 
 CHECK_ID = "dynamics.loss_curve"
+WARM_UP_RISE = 1.5  # a flat curve whose last LR is above this times the midpoint's LR is still warming up
 
 _LABEL = {
     "non_finite": "non-finite loss",
@@ -118,6 +119,20 @@ def _advice(cls: str, m: dict) -> list[str]:
     return []
 
 
+def _lr_warm_up(lrs: Any) -> dict:
+    """The LR at the start, midpoint and end of the run, and whether it was still rising at the end (a warm-up in
+    progress: the last recorded LR more than ``WARM_UP_RISE`` times the midpoint's)."""
+    if lrs is None:
+        return {}
+    lr = np.asarray(lrs, dtype=np.float64).reshape(-1)
+    lr = lr[np.isfinite(lr)]
+    if lr.size < 3:
+        return {}
+    start, mid, end = float(lr[0]), float(lr[lr.size // 2]), float(lr[-1])
+    return {"lr_start": start, "lr_mid": mid, "lr_end": end,
+            "lr_warming_up": bool(mid > 0 and end > WARM_UP_RISE * mid)}
+
+
 def _trend_table(diag: CurveDiagnosis) -> pd.DataFrame:
     if "trend_step" not in diag.series:
         return pd.DataFrame({"step": diag.series["step"], "loss": diag.series["train_loss"]})
@@ -136,7 +151,10 @@ def curve_result(diag: CurveDiagnosis, *, probe_steps: int | None = None,
         m.update(extra_metrics)
     classes = list(diag.classes)
     flagged = [c for c in classes if c != "healthy" and not (probe_steps and c == "still_improving")]
-    if any(c in FAIL_CLASSES or c == "non_finite" for c in flagged):
+    m.update(_lr_warm_up(diag.series.get("lr")))
+    # flat while the LR still climbs: the run ended inside its warm-up, which says nothing about what it can learn
+    warming = "flat" in flagged and bool(m.get("lr_warming_up"))
+    if any((c in FAIL_CLASSES or c == "non_finite") and not (warming and c == "flat") for c in flagged):
         status = Status.FAIL
     elif flagged:
         status = Status.WARN
@@ -144,13 +162,22 @@ def curve_result(diag: CurveDiagnosis, *, probe_steps: int | None = None,
         status = Status.PASS
     head = flagged[0] if flagged else "healthy"
     summary = f"{_LABEL[head]}: {_describe(head, m)}"
+    if warming and head == "flat":
+        summary = (f"flat while the learning rate is still warming up (lr {_g(m['lr_start'])} → {_g(m['lr_end'])} "
+                   f"over the run): run longer than the warm-up, or judge after it ({_describe(head, m)})")
     others = [c for c in flagged[1:]]
     if others:
         summary += "; also " + ", ".join(_LABEL[c] for c in others)
     if probe_steps and "still_improving" in classes:
         summary += f" (still improving after the {probe_steps}-step probe, as expected of a short run)"
     advice: list[str] = []
+    if warming:
+        advice.append(f"The learning rate was still rising when the run ended ({_g(m['lr_mid'])} at the midpoint, "
+                      f"{_g(m['lr_end'])} at the end): run past the warm-up (a longer probe, steps=...) or judge the "
+                      "curve after it; if it is still flat at the full learning rate, raise the learning rate.")
     for c in flagged:
+        if warming and c == "flat":
+            continue
         for a in _advice(c, m):
             if a not in advice:
                 advice.append(a)

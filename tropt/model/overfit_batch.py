@@ -86,6 +86,24 @@ def _bounded_output_cause(out: torch.Tensor | None, objective: Any, squashes: bo
     return None
 
 
+def _spectral_norm_layers(model: nn.Module) -> list[tuple[str, str]]:
+    """(module, kind) of each spectrally normalised module: ``torch.nn.utils.spectral_norm``'s hook (``weight_orig``
+    and a ``SpectralNorm`` forward pre-hook) or ``torch.nn.utils.parametrizations.spectral_norm``'s parametrization
+    (a ``_SpectralNorm`` in the module's parametrizations). Weight norm is not one: its gain is free."""
+    from torch.nn.utils import parametrize
+    from torch.nn.utils.spectral_norm import SpectralNorm
+
+    found = []
+    for name, module in model.named_modules():
+        hooks = getattr(module, "_forward_pre_hooks", {}).values()
+        if hasattr(module, "weight_orig") and any(isinstance(h, SpectralNorm) for h in hooks):
+            found.append((name or "(model)", "torch.nn.utils.spectral_norm"))
+        elif parametrize.is_parametrized(module) and any(
+                type(p).__name__ == "_SpectralNorm" for plist in module.parametrizations.values() for p in plist):
+            found.append((name or "(model)", "torch.nn.utils.parametrizations.spectral_norm"))
+    return found
+
+
 @dataclass(frozen=True)
 class _Options:
     """The check's thresholds (its keyword arguments), bundled for the judging helpers."""
@@ -115,6 +133,7 @@ class _Case:
     series: dict[str, Any]
     frozen: list[str]
     squashes: bool
+    spectral: list[tuple[str, str]]
     losses: np.ndarray = field(init=False)
     start: float = field(init=False)
     final: float = field(init=False)
@@ -189,7 +208,8 @@ def _case(setup: Setup, opts: _Options, batch: Any, n: int, objective: Any, posi
     return _Case(opts, n, objective, real, base, composition, scale_table, scale_notes, target_scale(batch, objective),
                  metrics, tables, {"loss": losses, "baseline_loss": base_losses},
                  frozen=[name for name, p in setup.model.named_parameters() if not p.requires_grad],
-                 squashes=any(isinstance(m, (nn.Sigmoid, nn.Softmax)) for m in setup.model.modules()))
+                 squashes=any(isinstance(m, (nn.Sigmoid, nn.Softmax)) for m in setup.model.modules()),
+                 spectral=_spectral_norm_layers(setup.model))
 
 
 def _broken(c: _Case) -> CheckResult | None:
@@ -327,6 +347,8 @@ def _not_memorised(c: _Case) -> CheckResult:
             c.metrics, c.tables, ["If the loss has no such floor, raise the learning rate or the steps and rerun; to "
                                   "let tropt judge memorisation, compute the plain loss in loss_fn (e.g. without "
                                   "label smoothing).", *notes], c.series)
+    if _plateaued(losses) and c.spectral:
+        return _spectral_floor(c)
     if _plateaued(losses):
         return c.fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start) and stops "
                       f"improving before memorising {n} samples"
@@ -342,6 +364,22 @@ def _not_memorised(c: _Case) -> CheckResult:
         c.metrics, c.tables, [*notes, f"Raise the learning rate or the number of steps (steps={steps * 2}) and "
                                       "rerun; a model that can learn memorises a few dozen samples quickly."],
         c.series)
+
+
+def _spectral_floor(c: _Case) -> CheckResult:
+    """WARN: a stall of a model whose spectrally normalised layers bound the logits' scale, so the loss's floor."""
+    names = [name for name, _ in c.spectral]
+    c.metrics["spectral_norm_layers"] = len(names)
+    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+    summary = (f"the loss stalls at a floor of {fmt(c.final)} ({c.final / c.start:.0%} of its start) before memorising "
+               f"{c.n} samples" + (f" (train accuracy {_acc(c.acc)})" if c.acc is not None else "")
+               + f"; the model has {len(names)} spectrally normalised layer(s) ({shown}): spectral normalisation "
+               "bounds the logits' scale, so the loss has a floor: the floor is expected; judge memorisation by train "
+               "accuracy or raise the logit scale/temperature")
+    advice = [*c.scale_notes, "Judge memorisation by train accuracy (metrics['final_accuracy']), or raise the logit "
+              "scale/temperature (multiply the logits by a constant) and rerun to see the loss fall further."]
+    table = pd.DataFrame({"layer": names, "normalisation": [kind for _, kind in c.spectral]})
+    return CheckResult(CHECK, Status.WARN, summary, c.metrics, {**c.tables, "spectral_norm": table}, advice, c.series)
 
 
 @register(CHECK, title="Overfit one small batch",
@@ -384,7 +422,8 @@ def check_overfit_batch(setup: Setup, *, samples: int = 32, steps: int = 200, ta
 
     A model with frozen parameters (``requires_grad=False``) that reaches ``min_accuracy`` and beats the baseline
     PASSes even when its loss stays above ``target_fraction``: the frozen layers impose that floor (noted in the
-    summary, ``metrics["loss_floor"]``).
+    summary, ``metrics["loss_floor"]``). A model with spectrally normalised layers whose loss stalls at a floor
+    WARNs, naming the layers: the normalisation bounds the logits' scale, so cross entropy cannot reach zero.
     """
     setup.validate()
     seed = setup.seed if seed is None else seed
