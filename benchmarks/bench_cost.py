@@ -75,7 +75,8 @@ def gpt2_setup() -> tropt.Setup:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=5000, n_positions=128, n_embd=384, n_layer=6, n_head=6)
+    cfg = GPT2Config(vocab_size=5000, n_positions=128, n_embd=384, n_layer=6, n_head=6, bos_token_id=0,
+                     eos_token_id=0)
     g = torch.Generator().manual_seed(0)
     data = [torch.randint(0, 5000, (8, 128), generator=g) for _ in range(6)]
 

@@ -76,8 +76,9 @@ def lm_setup(device: str, precision: str) -> tuple[tropt.Setup, str]:
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        model: nn.Module = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=128, n_layer=2,
-                                                      n_head=4))
+        cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=128, n_layer=2, n_head=4, bos_token_id=0,
+                         eos_token_id=0)
+        model: nn.Module = GPT2LMHeadModel(cfg)
 
         def loss(m: nn.Module, ids: torch.Tensor) -> torch.Tensor:
             return m(input_ids=ids, labels=ids).loss
