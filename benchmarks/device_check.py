@@ -170,6 +170,14 @@ def device_info(device: torch.device) -> dict:
     return info
 
 
+def _write(summary: dict, path: str) -> None:
+    """Write the summary so far (after every part: a run cut short by a timeout still leaves its figures)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -196,15 +204,16 @@ def main(argv: list[str] | None = None) -> int:
                 summary["errors"][key] = f"{type(exc).__name__}: {exc}"
             print(f"{key}: {summary['diagnoses'].get(key, {}).get('fail_or_error', summary['errors'].get(key))}",
                   flush=True)
+            _write(summary, args.out)
     for key, fn in (("monitor", lambda: monitor_overhead(device, 50 if args.quick else 300, 3)),
                     ("checks", lambda: single_checks(args.device))):
         try:
             summary[key] = fn()
         except Exception as exc:  # noqa: BLE001
             summary["errors"][key] = f"{type(exc).__name__}: {exc}"
+        _write(summary, args.out)
     summary["info"]["load_average_end"] = os.getloadavg()
-    with open(args.out, "w") as f:
-        json.dump(summary, f, indent=1, default=str)
+    _write(summary, args.out)
     print(f"wrote {args.out}; monitor overhead median {summary.get('monitor', {}).get('overhead_median')}")
     return 0
 
