@@ -343,3 +343,36 @@ PORTS = [
                    source="skorch LRScheduler(policy=StepLR, step_every='batch') with a step_size counted in "
                           "epochs (issue 28: schedules sized in epochs but stepped per iteration)"))),
 ]
+
+
+# ------------------------------------------------------------------ the former corpus cases (tests/support/real_loops)
+def manual_sgd_port() -> tropt.Setup:
+    """pytorch/examples regression/main.py: a polynomial fit with no optimizer, ``p.data.add_(p.grad, alpha=-lr)``
+    by hand (``support.real_loops.manual_sgd_setup``)."""
+    from support.real_loops import manual_sgd_setup
+
+    return manual_sgd_setup()
+
+
+def manual_sgd_unused_optimizer_port() -> tropt.Setup:
+    """The same hand-written update with an optimizer built and never stepped (the step updates by hand)."""
+    from support.real_loops import LR_SGD, manual_sgd_setup
+
+    return manual_sgd_setup().replace(optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=LR_SGD))
+
+
+def _manual_sgd_without_zero_grad() -> tropt.Setup:
+    from support.real_loops import manual_sgd_setup
+
+    return manual_sgd_setup(forget_zero_grad=True)
+
+
+PORTS += [
+    Port("manual_sgd_regression", "tabular", "pytorch/examples/regression/main.py", manual_sgd_port,
+         bugs=(Bug("manual_sgd_without_zero_grad", "loop.zero_grad",
+                   ("update (parameter change) differs from a fresh one", '"observed_at": "parameter change"'),
+                   _manual_sgd_without_zero_grad,
+                   source="pytorch/examples regression/main.py zeroes p.grad by hand after each update"),)),
+    Port("manual_sgd_unused_optimizer", "tabular", "pytorch/examples/regression/main.py",
+         manual_sgd_unused_optimizer_port),
+]
