@@ -20,7 +20,13 @@ from torch import nn
 from .core.accelerate import accelerate_told
 from .core.batch import BatchLayout, to_device
 from .errors import SetupError, StepError, TroptError
-from .setup_validation import OptimizerFactory, SetupValidation, describe_callable
+from .setup_validation import (
+    OptimizerFactories,
+    OptimizerFactory,
+    SetupValidation,
+    describe_callable,
+    optimizer_entries,
+)
 from .setup_validation import optimizer_factory_from as optimizer_factory_from  # re-exported: integrations use it
 from .snapshot import copy_module
 from .training import StepContext, standard_step
@@ -40,7 +46,13 @@ class Setup(SetupValidation):
         ``optimizer(model) -> torch.optim.Optimizer``, a factory so param groups are the user's. An optimizer
         instance built on ``model`` is accepted too and turned into a factory (its state is not copied). None for
         a step that updates the parameters by hand (``ctx.optimizer`` is then None; checks observe the update as
-        the parameter change around the step).
+        the parameter change around the step). Several optimizers stepped in one training step (a GAN's
+        discriminator then generator, an actor and a critic): a tuple or list of factories, or a dict
+        ``{"D": make_d, "G": make_g}`` whose keys name them in findings; they need your own ``step``, which reads
+        them as ``opt_d, opt_g = ctx.optimizers`` (``ctx.optimizer`` is the first). One call of the step is one
+        training step whichever optimizers it steps; every check observes every optimizer's update, and a
+        parameter counts as updated when any optimizer holds it. An optimizer the step builds itself and keeps
+        on ``ctx`` (``ctx.opt_g``) is observed the same way.
     train_data
         A DataLoader, a map-style Dataset (batched by ``batch_size``, drawn in a seeded shuffled order), or a list
         of batches.
@@ -48,6 +60,8 @@ class Setup(SetupValidation):
         Optional validation data, same forms as ``train_data``.
     scheduler
         ``scheduler(optimizer) -> LR scheduler`` or None; stepped once per optimizer step by :func:`standard_step`.
+        With several optimizers: one factory (each optimizer gets its own scheduler from it), or a tuple/dict of
+        factories (None where an optimizer has none) matching ``optimizer``; ``ctx.schedulers`` holds them.
     step
         The user's own step ``step(ctx, micro_batches) -> loss or None``; None means :func:`standard_step`.
     accumulation_steps
@@ -88,7 +102,7 @@ class Setup(SetupValidation):
 
     model: nn.Module
     loss_fn: Callable[[nn.Module, Any], torch.Tensor]
-    optimizer: OptimizerFactory | None = None
+    optimizer: OptimizerFactory | OptimizerFactories | None = None
     train_data: Any = None
     val_data: Any = None
     scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
@@ -232,59 +246,78 @@ class Setup(SetupValidation):
         torch.manual_seed(self.seed if seed is None else seed)
         copy_ = copy_module(self.model if model is None else model).to(self.device)
         if self.optimizer is None:
-            return self._context(copy_, None, None, init_scale, accumulation_steps)
+            return self._context(copy_, [], [], init_scale, accumulation_steps)
+        entries = optimizer_entries(self.optimizer)
+        opts = [self._build_optimizer(name, factory, copy_, len(entries)) for name, factory in entries]
+        scheds = self.scheduler
+        per_opt = (list(scheds.values()) if isinstance(scheds, dict) else list(scheds)
+                   if isinstance(scheds, (tuple, list)) else [scheds] * len(opts))
+        return self._context(copy_, list(zip((n for n, _ in entries), opts, strict=True)),
+                             [self._build_scheduler(f, o) for f, o in zip(per_opt, opts, strict=True)],
+                             init_scale, accumulation_steps)
+
+    @staticmethod
+    def _build_optimizer(name: str, factory: Any, copy_: nn.Module, n: int) -> torch.optim.Optimizer:
+        """One optimizer from its factory, checked: an Optimizer over the copy's own parameters."""
+        which = "the optimizer factory" if n == 1 else f"the optimizer factory {name}"
         try:
-            opt = self.optimizer(copy_)
+            opt = factory(copy_)
         except Exception as exc:
-            raise StepError(f"the optimizer factory raised {type(exc).__name__}: {exc}",
+            raise StepError(f"{which} raised {type(exc).__name__}: {exc}",
                             "it is called as optimizer(model) with a copy of the model") from exc
         if isinstance(opt, (tuple, list)) and opt and all(isinstance(o, torch.optim.Optimizer) for o in opt):
             kinds = ", ".join(type(o).__name__ for o in opt)
             raise SetupError(
-                f"Setup: the optimizer factory returned a {type(opt).__name__} of {len(opt)} optimizers ({kinds}); "
-                "tropt checks one optimizer per Setup",
-                "merge them into one optimizer with one param group per part, e.g. lambda m: torch.optim.AdamW("
-                "[{'params': m.encoder.parameters(), 'lr': 1e-4}, {'params': m.head.parameters(), 'lr': 1e-3}]) "
-                "(each group keeps its own lr/weight_decay); if they must stay different optimizer classes, "
-                "check one part per Setup",
+                f"Setup: {which} returned a {type(opt).__name__} of {len(opt)} optimizers ({kinds}); tropt expects "
+                "one optimizer per Setup factory",
+                "when they step one after the other (a GAN's D then G), pass one factory each: "
+                "Setup(optimizer=(lambda m: torch.optim.Adam(m.netD.parameters()), lambda m: torch.optim.Adam("
+                "m.netG.parameters())), step=...) and read them in your step as opt_d, opt_g = ctx.optimizers; "
+                "when they step together on one loss, merge them into one optimizer with one param group per part, "
+                "e.g. lambda m: torch.optim.AdamW([{'params': m.encoder.parameters(), 'lr': 1e-4}, "
+                "{'params': m.head.parameters(), 'lr': 1e-3}])",
             )
         if not isinstance(opt, torch.optim.Optimizer):
             raise SetupError(
-                f"Setup: the optimizer factory returned a {type(opt).__name__}, expected a torch.optim.Optimizer",
+                f"Setup: {which} returned a {type(opt).__name__}, expected a torch.optim.Optimizer",
                 "return the optimizer, e.g. lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3)",
             )
         own = {id(p) for p in copy_.parameters()}
         foreign = sum(1 for g in opt.param_groups for p in g["params"] if id(p) not in own)
         if foreign:
             raise SetupError(
-                f"Setup: the optimizer factory built an optimizer over {foreign} parameter(s) that are not those of "
+                f"Setup: {which} built an optimizer over {foreign} parameter(s) that are not those of "
                 "the model it was given (it probably closes over your original model)",
                 "use the argument: lambda m: torch.optim.AdamW(m.parameters()), not model.parameters()",
             )
-        sched = None
-        if self.scheduler is not None:
-            try:
-                sched = self.scheduler(opt)
-            except Exception as exc:
-                raise StepError(f"the scheduler factory raised {type(exc).__name__}: {exc}",
-                                "it is called as scheduler(optimizer)") from exc
-            if not (hasattr(sched, "step") and hasattr(sched, "state_dict")):
-                raise SetupError(
-                    f"Setup: the scheduler factory returned a {type(sched).__name__}, expected an LR scheduler",
-                    "return e.g. torch.optim.lr_scheduler.StepLR(opt, step_size=10)",
-                )
-        return self._context(copy_, opt, sched, init_scale, accumulation_steps)
+        return opt
 
-    def _context(self, copy_: nn.Module, opt: torch.optim.Optimizer | None, sched: Any, init_scale: float | None,
-                 accumulation_steps: int | None) -> StepContext:
+    @staticmethod
+    def _build_scheduler(factory: Any, opt: torch.optim.Optimizer) -> Any:
+        if factory is None:
+            return None
+        try:
+            sched = factory(opt)
+        except Exception as exc:
+            raise StepError(f"the scheduler factory raised {type(exc).__name__}: {exc}",
+                            "it is called as scheduler(optimizer)") from exc
+        if not (hasattr(sched, "step") and hasattr(sched, "state_dict")):
+            raise SetupError(
+                f"Setup: the scheduler factory returned a {type(sched).__name__}, expected an LR scheduler",
+                "return e.g. torch.optim.lr_scheduler.StepLR(opt, step_size=10)",
+            )
+        return sched
+
+    def _context(self, copy_: nn.Module, opts: list[tuple[str, torch.optim.Optimizer]], scheds: list[Any],
+                 init_scale: float | None, accumulation_steps: int | None) -> StepContext:
         scaler = None
         if self.use_scaler:
             kwargs: dict[str, Any] = {} if init_scale is None else {"init_scale": init_scale}
             scaler = torch.amp.GradScaler(torch.device(self.device).type, **kwargs)
         return StepContext(
             model=copy_,
-            optimizer=opt,
-            scheduler=sched,
+            optimizer=opts[0][1] if opts else None,
+            scheduler=scheds[0] if scheds else None,
             scaler=scaler,
             loss_fn=self.loss,
             grad_clip=self.grad_clip,
@@ -292,6 +325,9 @@ class Setup(SetupValidation):
             device=torch.device(self.device),
             precision=self.precision,
             layout=self.layout,
+            more_optimizers=tuple(o for _, o in opts[1:]),
+            more_schedulers=tuple(scheds[1:]),
+            optimizer_names=tuple(n for n, _ in opts) if len(opts) > 1 else (),
         )
 
     def run_step(self, ctx: StepContext, micro_batches: list) -> Any:
@@ -345,6 +381,12 @@ class Setup(SetupValidation):
                                                        if isinstance(v, (int, float, str, bool, tuple))}
                                    if opt is not None else {},
                                    scheduler=type(ctx.scheduler).__name__ if ctx.scheduler is not None else None)
+            if ctx.more_optimizers:  # several optimizers: each one by name
+                self._validated.update(
+                    optimizer=", ".join(f"{ctx.optimizer_name(i)}: {type(o).__name__}"
+                                        for i, o in enumerate(ctx.optimizers)),
+                    scheduler=", ".join(f"{ctx.optimizer_name(i)}: {type(s).__name__}"
+                                        for i, s in enumerate(ctx.schedulers) if s is not None) or None)
         return self
 
     def describe(self) -> dict[str, Any]:

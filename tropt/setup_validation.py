@@ -20,6 +20,21 @@ from .errors import SetupError
 from .training import PRECISION_DTYPES
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+# Several optimizers stepped in one training step (a GAN's discriminator then generator, an actor and a critic):
+# a tuple or list of factories, or a dict name -> factory (the names appear in the checks' findings).
+OptimizerFactories = tuple[OptimizerFactory, ...] | list[OptimizerFactory] | dict[str, OptimizerFactory]
+
+
+def optimizer_entries(optimizer: Any) -> list[tuple[str, Any]]:
+    """(name, factory) for each optimizer of a Setup's ``optimizer`` field: one entry "optimizer" for a single one,
+    the dict's keys, or ``optimizers[i]`` for a tuple or list; empty for None."""
+    if optimizer is None:
+        return []
+    if isinstance(optimizer, dict):
+        return [(str(k), v) for k, v in optimizer.items()]
+    if isinstance(optimizer, (tuple, list)):
+        return [(f"optimizers[{i}]", v) for i, v in enumerate(optimizer)]
+    return [("optimizer", optimizer)]
 
 
 def positional_arity_ok(fn: Callable, n: int) -> bool:
@@ -92,9 +107,56 @@ class SetupValidation:
             )
 
     def _validate_optimizer(self: Any) -> None:  # self: the Setup (its fields are declared there)
-        """Validate the optimizer: a factory, an instance (copied into a factory), or None with a step of one's own."""
-        err = SetupError
+        """Validate the optimizer: a factory, an instance (copied into a factory), or None with a step of one's own;
+        or several of them (a tuple, list or dict), each validated the same way."""
         opt = self.optimizer
+        if isinstance(opt, (tuple, list, dict)):
+            self._validate_optimizers(opt)
+            return
+        self._validate_one_optimizer(opt)
+        if isinstance(self.scheduler, (tuple, list, dict)):
+            raise SetupError(f"Setup: scheduler is a {type(self.scheduler).__name__} of factories but there is one "
+                             "optimizer", "pass one scheduler factory, or one optimizer factory per scheduler")
+        if isinstance(opt, torch.optim.Optimizer):
+            object.__setattr__(self, "optimizer", optimizer_factory_from(opt, self.model))
+
+    def _validate_optimizers(self: Any, opts: Any) -> None:  # self: the Setup
+        """Several optimizers: each entry a factory or an instance (turned into a factory), a step of one's own,
+        and a scheduler factory per optimizer (a tuple or dict matching them) or one for all."""
+        err = SetupError
+        entries = optimizer_entries(opts)
+        if not entries:
+            raise err(f"Setup: optimizer is an empty {type(opts).__name__}",
+                      "pass one factory, several (optimizer=(make_d, make_g)), or None with a step of your own")
+        if isinstance(opts, dict) and not all(isinstance(k, str) for k in opts):
+            raise err("Setup: the keys of an optimizer dict name the optimizers; they must be strings",
+                      "e.g. optimizer={'D': make_d, 'G': make_g}")
+        for name, o in entries:
+            if o is None:
+                raise err(f"Setup: {name} is None", "give every optimizer a factory, or leave it out")
+            self._validate_one_optimizer(o, name)
+        if self.step is None:
+            names = ", ".join(n for n, _ in entries)
+            raise err(f"Setup: {len(entries)} optimizers ({names}) need your own step: tropt.standard_step steps one "
+                      "optimizer on one loss",
+                      "pass step=step(ctx, micro_batches) that steps each one (opt_d, opt_g = ctx.optimizers), as in "
+                      "the README's 'Fitting your loop'")
+        as_factory = [optimizer_factory_from(o, self.model) if isinstance(o, torch.optim.Optimizer) else o
+                      for _, o in entries]
+        normalised = (dict(zip(opts, as_factory, strict=True)) if isinstance(opts, dict) else tuple(as_factory))
+        object.__setattr__(self, "optimizer", normalised)
+        sched = self.scheduler
+        if isinstance(sched, (tuple, list, dict)):
+            keys = list(sched) if isinstance(sched, dict) else list(range(len(sched)))
+            want = list(opts) if isinstance(opts, dict) else list(range(len(entries)))
+            if isinstance(sched, dict) != isinstance(opts, dict) or keys != want:
+                raise err(f"Setup: scheduler holds {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} ({keys}) but "
+                          f"optimizer has {len(entries)} ({want})",
+                          "give one scheduler factory (or None) per optimizer, in the same form and order, or one "
+                          "factory for all of them")
+
+    def _validate_one_optimizer(self: Any, opt: Any, name: str = "optimizer") -> None:  # self: the Setup
+        err = SetupError
         if opt is None:
             if self.step is None:
                 raise err("Setup: optimizer=None needs your own step: tropt.standard_step updates through an optimizer",
@@ -106,15 +168,15 @@ class SetupValidation:
                           "pass the optimizer factory too, or set the learning rate by hand in your step and leave "
                           "scheduler=None")
         elif isinstance(opt, torch.optim.Optimizer):
-            object.__setattr__(self, "optimizer", optimizer_factory_from(opt, self.model))
+            return
         elif isinstance(opt, type) and issubclass(opt, torch.optim.Optimizer):
             raise err(
-                f"Setup: optimizer is the class {opt.__name__}, expected a factory",
+                f"Setup: {name} is the class {opt.__name__}, expected a factory",
                 f"pass lambda m: torch.optim.{opt.__name__}(m.parameters(), lr=...)",
             )
         elif not callable(opt):
             raise err(
-                f"Setup: optimizer is a {type(opt).__name__}, expected a factory optimizer(model) -> Optimizer",
+                f"Setup: {name} is a {type(opt).__name__}, expected a factory optimizer(model) -> Optimizer",
                 "pass lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3)",
             )
 
@@ -123,14 +185,10 @@ class SetupValidation:
         err = SetupError
         self._check_data("train_data", self.train_data, required=True)
         self._check_data("val_data", self.val_data, required=False)
-        if self.scheduler is not None:
-            if hasattr(self.scheduler, "step") and hasattr(self.scheduler, "optimizer"):
-                raise err(f"Setup: scheduler is a {type(self.scheduler).__name__} instance, expected a factory",
-                          "pass lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10) so checks can build "
-                          "fresh ones")
-            if not callable(self.scheduler):
-                raise err(f"Setup: scheduler is a {type(self.scheduler).__name__}, not callable",
-                          "pass a factory scheduler(optimizer) -> scheduler, or None")
+        scheds = (list(self.scheduler.values()) if isinstance(self.scheduler, dict) else list(self.scheduler)
+                  if isinstance(self.scheduler, (tuple, list)) else [self.scheduler])
+        for sched in scheds:
+            self._check_scheduler(sched)
         if self.step is not None:
             if not callable(self.step):
                 raise err(f"Setup: step is a {type(self.step).__name__}, not callable",
@@ -139,6 +197,18 @@ class SetupValidation:
                 raise err(f"Setup: step {describe_callable(self.step)} cannot be called as step(ctx, micro_batches)",
                           "define it as def step(ctx, micro_batches): ... (ctx is a tropt.StepContext, micro_batches "
                           "a list of batches)")
+
+    @staticmethod
+    def _check_scheduler(sched: Any) -> None:
+        err = SetupError
+        if sched is not None:
+            if hasattr(sched, "step") and hasattr(sched, "optimizer"):
+                raise err(f"Setup: scheduler is a {type(sched).__name__} instance, expected a factory",
+                          "pass lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10) so checks can build "
+                          "fresh ones")
+            if not callable(sched):
+                raise err(f"Setup: scheduler is a {type(sched).__name__}, not callable",
+                          "pass a factory scheduler(optimizer) -> scheduler, or None")
 
     def _validate_numbers(self: Any) -> None:  # self: the Setup (its fields are declared there)
         """Validate accumulation, clipping, precision and the batch layout."""

@@ -32,7 +32,12 @@ class StepContext:
     model, optimizer, scheduler, scaler
         Live training objects (tropt's copies when a check builds them). ``scaler`` is a
         ``torch.amp.GradScaler`` or None; ``scheduler`` may be None; ``optimizer`` is None for loops that update
-        the parameters by hand (``Setup(optimizer=None)``).
+        the parameters by hand (``Setup(optimizer=None)``). With several optimizers (``Setup(optimizer=(make_d,
+        make_g))``, a GAN's discriminator and generator) ``optimizer`` and ``scheduler`` are the first ones.
+    more_optimizers, more_schedulers, optimizer_names
+        The second and later optimizers and their schedulers (None where an optimizer has none), and every
+        optimizer's name (a dict key of ``Setup(optimizer={...})``, else ``optimizers[i]``). Read them through
+        :attr:`optimizers` and :attr:`schedulers`.
     loss_fn
         ``loss_fn(model, batch) -> scalar tensor``.
     grad_clip
@@ -49,7 +54,9 @@ class StepContext:
 
     State the step carries from one call to the next (an iteration counter ``ctx.it``, a recurrent hidden state
     ``ctx.hidden``) belongs on the context as an attribute of the step's own choosing: tropt's checks copy, restore
-    and checkpoint these attributes with the rest of the training state (:meth:`user_state`).
+    and checkpoint these attributes with the rest of the training state (:meth:`user_state`). An optimizer the step
+    builds itself and keeps there (``ctx.opt_g``) is observed by every check like those of the Setup
+    (:meth:`all_optimizers`).
     """
 
     model: nn.Module
@@ -62,6 +69,42 @@ class StepContext:
     device: torch.device
     precision: str = "fp32"
     layout: BatchLayout = field(default_factory=BatchLayout)
+    more_optimizers: tuple[torch.optim.Optimizer, ...] = ()
+    more_schedulers: tuple[Any, ...] = ()
+    optimizer_names: tuple[str, ...] = ()
+
+    @property
+    def optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
+        """Every optimizer of the Setup, in its order (``ctx.optimizer`` first); empty without one."""
+        return ((self.optimizer,) if self.optimizer is not None else ()) + tuple(self.more_optimizers)
+
+    @property
+    def schedulers(self) -> tuple[Any, ...]:
+        """One entry per optimizer of :attr:`optimizers`: its scheduler, or None."""
+        return ((self.scheduler,) if self.optimizer is not None else ()) + tuple(self.more_schedulers)
+
+    def optimizer_name(self, i: int) -> str:
+        """The name of ``optimizers[i]`` ("optimizer" for a Setup's only optimizer)."""
+        if i < len(self.optimizer_names):
+            return self.optimizer_names[i]
+        return "optimizer" if len(self.optimizers) == 1 else f"optimizers[{i}]"
+
+    def all_optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
+        """(name, optimizer) for every optimizer of :attr:`optimizers` and every one the step keeps among its own
+        attributes (``ctx.opt_g``, or inside a list/tuple/dict attribute: ``ctx.opts[1]``), each once."""
+        out = [(self.optimizer_name(i), o) for i, o in enumerate(self.optimizers)]
+        seen = {id(o) for _, o in out}
+        own = {f.name for f in dataclasses.fields(self)}
+        for name, value in vars(self).items():
+            if name in own or name.startswith("_tropt"):
+                continue
+            items = (value.items() if isinstance(value, dict) else enumerate(value)
+                     if isinstance(value, (list, tuple)) else [(None, value)])
+            for key, v in items:
+                if isinstance(v, torch.optim.Optimizer) and id(v) not in seen:
+                    seen.add(id(v))
+                    out.append((f"ctx.{name}" if key is None else f"ctx.{name}[{key!r}]", v))
+        return out
 
     def batch_size(self, batch: Any) -> int:
         """The number of samples in ``batch`` (along the Setup's batch dimension, or by its ``size_fn``)."""
@@ -180,6 +223,16 @@ def standard_step(ctx: StepContext, micro_batches: list) -> torch.Tensor:
             "Setup: optimizer=None but no step function: tropt.standard_step needs an optimizer to step",
             "pass optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=...), or your own "
             "step=step(ctx, micro_batches) that updates the parameters by hand")
+    if ctx.more_optimizers:
+        from .errors import SetupError
+
+        names = ", ".join(ctx.optimizer_name(i) for i in range(len(ctx.optimizers)))
+        raise SetupError(
+            f"Setup: {len(ctx.optimizers)} optimizers ({names}) but no step function: tropt.standard_step steps one "
+            "optimizer on one loss, and cannot know in which order yours step or what each one's loss is",
+            "pass your own step=step(ctx, micro_batches) that steps each one (opt_d, opt_g = ctx.optimizers), as in "
+            "the README's 'Fitting your loop'; or, for one loss over every parameter, one optimizer with a param "
+            "group per part")
     sizes = [ctx.batch_size(mb) for mb in micro_batches]
     total = sum(sizes)
     step_loss = torch.zeros((), device=ctx.device)

@@ -191,3 +191,56 @@ def test_no_scheduler_with_standard_step_skips_without_a_single_optimizer_step()
     mine = setup.replace(step=lambda ctx, mbs: tropt.standard_step(ctx, mbs))
     r = check_scheduler_cadence(mine)
     assert r.status is Status.SKIP and "never changed" in r.summary and len(steps) > 0, r.summary
+
+
+# ------------------------------------------------------------------ a schedule's horizon against the epoch
+EPOCHS, PER_EPOCH = 3, 16  # 16 loader batches: 16 optimizer steps per epoch
+
+
+def _horizon_setup(make_scheduler, step=None):
+    from support import ce_loss, make_classification
+
+    x, y = make_classification(n=16 * 8, d=6, classes=3, seed=2)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    return tropt.Setup(model, ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                       [(x[i:i + 8], y[i:i + 8]) for i in range(0, 128, 8)], scheduler=make_scheduler, step=step,
+                       num_classes=3)
+
+
+def test_a_cosine_schedule_sized_in_epochs_but_stepped_per_iteration_is_named():
+    r = check_scheduler_cadence(_horizon_setup(lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=EPOCHS)))
+    assert r.status is Status.WARN, r.summary
+    assert "counted in epochs" in r.summary and "T_max=3" in r.summary and "16 optimizer steps" in r.summary
+    assert r.metrics["schedule_horizon"] == EPOCHS and r.metrics["steps_per_epoch"] == PER_EPOCH
+    assert r.metrics["steps_per_epoch_from"] == "len(train_data)"
+    assert any("(T_max=48)" in a for a in r.advice)
+
+
+def test_a_schedule_sized_in_iterations_and_stepped_per_iteration_passes():
+    for make in (lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=EPOCHS * PER_EPOCH),
+                 lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, epochs=EPOCHS, steps_per_epoch=PER_EPOCH),
+                 lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2 * PER_EPOCH)):
+        r = check_scheduler_cadence(_horizon_setup(make))
+        assert r.status is Status.PASS, r.summary
+
+
+def test_step_lr_with_an_epoch_step_size_stepped_per_iteration_is_named():
+    r = check_scheduler_cadence(_horizon_setup(lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2)))
+    assert r.status is Status.WARN and "step_size=2" in r.summary and "decays that often" in r.summary
+
+
+def test_a_schedule_sized_in_iterations_but_stepped_per_epoch_is_named():
+    def step_without_scheduler(ctx, micro_batches):  # the epoch loop steps the scheduler, outside the step
+        ctx.optimizer.zero_grad()
+        for mb in micro_batches:
+            (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
+        ctx.optimizer.step()
+
+    r = check_scheduler_cadence(_horizon_setup(
+        lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=EPOCHS * PER_EPOCH), step_without_scheduler))
+    assert r.status is Status.WARN and "counted in optimizer steps" in r.summary, r.summary
+    assert "48" in r.summary and "16" in r.summary
+    per_epoch = check_scheduler_cadence(_horizon_setup(
+        lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=EPOCHS), step_without_scheduler))
+    assert per_epoch.status is Status.WARN and "counted in" not in per_epoch.summary  # the plain "did not move" WARN

@@ -78,9 +78,12 @@ def test_user_state_copies_plain_data_restores_stateful_objects_in_place_and_kee
 def test_zero_grad_restores_the_hidden_state_kept_on_ctx(monkeypatch):
     setup = rl.word_lm_setup()
     assert check_zero_grad(setup).status is Status.PASS
-    # Without restoring ctx.hidden, run B starts from the state run A left: a false leak.
+    # Without restoring ctx.hidden, run B starts from the state run A left: a difference that is no leftover
+    # gradient, which the check reports as not isolated (issue 27 §2) instead of naming a leak.
     monkeypatch.setattr(StepContext, "load_user_state", lambda self, state: None)
-    assert check_zero_grad(setup).status is Status.FAIL
+    r = check_zero_grad(setup)
+    assert r.status is Status.WARN and "cause not isolated" in r.summary, r.summary
+    assert "left over" not in r.summary.split("cause not isolated")[0], r.summary
 
 
 def test_resume_names_a_counter_on_ctx_that_the_users_checkpoint_forgets():

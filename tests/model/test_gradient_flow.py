@@ -12,6 +12,7 @@ from support.model_fixtures import D, Detached, adam, mlp, problems, run, setup_
 from torch import nn
 from torch.nn import functional as F
 
+import tropt
 from tropt.model import check_gradient_flow
 from tropt.result import Status
 
@@ -216,3 +217,104 @@ def test_non_reentrant_checkpointing_with_dropout_runs():
     r = run(check_gradient_flow, fp.checkpointed_dropout_setup())
     assert r.status is Status.PASS, r.summary
     assert r.metrics["init_grad_ratio"] > 0  # the reference at PyTorch's default initialisation was computed
+
+
+# ------------------------------------------------------------------ several optimizers, cancelling gradients (#28)
+def test_generator_optimizer_kept_on_ctx_counts_as_updating_its_parameters():
+    """G's optimizer built by the step and kept on ctx.opt_g: its parameters are updated (before: FAIL "get
+    gradients but are never updated")."""
+    from support.two_optimizers import gan_setup
+
+    for form in ("ctx", "tuple", "dict"):
+        r = run(check_gradient_flow, gan_setup(form))
+        assert r.status is Status.PASS, (form, r.summary)
+        s = r.tables["parameters"]
+        assert s["in_optimizer"].all(), form
+
+
+def test_generator_optimizer_over_the_wrong_module_still_fails_naming_netG():
+    from support.two_optimizers import TinyGAN, gan_batches, gan_loss, gan_step, opt_d
+
+    s = tropt.Setup(TinyGAN(), gan_loss, (opt_d, lambda m: torch.optim.Adam(m.netD.parameters(), lr=1e-2)),
+                    gan_batches(), step=gan_step())
+    r = run(check_gradient_flow, s)
+    assert r.status is Status.FAIL and "never updated" in r.summary
+    assert problems(r) == {"netG.0.weight", "netG.0.bias", "netG.2.weight", "netG.2.bias"}
+
+
+class _Critic(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.critic = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 1))
+        self.gen = nn.Linear(2, 3)
+
+    def forward(self, z):
+        return self.gen(z)
+
+
+def _wgan_batches():
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(8, 3, generator=g) + 2, torch.randn(8, 2, generator=g)) for _ in range(3)]
+
+
+def _wgan_loss(m, b):
+    real, z = b
+    return -m.critic(real).mean() + m.critic(m.gen(z).detach()).mean()
+
+
+def _wgan_step(cut: bool = False):
+    def step(ctx, micro):
+        m = ctx.model
+        opt_d, opt_g = ctx.optimizers
+        opt_d.zero_grad()
+        for real, z in micro:
+            if cut:  # a really cut path: the critic's last layer multiplied by zero
+                (m.critic(real) * 0.0).mean().backward()
+            else:  # the WGAN critic: D(real) and D(fake) in separate backward calls (caogang/wgan-gp)
+                m.critic(real).mean().backward(torch.tensor(-1.0))
+                m.critic(m.gen(z).detach()).mean().backward()
+        opt_d.step()
+        for p in m.critic.parameters():
+            p.requires_grad_(False)
+        opt_g.zero_grad()
+        for _, z in micro:
+            (-m.critic(m.gen(z)).mean()).backward()
+        opt_g.step()
+        for p in m.critic.parameters():
+            p.requires_grad_(True)
+    return step
+
+
+def _wgan_setup(cut: bool = False, loss=_wgan_loss):
+    return tropt.Setup(_Critic(), loss, (lambda m: torch.optim.Adam(m.critic.parameters(), lr=1e-3),
+                                         lambda m: torch.optim.Adam(m.gen.parameters(), lr=1e-3)),
+                       _wgan_batches(), step=_wgan_step(cut))
+
+
+def test_wasserstein_critic_bias_cancelled_by_the_loss_is_explained_not_failed():
+    """The critic's output bias gets d/db (mean D(real) - mean D(fake)) = 0 exactly at every step: not a cut path
+    (before: FAIL "get only exactly-zero gradients"). The shares of the loss's parts are shown, non-zero."""
+    r = run(check_gradient_flow, _wgan_setup())
+    assert r.status is Status.PASS, r.summary
+    assert "loss's parts cancel it" in r.summary and "critic.2.bias" in r.summary
+    assert r.metrics["cancelling_parameters"] == 1
+    shares = r.tables["cancelling_shares"]
+    assert set(shares["parameter"]) == {"critic.2.bias"} and (shares["share_norm"] > 0).all()
+    assert set(shares["forward_call"]) == {1, 2}  # D(real) and D(fake): two forward calls of the last layer
+    assert problems(r, "problem") == {"cancelling gradient (by design)"}
+
+
+def test_really_cut_critic_path_still_fails():
+    """Multiplying the critic's output by zero cuts the path: every share is zero, so the FAIL stays."""
+    r = run(check_gradient_flow, _wgan_setup(cut=True, loss=lambda m, b: (m.critic(b[0]) * 0.0).mean()
+                                             + m.gen(b[1]).pow(2).mean()))
+    assert r.status is Status.FAIL and "exactly-zero gradients" in r.summary, r.summary
+    assert "cancel" not in r.summary
+
+
+def test_zero_gradient_the_loss_fn_does_not_cancel_keeps_its_fail():
+    """The step's gradient is exactly zero, but loss_fn's gradient for the bias is not (loss_fn scores D(real)
+    only): the evidence does not show a cancellation, so the finding stays."""
+    r = run(check_gradient_flow, _wgan_setup(loss=lambda m, b: m.critic(b[0]).mean() + m.gen(b[1]).pow(2).mean()))
+    assert r.status is Status.FAIL and "critic.2.bias" in r.summary and "cancel" not in r.summary

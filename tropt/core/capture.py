@@ -108,6 +108,28 @@ class StepRecord:
     last_backward: dict[str, torch.Tensor | None] = field(default_factory=dict)
     observed_at: str = OPTIMIZER_STEP
     closure_evaluations: int = 0  # times step()'s closure computed the loss (LBFGS: several); 0 without a closure
+    optimizer: str = ""  # which optimizer stepped: "optimizer", a Setup's name for it ("D"), "ctx.opt_g"; "" by hand
+
+
+def updates_per_call(records: list[StepRecord]) -> int:
+    """How many updates one call of the step made: the most updates any one optimizer made in it.
+
+    A GAN's call that steps the discriminator and then the generator is one training step (1), as is an
+    actor-critic call stepping two optimizers; one optimizer stepped twice in a call is 2 (the defect
+    ``loop.accumulation`` owns). A hand-written update (a parameter-change record) counts 1.
+    """
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.optimizer] = counts.get(r.optimizer, 0) + 1
+    return max(counts.values(), default=0)
+
+
+def by_optimizer(records: list[StepRecord]) -> dict[str, list[StepRecord]]:
+    """The records of one or more calls grouped by the optimizer that stepped, in the order each first stepped."""
+    out: dict[str, list[StepRecord]] = {}
+    for r in records:
+        out.setdefault(r.optimizer, []).append(r)
+    return out
 
 
 CAPTURES = ("grads", "norm", "lr")
@@ -117,6 +139,9 @@ CAPTURES = ("grads", "norm", "lr")
 class StepRecorder:
     """Context manager recording a :class:`StepRecord` at every ``optimizer.step()`` of ``ctx``.
 
+    Every optimizer is watched: each of ``ctx.optimizers``, each one the step keeps on ``ctx`` (``ctx.opt_g``), and
+    any other optimizer holding one of the model's parameters that steps while the recorder is active (one the step
+    builds during the call); each record names the optimizer that stepped (:attr:`StepRecord.optimizer`).
     ``capture`` says how much: ``"grads"`` (a copy of every gradient, and the global norm), ``"norm"`` (the global
     gradient norm only) or ``"lr"`` (learning rates and loss scale only, no pass over the gradients). Learning
     rates and the GradScaler's scale are always recorded. See :func:`run_steps` for counting steps per call.
@@ -135,6 +160,8 @@ class StepRecorder:
         self._grad_handles: list[Any] = []
         self._pending: dict[str, torch.Tensor] = {}
         self._last: dict[str, torch.Tensor] = {}
+        self._known: set[int] = set()  # ids of the optimizers hooked by name (and those they wrap)
+        self._foreign_depth = 0
 
     def _backward_hook(self, name: str) -> Any:
         """A tensor hook on one parameter: add this backward pass's gradient (unscaled) to the pending sum."""
@@ -155,7 +182,28 @@ class StepRecorder:
         scaler = watched if watched is not None else self.ctx.scaler
         return float(scaler.get_scale()) if scaler is not None else None
 
-    def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> tuple | None:
+    def _named_hook(self, name: str) -> Any:
+        def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> tuple | None:
+            return self._hook(optimizer, args, kwargs, name)
+        return hook
+
+    def _foreign_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple | None:
+        """A global step pre-hook: an optimizer not hooked by name that holds a model parameter (the step built it
+        during this call) is recorded too; a step nested in one of them (a wrapper's) is the same update."""
+        if id(optimizer) in self._known or not any(id(p) in self._names for g in optimizer.param_groups
+                                                   for p in g["params"]):
+            return None
+        self._foreign_depth += 1
+        if self._foreign_depth > 1:
+            return None
+        name = next((n for n, o in self.ctx.all_optimizers() if o is optimizer), "an optimizer built by the step")
+        return self._hook(optimizer, args, kwargs, name)
+
+    def _foreign_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if id(optimizer) not in self._known and self._foreign_depth:
+            self._foreign_depth -= 1
+
+    def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any, name: str = "optimizer") -> tuple | None:
         """At ``optimizer.step()``: record now, or, when the step is given a closure (LBFGS and other optimizers
         that evaluate the loss themselves), hand it a wrapped closure that records after its first evaluation: the
         gradient the optimizer steps with is the closure's, computed inside ``step``."""
@@ -163,7 +211,7 @@ class StepRecorder:
         at = 1 if args and args[0] is optimizer else 0
         closure = kwargs.get("closure", args[at] if len(args) > at else None)
         if not callable(closure):
-            self._record(optimizer)
+            self._record(optimizer, name)
             return None
         self._pending, self._last = {}, {}  # the previous step's later closure evaluations (line search)
         seen: list[StepRecord] = []
@@ -171,7 +219,7 @@ class StepRecorder:
         def recording_closure() -> Any:
             loss = closure()
             if not seen:
-                seen.append(self._record(optimizer))
+                seen.append(self._record(optimizer, name))
             seen[0].closure_evaluations += 1
             return loss
 
@@ -179,7 +227,7 @@ class StepRecorder:
             return args, {**kwargs, "closure": recording_closure}
         return (*args[:at], recording_closure, *args[at + 1:]), kwargs
 
-    def _record(self, optimizer: torch.optim.Optimizer) -> StepRecord:
+    def _record(self, optimizer: torch.optim.Optimizer, name: str = "optimizer") -> StepRecord:
         scale = self._scale()
         lrs = [group_lr(optimizer, g) for g in optimizer.param_groups]
         grads: dict[str, torch.Tensor | None] = {}
@@ -192,17 +240,26 @@ class StepRecorder:
                     if g is not None:
                         present.append(g.float())
                     if self.capture == "grads":
-                        name = self._names.get(id(p), f"unnamed_{len(grads)}")
-                        grads[name] = None if g is None else g.float().clone()
+                        pname = self._names.get(id(p), f"unnamed_{len(grads)}")
+                        grads[pname] = None if g is None else g.float().clone()
             norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
         pre, last = self._take_backward_sums(list(grads))
-        record = StepRecord(grads, lrs, scale, norm, pre, last)
+        record = StepRecord(grads, lrs, scale, norm, pre, last, optimizer=name)
         self.records.append(record)
         return record
 
     def __enter__(self) -> StepRecorder:
-        if self.ctx.optimizer is not None:
-            self._handles = on_update(self.ctx.optimizer, self._hook)
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        for name, opt in self.ctx.all_optimizers():
+            reach = {id(o) for o in stepping_optimizers(opt)}
+            # One that wraps or is wrapped by an optimizer already hooked (ctx.opt = accelerator.prepare_optimizer(
+            # ctx.optimizer)) makes the same updates: hooking it too would record each update twice.
+            if not reach & self._known:
+                self._handles += on_update(opt, self._named_hook(name))
+            self._known |= reach
+        self._handles += [register_optimizer_step_pre_hook(self._foreign_pre),
+                          register_optimizer_step_post_hook(self._foreign_post)]
         if self.capture == "grads":
             self._grad_handles = [p.register_hook(self._backward_hook(n))
                                   for n, p in self.ctx.model.named_parameters() if p.requires_grad]
@@ -217,15 +274,23 @@ class StepRecorder:
         self._grad_handles = []
 
     def _take_backward_sums(self, names: list[str]) -> tuple[dict, dict]:
-        """The pending pre-clip sums and last backward shares for ``names``; then start the next update afresh."""
+        """The pending pre-clip sums and last backward shares for ``names``; those of the other parameters stay
+        pending for the optimizer that holds them (a GAN's generator steps after the discriminator) until the call
+        ends (:meth:`before_call` starts each call afresh)."""
         pre = {n: self._pending.get(n) for n in names} if self.capture == "grads" else {}
         last = {n: self._last.get(n) for n in names} if self.capture == "grads" else {}
-        self._pending, self._last = {}, {}
+        for n in names:
+            self._pending.pop(n, None)
+            self._last.pop(n, None)
         return pre, last
+
+    def _start_call(self) -> None:
+        self._pending, self._last = {}, {}
 
     # ---------------------------------------------------------------- hand-written updates
     def before_call(self) -> dict[str, torch.Tensor]:
         """The parameters' values before one call of the step (to observe a hand-written update)."""
+        self._start_call()
         return {n: p.detach().clone() for n, p in self.ctx.model.named_parameters()}
 
     def after_call(self, before: dict[str, torch.Tensor], stepped: int) -> None:
@@ -237,7 +302,7 @@ class StepRecorder:
                   for n, p in self.ctx.model.named_parameters() if n in before}
         present = [d for d in deltas.values() if d is not None]
         norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
-        if self.ctx.optimizer is not None and norm == 0.0:
+        if self.ctx.optimizers and norm == 0.0:
             return
         grads = deltas if self.capture == "grads" else {}
         pre, last = self._take_backward_sums(list(deltas))
@@ -296,10 +361,11 @@ def run_steps(setup: Setup, ctx: StepContext, steps: list[list], *, capture: str
               init_scale: float | None = None) -> tuple[list[StepRecord], list[int]]:
     """Run the step under test once per entry of ``steps`` (each a list of micro-batches).
 
-    Returns the update records and, per call, how many updates it made: the number of ``optimizer.step()`` calls,
-    or 1 for a call that made none but changed the parameters (a hand-written update; always 1 without an
-    optimizer). Any ``GradScaler`` that scales a loss is watched (see :class:`ScalerWatch`; ``init_scale`` sets its
-    starting scale).
+    Returns the update records and, per call, how many updates it made (:func:`updates_per_call`): the number of
+    ``optimizer.step()`` calls of the optimizer that stepped most (a call stepping a GAN's discriminator and then
+    its generator made 1 training step, in 2 records), or 1 for a call that made none but changed the parameters
+    (a hand-written update; always 1 without an optimizer). Any ``GradScaler`` that scales a loss is watched (see
+    :class:`ScalerWatch`; ``init_scale`` sets its starting scale).
     """
     calls = []
     with ScalerWatch(init_scale) as scalers, StepRecorder(ctx, capture, scalers=scalers) as rec:
@@ -308,27 +374,40 @@ def run_steps(setup: Setup, ctx: StepContext, steps: list[list], *, capture: str
             values = rec.before_call()
             setup.run_step(ctx, micro_batches)
             rec.after_call(values, len(rec.records) - before)
-            calls.append(len(rec.records) - before)
+            calls.append(updates_per_call(rec.records[before:]))
     return rec.records, calls
 
 
 class TrainingState:
-    """A restorable snapshot of a context's whole training state: model, optimizer, scheduler, scaler, the RNGs and
-    the attributes the step keeps on ``ctx`` (its iteration counter, a recurrent hidden state, a scaler wrapper)."""
+    """A restorable snapshot of a context's whole training state: model, every optimizer (``ctx.optimizers`` and
+    the optimizers they wrap), scheduler(s), scaler, the RNGs, the attributes the step keeps on ``ctx`` (its
+    iteration counter, a recurrent hidden state, a scaler wrapper, an EMA model) and the state it carries elsewhere
+    (:class:`tropt.core.carried_state.CarriedState`: tensor attributes of the model's modules that are neither
+    parameters nor buffers, of objects on ``ctx``, and of the step function's closure when ``step`` is given).
 
-    def __init__(self, ctx: StepContext) -> None:
+    ``carried`` holds that last snapshot; ``carried.changed()`` names what a step changed since (``model.hidden``).
+    """
+
+    def __init__(self, ctx: StepContext, step: Any = None) -> None:
         from ..snapshot import Snapshot
+        from .carried_state import CarriedState
 
         self.ctx = ctx
+        optimizers = getattr(ctx, "optimizers", None) or ([ctx.optimizer] if ctx.optimizer is not None else [])
         # Inner optimizers first: a wrapper's state_dict may not hold theirs (SAM keeps the base optimizer's momentum
         # out of its own), and restoring the wrapper last keeps its view of the shared param groups.
-        optimizers = stepping_optimizers(ctx.optimizer)[::-1] if ctx.optimizer is not None else []
-        self.snapshot = Snapshot.take([ctx.model, *optimizers, ctx.scheduler, ctx.scaler])
+        inner: list[Any] = []
+        for optimizer in optimizers:
+            inner += [o for o in stepping_optimizers(optimizer)[::-1] if all(o is not x for x in inner)]
+        schedulers = getattr(ctx, "schedulers", None) or [ctx.scheduler]
+        self.snapshot = Snapshot.take([ctx.model, *inner, *schedulers, ctx.scaler])
         self.user = ctx.user_state()
+        self.carried = CarriedState.take(ctx, step)
 
     def restore(self) -> None:
         self.snapshot.restore()
         self.ctx.load_user_state(self.user)
+        self.carried.restore()
 
 
 def observed_at(records: list[StepRecord]) -> str:

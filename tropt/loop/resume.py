@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from ..core.capture import group_lr, observed_at, run_steps
+from ..core.carried_state import CarriedState
 from ..core.compare import compare_tensors, flatten_state, max_rel_error
 from ..errors import StepError, TroptError
 from ..registry import register
@@ -25,6 +26,7 @@ from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import RngState, preserved
 from ..training import StepContext, user_state_is_plain
+from ._resume_state import extra_advice, extra_components, load_extra, save_extra
 from ._verdicts import defer_multi_step, nonfinite_result, require_steps, tolerance_for
 
 COMPONENTS = ("model weights", "optimizer moments", "optimizer hyperparameters", "schedule position", "loss scale",
@@ -55,9 +57,13 @@ def _plain_attrs(ctx: StepContext) -> dict[str, Any]:
     return {k: v for k, v in ctx.user_state().items() if user_state_is_plain(v)}
 
 
-def default_save_state(ctx: StepContext) -> dict[str, Any]:
-    """tropt's full checkpoint: model, optimizer, scheduler, scaler and every RNG state."""
+def default_save_state(ctx: StepContext, step: Any = None,
+                       templates: dict[str, torch.nn.Module] | None = None) -> dict[str, Any]:
+    """tropt's full checkpoint: model, every optimizer and scheduler, scaler, every RNG state, the objects the step
+    keeps on ctx (an EMA model) and the state it carries outside ctx's fields (``model.hidden``, a closure variable of
+    ``step``)."""
     return {
+        "extra": save_extra(ctx, step, templates),
         "model": ctx.model.state_dict(),
         "optimizer": ctx.optimizer.state_dict() if ctx.optimizer is not None else None,
         "step_attributes": _plain_attrs(ctx),
@@ -72,9 +78,12 @@ def default_save_state(ctx: StepContext) -> dict[str, Any]:
     }
 
 
-def default_load_state(ctx: StepContext, state: dict[str, Any]) -> None:
-    """Load a checkpoint written by :func:`default_save_state` into fresh objects."""
+def default_load_state(ctx: StepContext, state: dict[str, Any], step: Any = None,
+                       templates: dict[str, torch.nn.Module] | None = None) -> None:
+    """Load a checkpoint written by :func:`default_save_state` into fresh objects (``templates``: the modules kept
+    on ctx that the fresh context has not built yet, as :func:`default_save_state` copied them)."""
     ctx.model.load_state_dict(state["model"])
+    load_extra(ctx, state.get("extra", {}), step, templates)
     if ctx.optimizer is not None and state["optimizer"] is not None:
         ctx.optimizer.load_state_dict(state["optimizer"])
     for name, value in state.get("step_attributes", {}).items():
@@ -91,8 +100,9 @@ def default_load_state(ctx: StepContext, state: dict[str, Any]) -> None:
     random.setstate(rng["python"])
 
 
-def _state_of(ctx: StepContext, rng: RngState) -> dict[str, dict[str, torch.Tensor]]:
-    """Every resumable component of a run as flat tensors (views of the live state), for comparison."""
+def _state_of(ctx: StepContext, rng: RngState, carried: CarriedState) -> dict[str, dict[str, torch.Tensor]]:
+    """Every resumable component of a run as flat tensors (views of the live state; copies for the extra ones:
+    :func:`tropt.loop._resume_state.extra_components`), for comparison."""
     opt = ctx.optimizer.state_dict() if ctx.optimizer is not None else {"state": {}, "param_groups": []}
     if not (isinstance(opt, dict) and "state" in opt and "param_groups" in opt):
         opt = {"state": opt, "param_groups": []}  # a wrapper's own format (Lookahead's): all of it compared as state
@@ -112,6 +122,7 @@ def _state_of(ctx: StepContext, rng: RngState) -> dict[str, dict[str, torch.Tens
         },
         "step attributes": flatten_state(_plain_attrs(ctx)),
         "wrapped optimizer state": _wrapped_state(ctx.optimizer),
+        **extra_components(ctx, carried),
     }
 
 
@@ -177,13 +188,17 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
     setup.validate()
     tol = tolerance_for(setup, tol)
     custom = setup.save_state is not None
-    save = setup.save_state or default_save_state
-    load = setup.load_state or default_load_state
+    templates: dict[str, torch.nn.Module] = {}  # modules the step keeps on ctx (an EMA), rebuilt before loading
+    save = setup.save_state or (lambda ctx: default_save_state(ctx, setup.step, templates))
+    load = setup.load_state or (lambda ctx, state: default_load_state(ctx, state, setup.step, templates))
     with preserved(setup.model):
         batches = [setup.split(b, setup.accumulation_steps) for b in setup.batches(2 * steps)]
         ctx_a = setup.build()
+        # State in the step's closure is shared by both runs: run B starts it as a fresh process would.
+        initial = CarriedState.take(ctx_a, setup.step)
         _, calls = run_steps(setup, ctx_a, batches[:steps], capture="lr")
         require_steps(setup, calls, f"the first {steps} step(s)")
+        saved_a = CarriedState.take(ctx_a, setup.step)
         state = _call_user(save, "save_state", ctx_a)
         if state is None and custom:
             raise StepError("save_state returned None, so there is nothing to resume from",
@@ -195,18 +210,32 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
             p.grad = None
         rng_a = RngState.take()
         ctx_b = setup.build(seed=setup.seed + 1)
+        initial.restore(prefix="step.")
         _call_user(load, "load_state", ctx_b, state)
         rng_b = RngState.take()
+        loaded_b = CarriedState.take(ctx_b, setup.step)
         # Compare right after loading, while run A still stands at the save point: no copies needed.
-        loaded = {c: max_rel_error(x, y)
-                  for (c, x), y in zip(_state_of(ctx_a, rng_a).items(), _state_of(ctx_b, rng_b).values(), strict=False)}
-        # The RNGs are global: give each continuation the state its own run would have.
+        at_load_a, at_load_b = _state_of(ctx_a, rng_a, saved_a), _state_of(ctx_b, rng_b, loaded_b)
+        loaded = {c: max_rel_error(x, at_load_b.get(c, {})) for c, x in at_load_a.items()}
+        # An object the step builds lazily on ctx (absent from the fresh run until its first step) is judged after
+        # the continuation instead.
+        later = [c for c in at_load_a if c.startswith("ctx.") and c not in at_load_b]
+        # The RNGs are global: give each continuation the state its own run would have (and its closure state).
         rng_a.restore()
+        saved_a.restore(prefix="step.")
         rec_a, calls_a = run_steps(setup, ctx_a, batches[steps:], capture="lr")
-        rng_a = RngState.take()
+        rng_a, end_carried_a = RngState.take(), CarriedState.take(ctx_a, setup.step)
         rng_b.restore()
+        loaded_b.restore(prefix="step.")
         rec_b, calls_b = run_steps(setup, ctx_b, batches[steps:], capture="lr")
-        final_a, final_b = _state_of(ctx_a, rng_a), _state_of(ctx_b, RngState.take())
+        final_a = _state_of(ctx_a, rng_a, end_carried_a)
+        final_b = _state_of(ctx_b, RngState.take(), CarriedState.take(ctx_b, setup.step))
+        loaded.update({c: max_rel_error(final_a[c], final_b.get(c, {})) for c in later if c in final_a})
+        # tropt's own checkpoint cannot rebuild a wrapper of the live objects (accelerate's AcceleratedOptimizer):
+        # what the step rebuilds then is not the user's finding.
+        skipped = [] if custom else [c for c in later if c not in templates]
+        for c in skipped:
+            loaded.pop(c, None)
         # Where each schedule stands after the continuation: the learning rate the next step would use, and position.
         end_a = (_lrs(ctx_a), _position(ctx_a))
         end_b = (_lrs(ctx_b), _position(ctx_b))
@@ -216,6 +245,9 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
     if bad is not None:
         return bad
     result = _resume_verdict(setup, steps, tol, custom, loaded, final_a, final_b, rec_a, rec_b, end_a, end_b)
+    if skipped:
+        result.metrics["not_compared"] = (f"{', '.join(skipped)}: built by the step on ctx and not rebuilt by "
+                                          "tropt's checkpoint (a wrapper of the live training objects)")
     return defer_multi_step(result, calls + calls_a + calls_b)
 
 
@@ -225,14 +257,21 @@ def _lrs(ctx: StepContext) -> list[float]:
     return [group_lr(opt, g) for g in opt.param_groups] if opt is not None else [float("nan")]
 
 
-def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: dict, final_a: dict, final_b: dict,
-                    rec_a: list, rec_b: list, end_a: tuple, end_b: tuple) -> CheckResult:
+def _component_rows(tol: float, loaded: dict, final_a: dict, final_b: dict) -> list[dict]:
+    """One row per component: the fixed ones, then the extra ones (``optimizers[1]``, ``ctx.ema``, ``model.hidden``)
+    in the order the straight run holds them."""
     rows = []
-    for comp in COMPONENTS:
-        final = max_rel_error(final_a[comp], final_b[comp])
+    for comp in [*COMPONENTS, *(c for c in loaded if c not in COMPONENTS)]:
+        final = max_rel_error(final_a.get(comp, {}), final_b.get(comp, {}))
         limit = 0.0 if comp == "RNG" else tol
         rows.append({"component": comp, "after_load_rel_error": loaded[comp], "final_rel_error": final,
                      "restored": loaded[comp] <= limit, "matches_at_end": final <= limit})
+    return rows
+
+
+def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: dict, final_a: dict, final_b: dict,
+                    rec_a: list, rec_b: list, end_a: tuple, end_b: tuple) -> CheckResult:
+    rows = _component_rows(tol, loaded, final_a, final_b)
     components = pd.DataFrame(rows)
     params = compare_tensors(final_a["model weights"], final_b["model weights"], labels=("straight", "resumed"))
     lr_a = np.array([r.lrs[0] if r.lrs else np.nan for r in rec_a])
@@ -251,9 +290,9 @@ def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: 
                            f"resuming after {steps} step(s) reproduces the straight run (parameter error "
                            f"{final_err:.1e}; every component restored)",
                            metrics, tables, series=series)
-    advice = [_ADVICE[c] for c in lost] or ["Something outside the checkpoint carries state: a module attribute that "
-                                            "is not in state_dict(), or state kept by loss_fn or the step function. "
-                                            "Save it too."]
+    advice = [_ADVICE.get(c) or extra_advice(c) for c in lost] or [
+        "Something outside the checkpoint carries state: a module attribute that is not in state_dict(), or state "
+        "kept by loss_fn or the step function. Save it too."]
     metrics.update(lr_after_straight=end_a[0][0], lr_after_resumed=end_b[0][0])
     if end_a[1] is not None and end_b[1] is not None:
         metrics.update(schedule_position_straight=end_a[1], schedule_position_resumed=end_b[1])
@@ -268,6 +307,15 @@ def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: 
                            f"differs from the straight run's (straight vs resumed: {where}next learning rate "
                            f"{end_a[0][0]:.3g} vs {end_b[0][0]:.3g}); first divergence: "
                            f"{lost[0] if lost else 'schedule position'}"
+                           + (f" (also not restored: {', '.join(lost[1:])})" if len(lost) > 1 else ""),
+                           metrics, tables, advice, series)
+    diverged = [r for r in rows if r["component"] not in COMPONENTS and not r["restored"] and not r["matches_at_end"]]
+    if final_err <= tol and lr_same and diverged:
+        # The parameters agree, but state the run keeps beside them (an EMA model: what gets evaluated) does not.
+        return CheckResult("loop.resume", Status.FAIL,
+                           f"resuming changes {diverged[0]['component']}: after {steps} more step(s) it differs from "
+                           f"the straight run's by {diverged[0]['final_rel_error']:.1%} (max relative error) while the "
+                           f"parameters match; first divergence: {lost[0]}"
                            + (f" (also not restored: {', '.join(lost[1:])})" if len(lost) > 1 else ""),
                            metrics, tables, advice, series)
     if final_err <= tol and lr_same:

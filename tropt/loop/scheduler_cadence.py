@@ -25,6 +25,7 @@ from ..setup import Setup
 from ..snapshot import preserved
 from ..training import StepContext, needs_metric
 from ._invariance_common import STANDARD_STEP_ADVICE
+from ._schedule_horizon import horizon_finding
 from ._verdicts import latent_when_unused, require_steps, steps_per_call_note
 
 _AFTER_OPT = "Call ctx.scheduler.step() once per optimizer step, right after optimizer.step()."
@@ -59,6 +60,9 @@ def _cadence_run(setup: Setup, ctx: StepContext, batches: list, kk: int) -> dict
     at every ``optimizer.step()``: a scheduler stepped before the optimizer shows there, within its own call.
     """
     quiet_randomness(ctx.model)
+    # The schedule compared is ctx.scheduler's, over ctx.optimizer's updates: with several optimizers (a GAN's D and
+    # G) the others' records are left out (a hand-written update's record names no optimizer).
+    own = (ctx.optimizer_name(0) if hasattr(ctx, "optimizer_name") else "optimizer", "")
     at_step: list[float] = []
     handles = on_update(ctx.optimizer, lambda opt, args, kwargs: at_step.append(_schedule_position(ctx.scheduler)))
     start = _schedule_position(ctx.scheduler)
@@ -71,18 +75,19 @@ def _cadence_run(setup: Setup, ctx: StepContext, batches: list, kk: int) -> dict
                 n, values = len(rec.records), rec.before_call()
                 setup.run_step(ctx, setup.split(b, kk))
                 rec.after_call(values, len(rec.records) - n)  # a hand-written update shows as a record without LRs
-                calls.append(len(rec.records) - n)
+                calls.append(sum(r.optimizer in own for r in rec.records[n:]))
                 after.append(_schedule_position(ctx.scheduler) - start)
                 lr_after.append(_lr0(ctx.optimizer))
     finally:
         for h in handles:
             h.remove()
     require_steps(setup, calls, f"the K={kk} run")
-    if any(not r.lrs for r in rec.records):
+    records = [r for r in rec.records if r.optimizer in own]
+    if any(not r.lrs for r in records):
         raise _HandUpdate()
     first = np.cumsum([0, *calls[:-1]])  # index of each call's first optimizer step
     stepped = [i for i, c in enumerate(calls) if c > 0]
-    lrs = np.array([r.lrs for r in rec.records])
+    lrs = np.array([r.lrs for r in records])
     return {"lrs": lrs, "positions": np.array(after), "calls": calls,
             "moved": bool(after[-1] != 0 or lr_after[-1] != lr_before[0]),
             # per call with exactly one optimizer step: how far the schedule moved in that call
@@ -104,6 +109,7 @@ class _Cadence:
     plateau: bool
     schedule: str  # "set by hand in the step" or the scheduler's type name
     faster: bool | None  # the K run reads every K-th K=1 learning rate (None when not asked)
+    scheduler: Any = None  # the K=1 run's scheduler (its horizon is set beside the training's length)
 
 
 @register(
@@ -142,7 +148,28 @@ def check_scheduler_cadence(setup: Setup, *, steps: int | None = None, k: int = 
         return found
     evidence = _cadence_evidence(found)
     counted = _count_verdict(evidence)
-    return counted if counted is not None else _schedule_verdict(setup, evidence)
+    return _with_horizon(setup, evidence, counted if counted is not None else _schedule_verdict(setup, evidence))
+
+
+def _with_horizon(setup: Setup, e: _Evidence, result: CheckResult) -> CheckResult:
+    """Set the schedule's horizon beside the training's length (``_schedule_horizon``): a schedule stepped once per
+    optimizer step but sized in epochs, or one not stepped in the step but sized in optimizer steps, is a WARN
+    with both numbers (a PASS becomes it; a FAIL or WARN gains the sentence)."""
+    c = e.c
+    if c.hand_set or c.plateau or not c.has_position:
+        return result
+    adv = c.one["advances"]
+    per_step = bool(adv) and all(a == 1 for a in adv)
+    still = not c.one["moved"] and not c.many["moved"]
+    found = horizon_finding(setup, c.scheduler, per_step=per_step) if per_step or still else None
+    if found is None:
+        return result
+    metrics = {**result.metrics, **found.metrics}
+    if result.status is Status.PASS:
+        return CheckResult(result.check, Status.WARN, f"{result.summary}, but {found.sentence}", metrics,
+                           result.tables, [*found.advice, *result.advice], result.series)
+    return CheckResult(result.check, result.status, f"{result.summary}; and {found.sentence}", metrics,
+                       result.tables, [*result.advice, *found.advice], result.series)
 
 
 def _no_schedule(k: int) -> CheckResult:
@@ -200,7 +227,7 @@ def _cadence_runs(setup: Setup, steps: int | None, k: int) -> CheckResult | _Cad
     if not _same_lrs(one["lrs"], many["lrs"]) and max(one["calls"] + many["calls"]) <= 1:
         faster = _advances_per_micro_batch(setup, many, k)
     schedule = "set by hand in the step" if hand_set else type(first.scheduler).__name__
-    return _Cadence(k, len(batches), one, many, hand_set, has_position, plateau, schedule, faster)
+    return _Cadence(k, len(batches), one, many, hand_set, has_position, plateau, schedule, faster, first.scheduler)
 
 
 def _counter_outside_ctx(setup: Setup, batches: list, k: int, one: dict) -> CheckResult | None:

@@ -18,7 +18,8 @@ from ..core.optimizer_params import frozen_optimizer
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import copy_module, preserved
-from .gradient_verdict import judge_gradient_flow
+from ._cancellation import cancelling_parameters
+from .gradient_verdict import judge_gradient_flow, parameter_summary
 from .monitor import GradientMonitor
 
 if TYPE_CHECKING:
@@ -57,6 +58,16 @@ def init_reference(setup: Setup, ctx: Any, batch: Any) -> tuple[float, float] | 
             norms.append(float(torch.stack(grads).norm()) if grads else math.nan)
             model.zero_grad(set_to_none=True)
     return (norms[0], norms[1]) if all(math.isfinite(n) and n > 0 for n in norms) else None
+
+
+def _cancelling(setup: Setup, ctx: Any, mon: GradientMonitor) -> dict[str, dict[str, Any]]:
+    """The parameters whose gradient was exactly zero at every recorded step and whose zero the loss's parts cancel
+    by design (see :mod:`._cancellation`); probed on the first batch only when there are such parameters."""
+    s = parameter_summary(mon)
+    zero = list(s[(s["steps_with_grad"] > 0) & (s["zero_fraction"] >= 1.0)]["name"])
+    if not zero:
+        return {}
+    return cancelling_parameters(setup, ctx, setup.sample_batch(), zero)
 
 
 class _HandUpdates:
@@ -155,7 +166,9 @@ def check_gradient_flow(setup: Setup, *, steps: int = 20, vanish_ratio: float = 
         ctx = setup.build(seed=setup.seed if seed is None else seed)
         k = setup.accumulation_steps
         reference = init_reference(setup, ctx, setup.sample_batch())
-        with GradientMonitor(ctx.model, optimizer=ctx.optimizer, full_every=1, detail=True, capacity=steps) as mon, \
+        # Every optimizer holding the copy's parameters is watched (the Setup's, and any the step builds and keeps on
+        # ctx): a parameter is updated when any of them holds it.
+        with GradientMonitor(ctx.model, full_every=1, detail=True, capacity=steps) as mon, \
                 _HandUpdates(ctx.model) as hand:
             stepped = False  # an optimizer step was seen: from then on no parameter copies are needed
             bar = tqdm(setup.batches(steps), total=steps, desc="gradient flow", disable=not progress, leave=False)
@@ -168,10 +181,11 @@ def check_gradient_flow(setup: Setup, *, steps: int = 20, vanish_ratio: float = 
                     hand.record(mon)
                 if callback is not None:
                     callback({"check": CHECK, "step": i + 1, "total": steps, "monitor": mon})
+        cancelled = _cancelling(setup, ctx, mon)
     result = judge_gradient_flow(mon, vanish_ratio=vanish_ratio, vanish_rms=vanish_rms,
                                  explode_update_ratio=explode_update_ratio, explode_growth=explode_growth,
                                  explode_norm=explode_norm, grad_clip=setup.grad_clip, init_reference=reference,
-                                 explode_init_ratio=explode_init_ratio)
+                                 explode_init_ratio=explode_init_ratio, cancelled=cancelled)
     result.metrics["observed_at"] = "parameter change" if hand.recorded else "optimizer.step"
     frozen = frozen_optimizer(ctx.model, ctx.optimizer) if not mon.recorded_steps else None
     if frozen is not None:  # it did call optimizer.step(): on an optimizer holding only frozen parameters

@@ -200,12 +200,34 @@ class _Findings:
     problems: list[dict[str, Any]] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # said in the summary, not failed for
 
 
-def _missing_gradients(s: pd.DataFrame, found: _Findings) -> None:
-    """Parameters that require grad but never get one, or only exact zeros."""
+def _cancelled(zero: pd.DataFrame, cancelled: dict[str, dict[str, Any]], found: _Findings) -> pd.DataFrame:
+    """Exactly-zero gradients that the loss's parts cancel by design (a Wasserstein critic's output bias): noted
+    with the evidence, not failed; returns the zero-gradient rows left to judge."""
+    mine = zero[zero["name"].isin(list(cancelled))]
+    if not len(mine):
+        return zero
+    for name in mine["name"]:
+        ev = cancelled[name]
+        found.problems.append({"name": name, "problem": "cancelling gradient (by design)",
+                               "detail": f"exactly zero at every step; under loss_fn its {ev['shares']} shares "
+                                         f"(per forward call and block of samples; largest norm "
+                                         f"{fmt(ev['largest_share_norm'])}) cancel to {fmt(ev['sum_of_shares_norm'])}"})
+    found.notes.append(f"{len(mine)} parameter(s) get an exactly-zero gradient because the loss's parts cancel it, "
+                       f"not because a path is cut ({names_list(mine['name'])}: the shares of the loss's terms are "
+                       "non-zero and sum to zero, as a critic's output bias under mean(D(real)) - mean(D(fake)) does; "
+                       "such a parameter never moves, which is harmless)")
+    return zero[~zero["name"].isin(list(cancelled))]
+
+
+def _missing_gradients(s: pd.DataFrame, found: _Findings, cancelled: dict[str, dict[str, Any]] | None = None) -> None:
+    """Parameters that require grad but never get one, or only exact zeros (unless the loss's parts cancel them)."""
     no_grad = s[s["steps_with_grad"] == 0]
     zero_grad = s[(s["steps_with_grad"] > 0) & (s["zero_fraction"] >= 1.0)]
+    if cancelled:
+        zero_grad = _cancelled(zero_grad, cancelled, found)
     if len(no_grad):
         for name in no_grad["name"]:
             found.problems.append({"name": name, "problem": "no gradient",
@@ -302,7 +324,7 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
                         explode_update_ratio: float = 1.0, explode_growth: float = 1e3,
                         explode_norm: float | None = None, grad_clip: float | None = None,
                         init_reference: tuple[float, float] | None = None, explode_init_ratio: float = 1e3,
-                        check: str = CHECK) -> CheckResult:
+                        check: str = CHECK, cancelled: dict[str, dict[str, Any]] | None = None) -> CheckResult:
     """The ``model.gradient_flow`` verdict on a monitor's record.
 
     FAIL for parameters that require grad but never get one (or only exact zeros), parameters that get gradients
@@ -312,7 +334,9 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
     ``explode_growth`` x the median of the steps before it; with ``init_reference`` (see
     :func:`tropt.model.gradient_flow.init_reference`), a gradient at initialisation ``explode_init_ratio`` x that
     of PyTorch's default initialisation; ``explode_norm``, off by default, adds an absolute cap) or non-finite
-    gradients. Deliberately frozen parameters are reported, not failed.
+    gradients. Deliberately frozen parameters are reported, not failed, and so are the exactly-zero gradients in
+    ``cancelled`` (parameter name -> evidence from :func:`tropt.model._cancellation.cancelling_parameters`: the
+    loss's parts cancel them by design).
     """
     s = parameter_summary(mon)
     layers = layer_table(mon, s)
@@ -337,7 +361,7 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
     metrics["global_grad_norm_median"] = float(np.nanmedian(gnorm)) if np.isfinite(gnorm).any() else math.nan
 
     found = _Findings()
-    _missing_gradients(s, found)
+    _missing_gradients(s, found, cancelled)
     _never_updated(s, found)
     _nonfinite(mon, s, gnorm, found)
     explosion = _explosion(mon, gnorm, explode_update_ratio, explode_growth, explode_norm, init_reference,
@@ -351,6 +375,10 @@ def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, van
         tables["frozen"] = pd.DataFrame({"name": mon.frozen, "module": [module_of(n) for n in mon.frozen]})
     tables["parameters"] = s
     frozen_note = f"; {len(mon.frozen)} parameter(s) frozen on purpose (requires_grad=False)" if mon.frozen else ""
+    frozen_note += "".join(f"; {n}" for n in found.notes)
+    if cancelled:
+        metrics["cancelling_parameters"] = len([n for n in cancelled if n in set(s["name"])])
+        tables["cancelling_shares"] = pd.DataFrame([row for ev in cancelled.values() for row in ev["table"]])
     if found.reasons:
         return CheckResult(check, Status.FAIL, "; ".join(found.reasons) + frozen_note, metrics, tables, found.advice,
                            series)

@@ -236,9 +236,11 @@ class GradientMonitor:
         idx, per_group = self._layout(optimizer)
         if not idx:
             return
-        # A subclass whose step() calls super().step() fires the global hooks twice, nested: one optimizer step.
-        depth = self._depth.get(id(optimizer), 0)
-        self._depth[id(optimizer)] = depth + 1
+        # A subclass whose step() calls super().step() fires the global hooks twice, nested: one optimizer step. So
+        # does a wrapper's step() stepping the optimizer it wraps (Lookahead): watching every optimizer, one depth.
+        key = id(optimizer) if self.optimizer is not None else 0
+        depth = self._depth.get(key, 0)
+        self._depth[key] = depth + 1
         if depth:
             return
         step = self.steps_seen
@@ -331,8 +333,9 @@ class GradientMonitor:
     def _post_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._layout(optimizer)[0]:
             return
-        depth = self._depth.get(id(optimizer), 0) - 1
-        self._depth[id(optimizer)] = max(depth, 0)
+        key = id(optimizer) if self.optimizer is not None else 0
+        depth = self._depth.get(key, 0) - 1
+        self._depth[key] = max(depth, 0)
         if depth > 0 or self._pending is None:  # the inner call of a nested step, or a step not recorded
             return
         row_i, copy_idx, rules, full = self._pending
