@@ -22,6 +22,7 @@ def one_failing_check(monkeypatch):
     def warns(setup):
         return CheckResult("loop.resume", Status.WARN, "resume differs in RNG only")
 
+    registry.load_checks()  # first: a check module imported under the fakes would register into them and be lost
     monkeypatch.setattr(registry, "_loaded", True)
     monkeypatch.setattr(registry, "_REGISTRY", {})  # only the fakes: real checks would change the selections
     monkeypatch.setitem(registry._REGISTRY, "loop.zero_grad",
@@ -82,7 +83,7 @@ def test_version_and_every_help_has_an_example(capsys):
     assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"tropt {__version__}"
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    assert set(sub.choices) == {"checks", "diagnose", "report", "plan"}
+    assert set(sub.choices) == {"checks", "diagnose", "report", "suggest", "plan", "rerun"}
     for name, p in sub.choices.items():
         assert "example" in p.format_help() and f"tropt {name}" in p.format_help(), name
     help_text = sub.choices["report"].format_help()

@@ -1,4 +1,5 @@
-"""The ``tropt`` command line: ``tropt checks``, ``tropt diagnose``, ``tropt report`` and ``tropt plan``.
+"""The ``tropt`` command line: ``tropt checks``, ``tropt diagnose``, ``tropt report``, ``tropt suggest`` and
+``tropt plan``.
 
 Everything it prints goes through :func:`echo`: a value from the user's data (a label, a split name, a path) reaches
 the terminal with its control characters escaped, so it can neither set the window title nor forge a line.
@@ -147,6 +148,40 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 1 if plan.escalates else 0
 
 
+def _cmd_suggest(args: argparse.Namespace) -> int:
+    """``tropt suggest``: the candidate interventions the findings point to (what ``tropt.suggest`` returns); exit 1
+    when correctness FAILs block any comparison."""
+    import json
+
+    from .experiments.candidates import describe_overrides
+    from .experiments.suggest import suggest
+
+    setup = None
+    if args.setup:
+        from .loading import load_setup
+
+        setup = load_setup(args.setup)
+    out = suggest(args.findings, setup)
+    if out.blocking:
+        echo("blocked: fix these correctness FAILs first; nothing is worth comparing before them")
+        for r in out.blocking:
+            echo(f"  {result_line(r)}")
+    else:
+        echo(f"{len(out)} candidate(s) to compare (tropt report compare, or tropt.compare(setup, candidates)):"
+             if len(out) else "no candidate follows from these findings")
+        for name, s in out.details.items():
+            echo(f"  {name}: {json.dumps(describe_overrides(s.overrides), default=str)}")
+            echo(f"      {s.hypothesis} (from {s.finding}: {s.evidence})")
+    for h in out.hypotheses:
+        echo(f"  hypothesis, not compared: {h.name}: {h.hypothesis} ({h.why_not_compared or 'no override'})")
+    if args.json:
+        doc = {"blocking": [r.check for r in out.blocking],
+               "candidates": {n: s.to_dict() for n, s in out.details.items()},
+               "hypotheses": [h.to_dict() for h in out.hypotheses]}
+        write_text_atomic(args.json, json.dumps(doc, indent=2, default=str))
+    return 1 if out.blocking else 0
+
+
 _EPILOG = {
     "checks": "example:\n  tropt checks",
     "diagnose": ("examples:\n"
@@ -225,6 +260,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-on", choices=["fail", "warn", "never"], default="fail",
                    help="exit 1 at this status or worse")
     p.set_defaults(func=_cmd_report)
+    p = sub.add_parser("suggest", help="the candidate interventions the findings point to",
+                       description="Candidate interventions derived from findings.json (tropt.suggest), each with "
+                                   "its hypothesis and the finding behind it. Exit 1 when correctness FAILs block "
+                                   "any comparison.",
+                       epilog="example: tropt suggest --findings reports/demo/findings.json "
+                              "--setup data/samples/sample_setup.py:make_setup")
+    p.add_argument("--findings", required=True, metavar="FILE",
+                   help="findings.json written by tropt diagnose / a report")
+    p.add_argument("--setup", help="the Setup the findings came from (path/to/file.py:function), for candidates "
+                                   "that rebuild its DataLoader or optimizer")
+    p.add_argument("--json", metavar="FILE", help="write the suggestions as JSON")
+    p.set_defaults(func=_cmd_suggest)
     p = sub.add_parser("plan", help="write the optimization plan from findings.json (and comparison.json)",
                        description="The optimization plan: baseline, bottlenecks, prioritised interventions, adopted "
                                    "changes, stop/escalate conditions. Exit 1 when the plan ends in escalate.",
@@ -235,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--comparison", metavar="FILE", help="comparison.json written by tropt report compare / optimize")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="plan.md, plan.html or plan.json")
     p.set_defaults(func=_cmd_plan)
+    _add_rerun(sub)
     return parser
 
 
@@ -266,6 +314,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"; {args.output} holds the previous report, unchanged" if args.command == "report" else ""
         echo(f"tropt: {'terminated' if terminated else 'interrupted'}{where}", err=True)
         return 143 if terminated else 130
+
+
+def _add_rerun(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("rerun", help="re-run a plan's adopted change from plan.json and check its scores (exit 1: "
+                                     "not reproduced)",
+                       epilog="example: tropt rerun plan.json --setup my_setup.py:make")
+    p.add_argument("plan", help="plan.json written by tropt plan / OptimizationPlan.to_json")
+    p.add_argument("--setup", required=True, help="path/to/file.py:function returning the tropt.Setup of the plan")
+    p.add_argument("--candidates", help="path/to/file.py:function returning {name: overrides} for the adopted "
+                                        "change's factories or modules (values a plan cannot hold)")
+    p.add_argument("--json", metavar="FILE", help="write the rows (plan score, re-run score) as JSON")
+    p.set_defaults(func=_cmd_rerun)
+
+
+def _cmd_rerun(args: argparse.Namespace) -> int:
+    from .experiments.replay import run_cli
+
+    return run_cli(args.plan, args.setup, args.candidates, args.json)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
+import threading
 import time
 import traceback
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from .errors import Cancelled, DataError, SetupError, TroptError
 from .registry import CheckSpec, select
 from .result import CheckResult, Report, Status, link_findings
 from .setup import Setup
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# What the checks touch is process-wide: torch's global RNG (seeded and restored by every check), its intra-op
+# thread count, the default dtype. Two diagnose calls in two threads would restore each other's state mid-check
+# (loop.resume then FAILs "RNG" on a healthy loop), so they take turns: one check run per process at a time.
+# Re-entrant: a diagnose inside a check or callback of the same thread goes on.
+PROCESS_STATE_LOCK = threading.RLock()
+
+
+def one_at_a_time(func: _F) -> _F:
+    """Run ``func`` holding :data:`PROCESS_STATE_LOCK` (a second thread waits for the first to finish)."""
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with PROCESS_STATE_LOCK:
+            return func(*args, **kwargs)
+    return wrapper  # type: ignore[return-value]
 
 
 def error_result(check: str, exc: BaseException, duration_s: float | None = None) -> CheckResult:
@@ -35,6 +54,7 @@ def error_result(check: str, exc: BaseException, duration_s: float | None = None
     )
 
 
+@one_at_a_time
 def run_check(spec: CheckSpec, subject: Any, options: Mapping[str, Any]) -> CheckResult:
     """Run one check on its subject with the options its signature accepts; exceptions become ERROR results."""
     params = inspect.signature(spec.func).parameters
@@ -48,7 +68,10 @@ def run_check(spec: CheckSpec, subject: Any, options: Mapping[str, Any]) -> Chec
     except Cancelled:  # a stop request (a callback raised it) ends the run instead of becoming a result
         raise
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a check never crashes the report; KeyboardInterrupt stops it
-        return error_result(spec.id, exc, time.perf_counter() - start)
+        from .loader_errors import loading_error
+
+        named = loading_error(exc, subject) if spec.needs == "setup" else None
+        return error_result(spec.id, named if named is not None else exc, time.perf_counter() - start)
     if result.duration_s is None:
         object.__setattr__(result, "duration_s", time.perf_counter() - start)
     return result
@@ -91,6 +114,7 @@ def check_splits_readable(splits: Mapping[str, Any]) -> None:
                             "pass the real data (materialise the tensor on the CPU or your device first)")
 
 
+@one_at_a_time
 def diagnose(
     setup: Setup | None = None,
     splits: Mapping[str, Any] | None = None,
@@ -143,6 +167,9 @@ def diagnose(
     that cannot be read at all is found before any check runs: every data check is ERROR with a DataError naming it.
     The data checks share one scan of the splits, whose row fingerprints also give the report's data fingerprint;
     when that fails, the identity says why (``data_fingerprint_error``) and the report is kept.
+
+    Calls from several threads take turns (the checks seed and restore torch's process-wide RNG and thread count):
+    a second call waits until the first returns.
     """
     from contextlib import nullcontext
 
@@ -165,7 +192,9 @@ def diagnose(
         try:
             setup.validate()
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported once per setup check, the data checks still run
-            setup_error = exc
+            from .loader_errors import loading_error
+
+            setup_error = loading_error(exc, setup) or exc
     common: dict[str, Any] = {"label": label, "group": group, "time": time, "task": task, "progress": progress,
                               "callback": callback}
     results: list[CheckResult] = []

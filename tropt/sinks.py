@@ -149,6 +149,30 @@ class MlflowSink(Sink):
         self.client.log_figure(self.run_id, fig, f"{_mlflow_key(key)}/step_{int(step)}.png")
 
 
+def mlflow_run_sink(run_id: str) -> MlflowSink:
+    """The sink of an MLflow run given alone, in the current tracking store, checked to be there first: a run made
+    by an ``MlflowClient`` on its own tracking URI is not, and MLflow would answer "run not found" after creating
+    an empty ``mlflow.db`` in the working directory."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    uri = mlflow.get_tracking_uri()
+    db = uri[len("sqlite:///"):].split("?")[0] if uri.startswith("sqlite:///") else None
+    found = not (db and not os.path.exists(db))  # no database file yet: the run cannot be in it (and none is made)
+    if found:
+        client = MlflowClient(uri)
+        try:
+            client.get_run(run_id)
+        except Exception:  # noqa: BLE001 - not found, or the store cannot be read: the same advice
+            found = False
+    if not found:
+        raise TroptError(f"log_to: the MLflow run {run_id} is not in the current tracking store ({uri}); it was "
+                         "created in another store (an MlflowClient with its own tracking_uri?)",
+                         "pass the client with the run: report.log_to((client, run)), or "
+                         "mlflow.set_tracking_uri(<its store>) first")
+    return MlflowSink(run_id, client)
+
+
 def _mlflow_key(key: str) -> str:
     """MLflow keys allow letters, digits, ``_ - . / space``: anything else becomes ``_``."""
     return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in key)
@@ -213,12 +237,16 @@ def as_sink(target: Any) -> Sink:
     """A :class:`Sink` for ``target``.
 
     Accepted: a :class:`Sink`; a list/tuple of targets; a TensorBoard ``SummaryWriter``; a directory path (a new
-    ``SummaryWriter`` there); ``"mlflow"`` (the active MLflow run) or an MLflow ``Run``/``ActiveRun``; ``"wandb"``
+    ``SummaryWriter`` there); ``"mlflow"`` (the active MLflow run) or an MLflow ``Run``/``ActiveRun`` (in the current
+    tracking store; a run of another store as ``(client, run)`` with the ``MlflowClient`` that made it); ``"wandb"``
     (``wandb.run``) or a W&B run; a Lightning logger (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``; any
     other logger with ``log_metrics`` gets numbers only).
     """
     if isinstance(target, Sink):
         return target
+    if isinstance(target, tuple) and len(target) == 2 and type(target[0]).__name__ == "MlflowClient":
+        run = target[1]  # (client, run or run id): the run in the client's own store
+        return MlflowSink(run if isinstance(run, str) else run.info.run_id, target[0])
     if isinstance(target, (list, tuple)):
         return MultiSink([as_sink(t) for t in target])
     mod = _module(target)
@@ -229,7 +257,7 @@ def as_sink(target: Any) -> Sink:
         if run is None:
             raise TroptError("log_to('mlflow'): there is no active MLflow run",
                              "start one first (with mlflow.start_run(): ...) or pass the run")
-        return MlflowSink(run.info.run_id)
+        return mlflow_run_sink(run.info.run_id)
     if isinstance(target, str) and target == "wandb":
         import wandb
 
@@ -244,7 +272,7 @@ def as_sink(target: Any) -> Sink:
     if mod.startswith(("lightning.", "pytorch_lightning.")) and hasattr(target, "log_metrics"):
         return _lightning_logger_sink(target)
     if mod.startswith("mlflow") and hasattr(target, "info") and hasattr(target.info, "run_id"):
-        return MlflowSink(target.info.run_id)
+        return mlflow_run_sink(target.info.run_id)
     if mod.startswith("wandb") and hasattr(target, "log") and hasattr(target, "summary"):
         return WandbSink(target)
     if all(hasattr(target, a) for a in ("add_scalar", "add_text", "add_figure")):

@@ -32,7 +32,14 @@ def test_optimize_report_writes_plan_findings_and_comparison(tmp_path):
     for name in ("plan.md", "plan.html", "plan.json", "findings.json", "comparison.json", "report.html"):
         assert (tmp_path / name).exists(), name
     comp = Comparison.from_json(str(tmp_path / "comparison.json"))
-    assert set(comp.candidates) >= {"baseline", "sgd", "lr_x3"} and (comp.runs["steps"] == 40).all()
+    assert set(comp.candidates) >= {"baseline", "sgd", "lr_x3"}
+    # Equal samples (issue 30): every run reads the baseline's 40 steps' worth of samples; a candidate that keeps
+    # the batch size runs exactly 40 steps, one that changes it runs as many steps as that takes.
+    base = comp.runs[comp.runs["candidate"] == "baseline"]
+    assert (base["steps"] == 40).all()
+    same_batch = comp.runs[comp.runs["candidate"].isin(["baseline", "sgd", "lr_x3"])]
+    assert (same_batch["steps"] == 40).all()
+    assert (comp.runs["samples"] >= base["samples"].min()).all()
     plan = OptimizationPlan.from_json(str(tmp_path / "plan.json"))
     assert plan.outcome in ("adopt", "keep the baseline", "escalate") and plan.baseline["budget"] == "steps=40"
     assert {"sgd", "lr_x3"} <= {iv["name"] for iv in plan.interventions}

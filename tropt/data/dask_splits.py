@@ -39,6 +39,7 @@ from ..errors import DataError
 from ..output import terminal_line
 from . import limits
 from .columns import is_numeric
+from .dask_progress import gather_as_done, local_progress, partition_error
 from .hashing import hash_rows, mix
 from .split_data import LABEL_COLUMN, RowPositions, SplitData, wanted_columns
 from .times import merge_rows_before, merge_time_summaries, rows_before, time_summary, time_values
@@ -97,11 +98,15 @@ def current_client() -> Any:
     return _get_global_client()
 
 
-def compute(*tasks: Any) -> tuple:
-    """Compute Dask objects on the user's scheduler: the current Client when there is one, else Dask's default."""
+def compute(*tasks: Any, name: str = "", parts: int | None = None) -> tuple:
+    """Compute Dask objects on the user's scheduler: the current Client when there is one, else Dask's default. A
+    partition that killed every worker reading it is a DataError naming split ``name`` and the partition."""
     client = current_client()
     if client is not None:
-        return tuple(client.gather(client.compute(list(tasks))))
+        try:
+            return tuple(client.gather(client.compute(list(tasks))))
+        except Exception as exc:
+            raise partition_error(exc, name, parts=parts) from exc
     return _dask().compute(*tasks)
 
 
@@ -128,46 +133,6 @@ def check_workers(client: Any, name: str) -> None:
                         f"({__version__}): {other}",
                         "install the same tropt version on the workers as here, so that rows are fingerprinted alike")
     _CHECKED_CLIENTS.add(client)
-
-
-def _gather_as_done(client: Any, futures: list, desc: str, progress: bool) -> list:
-    """The futures' results in order, each fetched as soon as its task is done (the transfers overlap the map's
-    remaining tasks instead of all following the last one), with a tqdm bar over the partitions."""
-    from distributed import as_completed
-
-    where = {f.key: i for i, f in enumerate(futures)}
-    out: list = [None] * len(futures)
-    done = as_completed(futures, with_results=True)
-    if progress:
-        from tqdm.auto import tqdm
-
-        done = tqdm(done, total=len(futures), desc=desc, leave=False)
-    for f, result in done:
-        out[where[f.key]] = result
-    return out
-
-
-def _local_progress(total: int, desc: str, progress: bool) -> Any:
-    """A tqdm bar over the partitions on Dask's local scheduler (a scheduler callback counts the map's tasks)."""
-    from contextlib import nullcontext
-
-    if not progress:
-        return nullcontext()
-    from dask.callbacks import Callback
-    from tqdm.auto import tqdm
-
-    class _Bar(Callback):
-        def _start(self, dsk):
-            self.bar = tqdm(total=total, desc=desc, leave=False)
-
-        def _posttask(self, key, result, dsk, state, worker_id):
-            if "_summarise" in str(key):
-                self.bar.update(1)
-
-        def _finish(self, dsk, state, errored):
-            self.bar.close()
-
-    return _Bar()
 
 
 # ---------------------------------------------------------------------------------------------------- datasets
@@ -286,7 +251,8 @@ def head(ddf: Any, cols: list, rows: int = HEAD_ROWS, name: str = "") -> pd.Data
     got, n = [], 0
     first = _dask().delayed(_first_rows, pure=True)
     for part in ddf[cols].to_delayed():  # lazily: only the partitions computed below are read
-        (part,) = compute(first(part, rows - n))  # cut on the worker: 10,000 rows travel, not the partition
+        # cut on the worker: 10,000 rows travel, not the partition
+        (part,) = compute(first(part, rows - n), name=name, parts=ddf.npartitions)
         got.append(part)
         n += len(part)
         if n >= rows:
@@ -362,12 +328,12 @@ def map_split(reader: Any, name: str, kinds: dict, feats: list, label: Any, grou
         futures = client.compute(tasks)
         # A date or number time column stays on the workers: data.temporal_leakage reduces it per partition.
         keep = ("time",) if time is not None and _reducible_time(ddf.dtypes[time]) else ()
-        parts: Sequence[Any] = _gather_as_done(client,
+        parts: Sequence[Any] = gather_as_done(client,
                                 [client.submit(_without, f, keep, pure=False) for f in futures] if keep else futures,
-                                f"tropt: fingerprinting {terminal_line(name)} on the Dask cluster", progress)
+                                f"tropt: fingerprinting {terminal_line(name)} on the Dask cluster", progress, name)
         futures = {"time": [client.submit(operator.getitem, f, "time", pure=False) for f in futures]} if keep else None
     else:
-        with _local_progress(len(tasks), f"tropt: fingerprinting {terminal_line(name)} with Dask", progress):
+        with local_progress(len(tasks), f"tropt: fingerprinting {terminal_line(name)} with Dask", progress):
             parts = compute(*tasks)
     lengths = np.array([p["n"] for p in parts], dtype=np.int64)
     n = int(lengths.sum())
@@ -393,7 +359,7 @@ def gather_rows(reader: Any, wanted: list) -> pd.DataFrame:
     """The whole split's ``wanted`` columns as one pandas DataFrame (for a split small enough to hold: its
     near-duplicate vectors and sample then come from the in-memory scan, so a small Dask split gives the very
     report its pandas copy gives)."""
-    (frame,) = compute(reader.ddf[wanted])
+    (frame,) = compute(reader.ddf[wanted], name=reader.name)
     return frame.reset_index(drop=True) if reader.positions else frame
 
 

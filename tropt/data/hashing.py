@@ -1,19 +1,24 @@
 """Canonical content fingerprints of rows and values: the one hash every data check compares.
 
 Fingerprints are canonical: ``-0.0 == 0.0``, ``NaN == NaN`` (and ``None``/``NaT`` are one missing value), ints
-and floats of the same value agree (values are compared as float64, so integers above 2**53 may collide),
-column order and the index are ignored (each column's hash is seeded by its name). Every function returns a new
-array; nothing passed in is modified.
+and floats of the same value agree (values up to 2**53 compare as float64; integers beyond that, where float64
+cannot tell neighbours apart, compare exactly by their decimal text, never through float), column order and the
+index are ignored (each column's hash is seeded by its name). Every function returns a new array; nothing passed in
+is modified.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
 import numpy as np
 import pandas as pd
+
+from ..errors import DataError
+from .text_safe import escape_all, unhashable_column
 
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
 _C2 = np.uint64(0x94D049BB133111EB)
@@ -44,7 +49,7 @@ def _name_seed(name: Any) -> np.uint64:
 
 @functools.lru_cache(maxsize=4096)
 def _text_seed(text: str) -> np.uint64:  # cached: a partition of a 100-column table asks 100 times
-    return np.uint64(pd.util.hash_array(np.array([text], dtype=object))[0])
+    return np.uint64(pd.util.hash_array(escape_all(np.array([text], dtype=object)))[0])
 
 
 def canonical_float_bits(v: np.ndarray) -> np.ndarray:
@@ -55,11 +60,51 @@ def canonical_float_bits(v: np.ndarray) -> np.ndarray:
     return bits
 
 
+_EXACT = 2.0**53  # float64 holds every integer up to this; beyond it, integers are hashed by their exact text
+
+
+def _int_text(x: Any, f: float) -> str | None:
+    """The exact decimal text of a wide integer value ``x`` (``f``: its float64 value), or None to keep float."""
+    if isinstance(x, (bool, np.bool_)):
+        return None
+    i: int | None = None
+    if isinstance(x, (int, np.integer)):
+        i = int(x)
+    elif isinstance(x, str):
+        with contextlib.suppress(ValueError):  # "1e30": a float written as text, below
+            i = int(x.strip())
+    if i is None and np.isfinite(f) and float(f).is_integer():
+        i = int(f)  # a float (or Decimal) beyond 2**53 is an integer
+    return str(i) if i is not None and abs(i) > 2**53 else None
+
+
+def _fix_wide(out: np.ndarray, v: np.ndarray, raw: Any) -> None:
+    """Overwrite ``out``'s hashes of integers beyond 2**53 with their exact text's hash (in place).
+
+    ``v``: the values as float64; ``raw(idx)``: the original values at those positions (ints, strings, ...)."""
+    with np.errstate(invalid="ignore"):
+        idx = np.flatnonzero(np.abs(v) >= _EXACT)
+    if not len(idx):
+        return
+    texts = [_int_text(x, f) for x, f in zip(raw(idx), v[idx])]
+    keep = np.array([t is not None for t in texts], dtype=bool)
+    if keep.any():
+        out[idx[keep]] = _string_hash(np.array([t for t in texts if t is not None], dtype=object))
+
+
 _NA_HASH = np.uint64(np.iinfo(np.uint64).max)  # what pandas' categorised hashing gives every missing value
 
 
-def _string_hash(values: np.ndarray) -> np.ndarray:
-    out = pd.util.hash_array(np.asarray(values, dtype=object), categorize=True)  # a new array; None/NaN alike
+def _string_hash(values: np.ndarray, column: Any = None) -> np.ndarray:
+    vals = np.asarray(values, dtype=object)
+    try:
+        out = pd.util.hash_array(vals, categorize=True)  # a new array; None/NaN alike
+    except UnicodeEncodeError:  # lone surrogates: hashed as their escapes, as every split's copy holds them
+        out = pd.util.hash_array(escape_all(vals), categorize=True)
+    except DataError:
+        raise
+    except Exception as e:
+        raise unhashable_column(vals, column, e) from e
     out[out == _NA_HASH] = _MISSING
     return out
 
@@ -70,7 +115,10 @@ def _string_hash_series(s: pd.Series) -> np.ndarray:
     ``hash_pandas_object`` hashes Arrow strings and categorical codes without building a Python object per row
     (each distinct value is hashed once); the hashes equal :func:`_string_hash`'s, so splits stored either way
     still match."""
-    out = pd.util.hash_pandas_object(s, index=False, categorize=True).to_numpy(dtype=np.uint64, copy=True)
+    try:
+        out = pd.util.hash_pandas_object(s, index=False, categorize=True).to_numpy(dtype=np.uint64, copy=True)
+    except Exception:  # noqa: BLE001 - lone surrogates or a raising __str__: the object path says which
+        return _string_hash(s.to_numpy(dtype=object), s.name)
     out[out == _NA_HASH] = _MISSING
     return out
 
@@ -79,11 +127,16 @@ def hash_column(s: pd.Series, kind: str | None) -> np.ndarray:
     """Canonical uint64 value hashes of one column (a new array; ``s`` is not touched)."""
     if kind == "numeric" and (pd.api.types.is_numeric_dtype(s.dtype) or pd.api.types.is_bool_dtype(s.dtype)):
         if pd.api.types.is_timedelta64_dtype(s.dtype):
-            v = s.to_numpy(dtype="timedelta64[ns]").view(np.int64).astype(np.float64)
+            ints = s.to_numpy(dtype="timedelta64[ns]").view(np.int64)
+            v = ints.astype(np.float64)
+            v[np.isnat(ints.view("timedelta64[ns]"))] = np.nan
+            raw = ints.__getitem__
         else:
             v = s.to_numpy(dtype=np.float64, na_value=np.nan)
+            raw = _raw_values(s)
         bits = canonical_float_bits(v)
         bits[np.isnan(v)] = _MISSING
+        _fix_wide(bits, v, raw)
         return bits
     if kind == "datetime" and pd.api.types.is_datetime64_any_dtype(s.dtype):
         if getattr(s.dt, "tz", None) is not None:
@@ -100,13 +153,29 @@ def hash_column(s: pd.Series, kind: str | None) -> np.ndarray:
         isnum = ~np.isnan(v)
         rest = ~isnum
         if rest.any():
-            out[rest] = _string_hash(s.to_numpy(dtype=object)[rest])
+            out[rest] = _string_hash(s.to_numpy(dtype=object)[rest], s.name)
+        _fix_wide(out, v, _raw_values(s))
         return out
     if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_datetime64_any_dtype(s.dtype.categories.dtype):
         s = s.astype(object)
     if pd.api.types.is_datetime64_any_dtype(s.dtype):
         s = s.astype(str).where(s.notna(), None)
     return _string_hash_series(s)
+
+
+def _raw_values(s: pd.Series):
+    """``idx -> s``'s values at those positions, as numpy ints for integer columns and objects otherwise."""
+    if isinstance(s.dtype, np.dtype) and s.dtype.kind in "iu":
+        return lambda idx: s.to_numpy()[idx].tolist()
+    return lambda idx: s.iloc[idx].to_numpy(dtype=object)
+
+
+def _fits_float(v: np.ndarray) -> bool:
+    """Whether every value of a numpy numeric column is exact in float64's integer range (no wide integers)."""
+    if not len(v) or v.dtype.kind == "b":
+        return True
+    hi, lo = np.fmax.reduce(v), np.fmin.reduce(v)  # NaN-skipping, no temporary
+    return not bool(hi >= _EXACT or lo <= -_EXACT)  # all-NaN: both NaN, both comparisons False
 
 
 _BLOCK = 1 << 14  # rows per block of the plain numeric columns: a block's temporaries stay in the core's cache
@@ -119,8 +188,10 @@ def hash_rows(frame: pd.DataFrame, columns: list, kinds: Mapping[Any, str]) -> n
     for col in columns:
         s = frame[col]
         if kinds[col] == "numeric" and isinstance(s.dtype, np.dtype) and s.dtype.kind in "biuf":
-            plain.append((s.to_numpy(), _name_seed(col)))
-            continue
+            v = s.to_numpy()
+            if _fits_float(v):
+                plain.append((v, _name_seed(col)))
+                continue
         h = hash_column(s, kinds[col])  # a new array: mixed in place
         h ^= _name_seed(col)
         acc += _mix_(h)
@@ -172,7 +243,13 @@ def hash_array_rows(x: np.ndarray) -> np.ndarray:
     seeds = mix(np.arange(d, dtype=np.uint64) + _GOLD)
     out = np.empty(n, dtype=np.uint64)
     step = max(1, (1 << 22) // max(d, 1))
+    wide = flat.dtype.kind in "iuf" and not _fits_float(flat.ravel())
     for a in range(0, n, step):
-        bits = canonical_float_bits(flat[a:a + step])
+        block = flat[a:a + step]
+        bits = canonical_float_bits(block)
+        if wide:  # integers beyond 2**53: exact text hashes, never through float
+            v = np.asarray(block, dtype=np.float64).ravel()
+            flat_bits = bits.reshape(-1)
+            _fix_wide(flat_bits, v, lambda idx, b=block: b.ravel()[idx].tolist())
         out[a:a + step] = mix(mix(bits ^ seeds[None, :]).sum(axis=1, dtype=np.uint64) + _GOLD)
     return out

@@ -20,6 +20,7 @@ import pandas as pd
 from ..errors import DataError
 from . import dask_splits, limits
 from .split_data import LABEL_COLUMN, Options
+from .text_safe import safe_array, safe_frame
 
 
 def is_path(x: Any) -> bool:
@@ -117,7 +118,7 @@ class Reader:
             self._init_dask(None, os.fspath(obj))
         elif isinstance(obj, pd.DataFrame):
             _check_column_names(obj.columns, name)
-            self.kind, self.frame = "frame", obj
+            self.kind, self.frame = "frame", safe_frame(obj)
             self.columns = list(obj.columns)
         elif is_path(obj):
             path = os.fspath(obj)
@@ -133,14 +134,13 @@ class Reader:
             if len(x) != len(y):
                 raise DataError(f"split {name!r}: (X, y) have different lengths {len(x)} and {len(y)}",
                                 "pass arrays with one label per sample")
-            self._init_array(x, y)
+            self._init_array(x, safe_array(y))
         elif isinstance(obj, np.ndarray) or is_tensor(obj):
             self._init_array(to_numpy(obj, f"split {name!r}"), None)
         elif isinstance(obj, Mapping) and obj and all(isinstance(v, (np.ndarray, list)) or is_tensor(v)
                                                       for v in obj.values()):
-            self.kind, self.frame = "frame", pd.DataFrame({k: to_numpy(v, f"split {name!r}: column {k!r}")
-                                                           if is_tensor(v) else v
-                                                           for k, v in obj.items()})
+            self.kind, self.frame = "frame", safe_frame(pd.DataFrame(
+                {k: to_numpy(v, f"split {name!r}: column {k!r}") if is_tensor(v) else v for k, v in obj.items()}))
             self.columns = list(self.frame.columns)
         elif _is_dataset(obj):
             self.kind = "dataset"

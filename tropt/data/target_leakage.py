@@ -15,6 +15,7 @@ from ..result import CheckResult, Status
 from ._common import _class_keys, _labels, _load, _skip, infer_task
 from .columns import is_numeric, numeric_values
 from .split_data import LABEL_COLUMN
+from .target_classes import MAX_SCORED_CLASSES, cap_classes, one_hot
 
 
 def _auc(score: np.ndarray, y: np.ndarray) -> float:
@@ -230,6 +231,7 @@ class _Fit:
     folds: int
     later: list  # (split, its labelled sample rows, their targets) per later split
     nbins: int
+    classes_total: int = 0  # the first split's classes (classification), of which n_classes are scored
 
     def power(self, p: np.ndarray, y: np.ndarray) -> float:
         return _power(p[:, 0] if self.task == "regression" else p, y, self.task, self.n_classes)
@@ -240,16 +242,20 @@ def _fit(datas: list, labels: list[pd.Series], task: str, y0: np.ndarray, ok0: n
     n_classes = len(classes) if classes is not None else 1
     tr = datas[0].sample[ok0].reset_index(drop=True)
     y_tr = y0[ok0]
-    t_tr = np.eye(n_classes)[y_tr] if task == "classification" else y_tr[:, None]
+    remap = cap_classes(y_tr, n_classes) if task == "classification" else None
+    total = n_classes
+    if remap is not None:
+        y_tr, n_classes = remap[y_tr], MAX_SCORED_CLASSES
+    t_tr = one_hot(y_tr, n_classes) if task == "classification" else y_tr[:, None]
     fold = np.random.default_rng(seed).permutation(len(tr)) % folds
     later = []
     for d, s in zip(datas[1:], labels[1:]):
         y, ok, _ = _target_of(s, task, classes)
-        later.append((d, d.sample[ok].reset_index(drop=True), y[ok]))
+        later.append((d, d.sample[ok].reset_index(drop=True), y[ok] if remap is None else remap[y[ok]]))
     # Numbers with up to this many values are encoded per value, with enough rows per value that a fold's encoding is
     # not noise (64 values on 124 rows: 2 per value).
     nbins = int(min(bins, max(2, len(tr) * (folds - 1) // (folds * rows_per_bin))))
-    return _Fit(task, n_classes, tr, y_tr, t_tr, t_tr.mean(axis=0), fold, folds, later, nbins)
+    return _Fit(task, n_classes, tr, y_tr, t_tr, t_tr.mean(axis=0), fold, folds, later, nbins, total)
 
 
 def _one_feature(f: _Fit, c: Any) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -457,10 +463,15 @@ def check_target_leakage(splits: Mapping[str, Any], *, label=None, group=None, t
                                "gap_features": len(gapped),
                                "beyond_rest_features": int(after_outcome.sum()),
                                "bins": f.nbins,
+                               **({"classes": f.classes_total, "classes_scored": f.n_classes}
+                                  if task == "classification" else {}),
                                "max_power": (float(top[base]) if top is not None and np.isfinite(top[base])
                                              else float("nan")),
                                "top_feature": _label_of(table["feature"].iloc[0]) if top is not None else ""}
     status, summary, advice = _verdict(table, leaky, strong, gapped, after_outcome, metrics, datas[0].name, label,
                                        len(feats), max_power, warn_power, max_gap, gap_alpha, rest_gap)
+    if f.classes_total > f.n_classes:
+        summary += (f" (scored on the {f.n_classes - 1} most frequent of {f.classes_total} classes, "
+                    "the rest as one 'other' class)")
     return CheckResult(cid, status, summary, metrics, {"features": table}, advice,
                        {"power": table[base].to_numpy(dtype=float)})

@@ -115,9 +115,14 @@ def _private_kernel() -> Iterator[_Kernel]:
     """A kernelspec for *this* interpreter (so a venv runs its own packages), registered for the block only.
 
     The spec and the kernel's connection file live in one temporary directory, removed on every exit path (with
-    :func:`_terminate_as_interrupt`, SIGTERM too); a kernel still running at exit is killed.
+    :func:`_terminate_as_interrupt`, SIGTERM too); a kernel still running at exit is killed. A run killed outright
+    (SIGKILL) cannot clean up: the next run sweeps its directory and kernel (:mod:`tropt.report.stale`).
     """
-    with tempfile.TemporaryDirectory(prefix="tropt-kernel-") as tmp:
+    from .stale import PREFIX, mark_owner, sweep_stale
+
+    sweep_stale()  # what a killed run (SIGKILL: no cleanup ran) left behind
+    with tempfile.TemporaryDirectory(prefix=PREFIX) as tmp:
+        mark_owner(tmp)
         spec_dir = Path(tmp) / "kernels" / KERNEL_NAME
         spec_dir.mkdir(parents=True)
         (spec_dir / "kernel.json").write_text(json.dumps({
@@ -262,7 +267,8 @@ def to_html(notebook: Path, html: Path, *, no_input: bool = True) -> None:
     """Convert an executed notebook to one standalone HTML file (images embedded, no network resources).
 
     Code cells are hidden unless ``no_input=False``; stderr blocks and widget views never show (:func:`strip_noise`);
-    an error output does, so a failed cell is never hidden.
+    an error output does, so a failed cell is never hidden. The notebook's instructions are left out, wide tables
+    scroll, and the "what this means" pages are embedded (:mod:`tropt.report.html_pages`).
     """
     nbconvert = require("nbconvert", "report")
     nbformat = require("nbformat", "report")
@@ -270,10 +276,14 @@ def to_html(notebook: Path, html: Path, *, no_input: bool = True) -> None:
     exporter = nbconvert.HTMLExporter(extra_template_basedirs=[templates], template_name="tropt_offline",
                                       embed_images=True, exclude_input=no_input, exclude_input_prompt=no_input,
                                       exclude_output_prompt=no_input)
+    from .html_pages import SCROLL_CSS, drop_instructions, embed_doc_pages
+
     nb = nbformat.read(str(notebook), as_version=4)
     strip_noise(nb)
+    drop_instructions(nb)
+    embed_doc_pages(nb)
     body, _ = exporter.from_notebook_node(nb)
-    html.write_text(body, encoding="utf-8")
+    html.write_text(body.replace("</head>", SCROLL_CSS + "</head>", 1), encoding="utf-8")
 
 
 OUTPUT_FILES = ("report.ipynb", "report.html", "findings.json", "comparison.json", "plan.md", "plan.html", "plan.json",
