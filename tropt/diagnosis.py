@@ -174,6 +174,7 @@ def diagnose(
     from contextlib import nullcontext
 
     from .budgets import budget_options, tropt_threads
+    from .core.step_cost import add_costs, step_seconds
     from .data.cache import scan_needs, session
     from .identity import run_identity
 
@@ -199,13 +200,16 @@ def diagnose(
                               "callback": callback}
     results: list[CheckResult] = []
     data_ids = [s.id for s in specs if s.needs == "splits"]
+    setup_ids = {s.id for s in specs if s.needs == "setup"}
     with tropt_threads(threads) as used_threads, session(scan_needs(data_ids)) if splits is not None else nullcontext():
+        # One step of the user's own, timed at the checks' thread count: the unit of each check's cost (issue 32).
+        step_s = step_seconds(setup) if setup is not None and setup_error is None and setup_ids else None
         _run_specs(specs, setup, splits, setup_error, {**common, "budget": budget, "per_check": per_check}, results,
                    progress, callback, on_result, splits_error)
         # Inside the session: the identity's data fingerprint reuses the scan the data checks made.
         identity = run_identity(setup if setup_error is None else None, splits if splits_error is None else None,
                                 checks=[s.id for s in specs], label=label, group=group, time=time)
-    identity.update(budget=budget, threads=used_threads)
+    identity.update(budget=budget, threads=used_threads, **add_costs(results, step_s, setup_ids))
     if splits_error is not None:
         identity["data_fingerprint_error"] = str(splits_error)
     return Report(link_findings(results), identity)

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import TroptError
@@ -212,3 +213,12 @@ def read_json(text_or_path: str) -> Any:
         with open(text_or_path, encoding="utf-8") as fh:
             text = fh.read()
     return json.loads(text)
+
+
+def cost_line(identity: Mapping[str, Any]) -> str | None:
+    """A report's footer: what the diagnosis cost in steps of the user's own step (``tropt.core.step_cost``)."""
+    steps, step_s = identity.get("cost_steps"), identity.get("step_seconds")
+    if not isinstance(steps, (int, float)) or not isinstance(step_s, (int, float)) or step_s <= 0:
+        return None
+    return (f"This diagnosis cost {steps:,.0f} step-equivalents of your step (one step: {1e3 * step_s:.3g} ms, "
+            "timed on tropt's copy before the checks; each check's share is its cost_steps metric).")

@@ -18,7 +18,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .output import cap_text, md_id, md_text, read_json, shorten, terminal_line, write_json, write_text_atomic
+from .output import (
+    cap_text,
+    cost_line,
+    md_id,
+    md_text,
+    read_json,
+    shorten,
+    terminal_line,
+    write_json,
+    write_text_atomic,
+)
 
 
 class Status(str, Enum):
@@ -450,6 +460,8 @@ class Report:
                 lines += ["", f"**{t(shorten(name))}** ({len(df)} rows)", "", _markdown_table(df.head(HTML_MAX_ROWS))]
                 if len(df) > HTML_MAX_ROWS:
                     lines.append(f"\n_{len(df) - HTML_MAX_ROWS} more rows_")
+        cost = cost_line(self.identity or {})
+        lines += ["", f"_{t(cost)}_"] if cost else []
         return "\n".join(lines) + "\n"
 
     def _repr_html_(self) -> str:
@@ -457,11 +469,13 @@ class Report:
         from .verdict import summary_html
 
         details = "".join(result_html(r) for r in self.results)
+        cost = cost_line(self.identity or {})
+        foot = f'<p class="tropt-cost">{html.escape(cost)}</p>' if cost else ""
         return (
             f'<div class="tropt-report">{summary_html(self)}'
             f'<details class="tropt-all"><summary>all {len(self.results)} checks in contract order, with evidence'
             "</summary>"
-            f"{details}</details></div>"
+            f"{details}</details>{foot}</div>"
         )
 
     def to_html(self, path=None, title: str = "tropt report") -> str:
