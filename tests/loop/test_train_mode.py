@@ -194,3 +194,106 @@ def test_randomness_drawn_by_the_loss_is_a_note_not_a_warning():
     assert r.status is Status.SKIP, r.summary  # no dropout at all: nothing to warn about
     assert r.metrics["eval_rel_diff"] > 0 and r.metrics["eval_same_seed_agree"] is True
     assert "random draws" in r.summary and "the same RNG state" in r.summary
+
+
+# ------------------------------------------------------------------ losses that differentiate inside themselves
+def test_eval_mode_determinism_is_checked_for_a_loss_with_a_gradient_penalty():
+    """The eval-mode probe evaluates WGAN-GP's loss (autograd.grad inside loss_fn) with gradients enabled instead of
+    reporting it "not checked"; the dropout of the critic runs in train mode in the step."""
+    from support.grad_penalty import D as GD
+    from support.grad_penalty import wgan_gp_setup
+
+    torch.manual_seed(0)
+    critic = nn.Sequential(nn.Linear(GD, 64), nn.LeakyReLU(0.2), nn.Dropout(0.1), nn.Linear(64, 1))
+    r = run(wgan_gp_setup(critic))
+    assert r.status is Status.PASS, r.summary
+    assert "not checked" not in r.summary and "eval_loss_first" in r.metrics, r.summary
+
+
+# ------------------------------------------------------------------ BatchNorm held in eval mode on purpose
+def test_norm_eval_batchnorm_held_in_eval_by_the_models_own_train_passes_naming_them():
+    """mmdet's norm_eval=True: the backbone's train() puts every BatchNorm back in eval mode, on every call, while the
+    affine weights of the later stages train. That is fine-tuning by design, not "model.eval() inside the step"."""
+    from support.frozen_bn import norm_eval_setup
+
+    r = run(norm_eval_setup())
+    assert r.status is Status.PASS, r.summary
+    v = verdicts(r)
+    assert v["backbone.stem.1"] == "frozen: listed"  # frozen stage: requires_grad=False
+    assert v["backbone.layer1.1"] == "frozen: listed"
+    assert v["backbone.layer2.1"] == "held in eval by train(): listed"  # trainable affine weights, eval by design
+    assert "held in eval mode by the model's own train()" in r.summary and "'backbone.layer2.1'" in r.summary
+    assert r.metrics["held_in_eval"] == 1
+
+
+def test_norm_eval_backbone_with_a_step_that_calls_eval_still_fails_on_the_rest():
+    """The same backbone, but the step calls model.eval(): the head's dropout is not held in eval by train()."""
+    from support.frozen_bn import norm_eval_setup
+
+    def step_eval(ctx, micro_batches):
+        ctx.model.eval()
+        return tropt.standard_step(ctx, micro_batches)
+
+    r = run(norm_eval_setup(step=step_eval, dropout=0.2))
+    assert r.status is Status.FAIL and "model.eval() inside the step" in r.summary, r.summary
+    v = verdicts(r)
+    assert v["head.0"] == "eval while training" and v["backbone.layer2.1"] == "held in eval by train(): listed"
+    assert "'head.0'" in r.summary and "backbone.layer2.1" not in r.summary.split(";")[0]
+
+
+def test_without_norm_eval_the_trainable_batchnorm_runs_in_train_mode():
+    from support.frozen_bn import norm_eval_setup
+
+    r = run(norm_eval_setup(norm_eval=False))
+    assert r.status is Status.PASS and verdicts(r)["backbone.layer2.1"] == "ok", r.summary
+    assert r.metrics["held_in_eval"] == 0
+
+
+def test_batchnorm_put_in_eval_by_the_step_fails_unless_declared():
+    """faster-rcnn.pytorch's model.apply(set_bn_eval) inside the step, with trainable affine weights: from the modes
+    alone it is a model.eval() in the step (FAIL); declared with held_in_eval it is listed (PASS)."""
+    from support.frozen_bn import norm_eval_setup, step_with_bn_eval
+
+    s = norm_eval_setup(step=step_with_bn_eval, norm_eval=False)
+    r = run(s)
+    assert r.status is Status.FAIL and verdicts(r)["backbone.layer2.1"] == "eval while training", r.summary
+    ok = run(s, held_in_eval=["backbone.layer2"])
+    assert ok.status is Status.PASS, ok.summary
+    assert verdicts(ok)["backbone.layer2.1"] == "declared held in eval: listed"
+    assert "declared held in eval" in ok.summary
+
+
+def test_held_in_eval_must_name_modules_of_the_model():
+    from support.frozen_bn import norm_eval_setup
+
+    with pytest.raises(tropt.TroptError, match="held_in_eval"):
+        check_train_mode(norm_eval_setup(), held_in_eval=["no_such_module"])
+
+
+def test_batchnorm_frozen_by_intent_but_in_train_mode_warns_its_statistics_still_update():
+    """requires_grad=False on a stage whose BatchNorm runs in train mode: the weights are frozen, the running
+    statistics are not. mmdet's frozen_stages puts those stages in eval; without it, a WARN names the modules."""
+    from support.frozen_bn import norm_eval_setup
+
+    class NoFreezeInTrain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            from support.frozen_bn import conv_bn
+
+            torch.manual_seed(0)
+            self.stem, self.layer1 = conv_bn(3, 8), conv_bn(8, 16)
+            for p in self.stem.parameters():
+                p.requires_grad = False  # frozen by intent, but model.train() puts its BatchNorm in train mode
+
+        def forward(self, x):
+            return self.layer1(self.stem(x))
+
+    s = norm_eval_setup()
+    from support.frozen_bn import Classifier
+
+    r = run(s.replace(model=Classifier(NoFreezeInTrain()).train()))
+    assert r.status is Status.WARN, r.summary
+    assert verdicts(r)["backbone.stem.1"] == "frozen, statistics still updating"
+    assert "'backbone.stem.1'" in r.summary and "running statistics still update" in r.summary
+    assert r.metrics["frozen_in_train"] == 1
+    assert run(s).metrics["frozen_in_train"] == 0  # mmdet's frozen_stages: the frozen stem is in eval

@@ -80,3 +80,14 @@ def test_gpt2_mlp_activations_are_hooked_and_judged():
     assert {"transformer.h.0.mlp.c_fc", "transformer.h.1.attn.c_proj"} <= set(layers["layer"])  # Conv1D outputs
     assert r.metrics["judged_layers"] == 2 and r.metrics["judged_units"] == 256
     assert r.status is Status.PASS and "2 activation layers (256 units) judged" in r.summary, r.summary
+
+
+# ------------------------------------------------------------------ losses that differentiate inside themselves
+def test_a_wgan_gp_critic_is_judged_with_its_gradient_penalty_evaluated_with_gradients():
+    from support.grad_penalty import critic, wgan_gp_setup
+
+    r = run(check_activation_stats, wgan_gp_setup(), n_batches=2, steps=5)
+    assert r.status is Status.PASS, r.summary
+    assert set(r.tables["layers"]["phase"]) == {"init", "train", "after"}
+    dead = run(check_activation_stats, wgan_gp_setup(critic(bias=-20.0)), n_batches=2, steps=5)
+    assert dead.status is Status.FAIL and "dead units" in dead.summary, dead.summary

@@ -85,3 +85,26 @@ def test_init_loss_names_a_regression_offset_an_input_scale_and_a_class_count_mi
     wrong = run(check_init_loss, setup_for(mlp(), num_classes=C + 2))
     assert wrong.status is Status.WARN and wrong.metrics["output_classes"] == C
     assert wrong.summary.startswith(f"the model outputs {C} class scores but the Setup says num_classes={C + 2}")
+
+
+# ------------------------------------------------------------------ losses that differentiate inside themselves
+def test_a_gradient_penalty_inside_the_loss_is_evaluated_with_gradients():
+    """WGAN-GP's critic loss calls autograd.grad(create_graph=True) inside loss_fn: it cannot run under no_grad. The
+    probe evaluates it with gradients enabled (a custom loss: SKIP, never ERROR) and leaves grad mode as it was."""
+    from support.grad_penalty import wgan_gp_setup
+
+    r = run(check_init_loss, wgan_gp_setup())
+    assert r.status is Status.SKIP, r.summary
+    assert "could not infer the objective" in r.summary and math.isfinite(r.metrics["init_loss"])
+    assert torch.is_grad_enabled()
+
+
+def test_double_backprop_loss_is_judged_and_its_softmax_before_cross_entropy_still_found():
+    """Cross entropy plus an input-gradient penalty: its chance level is judged (PASS), and a softmax before the cross
+    entropy is still named."""
+    from support.grad_penalty import classifier, double_backprop_setup
+
+    r = run(check_init_loss, double_backprop_setup())
+    assert r.status is Status.PASS and "ln C = ln 3" in r.summary, r.summary
+    bad = run(check_init_loss, double_backprop_setup(classifier(softmax=True)))
+    assert bad.status is Status.FAIL and "softmax is applied before cross_entropy" in bad.summary, bad.summary

@@ -298,3 +298,107 @@ def test_a_stall_at_a_floor_without_spectral_normalisation_still_fails():
     r = run(check_overfit_batch, setup_for(frozen_head(0.3), opt=trainable_adam))
     assert r.status is Status.FAIL and "stalls at a floor" in r.summary, r.summary
     assert "spectral" not in r.summary and "spectral_norm_layers" not in r.metrics
+
+
+# ------------------------------------------------------------------ losses that differentiate inside themselves
+def test_a_wgan_gp_critic_overfits_with_its_gradient_penalty_evaluated_with_gradients():
+    """The penalty differentiates the critic's output with respect to the interpolates: the probes, and the zeroed
+    baseline's zeros, keep that graph. A healthy critic memorises its batch."""
+    from support.grad_penalty import wgan_gp_setup
+
+    r = run(check_overfit_batch, wgan_gp_setup(), steps=100)
+    assert r.status is Status.PASS and "memorised" in r.summary, r.summary
+    assert r.metrics["baseline_final_loss"] > r.metrics["final_loss"]
+
+
+def test_a_dead_wgan_gp_critic_still_fails():
+    from support.grad_penalty import critic, wgan_gp_setup
+
+    r = run(check_overfit_batch, wgan_gp_setup(critic(bias=-20.0)), steps=100)
+    assert r.status is Status.FAIL and "no parameter received a gradient" in r.summary, r.summary
+
+
+def test_double_backprop_with_softmax_before_cross_entropy_still_stalls_and_is_named():
+    from support.grad_penalty import classifier, double_backprop_setup
+
+    assert run(check_overfit_batch, double_backprop_setup(), steps=100).status is Status.PASS
+    r = run(check_overfit_batch, double_backprop_setup(classifier(softmax=True)), steps=100)
+    assert r.status is Status.FAIL and "softmax is applied twice" in r.summary, r.summary
+
+
+# ------------------------------------------------------------------ a slowly but steadily decaying loss (issue 31)
+def weight_normed_mlp_setup(lr: float = 3e-3) -> tropt.Setup:
+    """An MLP whose two layers use torch.nn.utils.parametrizations.weight_norm, trained with Adam: it fits every label
+    fast, then its cross entropy decays slowly (each step still removes ~1.5% of the loss) past budget="quick"'s 100."""
+    from support.family_ports import C as FC
+    from support.family_ports import D as FD
+    from support.family_ports import class_batches, class_ce
+    from torch.nn.utils.parametrizations import weight_norm
+
+    torch.manual_seed(0)
+    model = nn.Sequential(weight_norm(nn.Linear(FD, 64)), nn.ReLU(), weight_norm(nn.Linear(64, FC)))
+    return tropt.Setup(model, class_ce, adam(lr), class_batches(), num_classes=FC)
+
+
+def test_a_slowly_but_steadily_decaying_loss_is_still_falling_not_a_floor():
+    """100% train accuracy, the loss at its minimum on the last step and still losing ~1.5% of itself per step: judged
+    relative to the loss and its trend, the tail would reach the target within as many steps again. Not a plateau."""
+    r = run(check_overfit_batch, weight_normed_mlp_setup(), steps=100)  # budget="quick"
+    losses = r.series["loss"]
+    assert r.metrics["final_accuracy"] == 1.0 and losses[-1] == losses.min()  # the case of the issue
+    assert r.status is Status.WARN and "still falling" in r.summary, r.summary
+    assert "floor" not in r.summary and "ignores its input" not in r.summary
+    assert r.metrics["tail_steps_to_target"] <= 100
+
+
+def test_the_same_model_given_more_steps_memorises():
+    r = run(check_overfit_batch, weight_normed_mlp_setup(), steps=200)
+    assert r.status is Status.PASS and "memorised" in r.summary, r.summary
+
+
+# ------------------------------------------------------------------ a loss that never calls the root model
+class QCritic(nn.Module):
+    """An actor-critic whose forward is the policy; the critic's loss calls only ``self.q`` (Spinning Up's DDPG)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.pi = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2), nn.Tanh())
+        self.q = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, o):
+        return self.pi(o)
+
+
+def q_regression(m, batch):
+    o, a, r = batch
+    return ((m.q(torch.cat([o, a], -1)).squeeze(-1) - r) ** 2).mean()
+
+
+def test_a_loss_that_calls_only_a_submodule_keeps_its_target_in_the_baseline():
+    """The root model never runs, so the baseline cannot learn what the model reads from its output: the direct
+    children's outputs tell the inputs (o, a) from the target (the reward r), which the baseline keeps. It zeroed r
+    too before: the baseline then fitted all-zero targets and the critic 'ignored its input'."""
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(3):
+        o, a = torch.randn(16, 4, generator=g), torch.rand(16, 2, generator=g) * 2 - 1
+        batches.append((o, a, -(o ** 2).sum(1) + a.sum(1)))
+    r = run(check_overfit_batch, tropt.Setup(QCritic(), q_regression, adam(1e-2), batches), steps=100)
+    assert "ignores its input" not in r.summary, r.summary
+    assert r.status is not Status.FAIL and r.metrics["inputs_zeroed_in_baseline"] == 2, r.summary
+
+
+def test_a_curve_below_the_target_loss_and_still_falling_is_no_plateau_but_a_flat_one_is():
+    """The loss already at 10% of its start (the accuracy is what falls short) and still losing ~0.5% of itself per
+    step is still improving; the same curve gone flat is a plateau."""
+    import numpy as np
+
+    from tropt.model.overfit_batch import _plateaued
+
+    fast = 2.8 * np.exp(-np.arange(76) / 25.0)  # 2.8 -> 0.14 in 75 steps, then a slow steady decay
+    falling = np.concatenate([fast, fast[-1] * np.exp(-0.005 * np.arange(1, 26))])
+    flat = np.concatenate([fast, np.full(25, fast[-1])])
+    assert falling[-1] < 0.1 * falling[0]
+    assert not _plateaued(falling, target=0.1 * falling[0])
+    assert _plateaued(flat, target=0.1 * flat[0])

@@ -178,8 +178,11 @@ def identify_objective(loss: float, out: torch.Tensor | None, batch: Any, num_cl
 
 def probe(setup: Setup, model: nn.Module, batch: Any,
           ctx: Any = None) -> tuple[float, torch.Tensor | None, Objective | None, list[str]]:
-    """Run ``loss_fn`` once under no_grad: (loss value, model output, identified objective, leaf call order)."""
-    with torch.no_grad(), Capture(model, order=True) as cap:
+    """Run ``loss_fn`` once under no_grad (with gradients when the loss differentiates inside itself, see
+    :func:`tropt.core.grad_mode.loss_grad_mode`): (loss value, model output, identified objective, leaf call order)."""
+    from .grad_mode import loss_grad_mode
+
+    with loss_grad_mode(setup, model, batch, ctx), Capture(model, order=True) as cap:
         if ctx is not None:
             with ctx.autocast():
                 loss = setup.loss(model, batch)

@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
+from ..core.grad_mode import grad_mode, loss_needs_grad
 from ..errors import TroptError
 from ..snapshot import preserved
 from ._verdicts import tolerance_for
@@ -184,10 +185,11 @@ def probe_eval_mode(setup: Setup, batch: Any) -> EvalProbe:
         ctx = setup.build()
         model = ctx.model
         model.eval()
+        needs_grad = loss_needs_grad(setup, model, batch, ctx)  # a gradient penalty inside the loss needs autograd
 
         def loss() -> float:
-            with torch.no_grad(), ctx.autocast():
-                return float(setup.loss(model, batch).float())
+            with grad_mode(needs_grad), ctx.autocast():
+                return float(setup.loss(model, batch).detach().float())
 
         spy = DropoutSpy(model)
         try:

@@ -7,7 +7,11 @@ batch norms that track running statistics) record the mode each forward ran in, 
 ``Optimizer.register_step_pre_hook`` attributes those forwards to the update they fed (every call counts as an
 update when there is no optimizer). FAIL, naming the modules, when any ran in eval mode during a training step.
 Modules frozen on purpose (their parameters, or their parent's when they have none, all ``requires_grad=False``,
-e.g. a frozen backbone's BatchNorm) are listed, not failed.
+e.g. a frozen backbone's BatchNorm) are listed, not failed. So are modules held in eval mode on purpose with trainable
+affine weights: those the model's own ``train()`` leaves in eval mode (mmdetection's ``norm_eval=True``: the
+backbone's ``train()`` override puts every BatchNorm back in eval on every call; tropt calls ``train()`` on its copy
+after the steps and reads which modules stay in eval), and those the user declares (``held_in_eval=[...]``: module
+names or prefixes, for a step that calls ``model.apply(set_bn_eval)`` itself).
 
 With ``Setup(metric=...)`` and ``val_data`` the reverse is checked too: the metric runs twice on one copy in eval mode
 (as tropt calls it); WARN when a mode-dependent module runs in training mode during it (the metric switches the model
@@ -25,6 +29,7 @@ metric.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +74,27 @@ def _frozen(model: nn.Module, name: str, module: nn.Module) -> bool:
     parent = model.get_submodule(name.rsplit(".", 1)[0])
     params = list(parent.parameters())
     return bool(params) and not any(p.requires_grad for p in params)
+
+
+def held_by_train(model: nn.Module, watched: dict[str, nn.Module]) -> set[str]:
+    """The watched modules the model's own ``train()`` leaves in eval mode: held in eval by design (mmdet's
+    ``norm_eval``). Calls ``model.train()`` on tropt's copy, so only after its steps ran."""
+    try:
+        model.train()
+    except Exception:  # noqa: BLE001 - a train() override that fails on a copy holds nothing by design
+        return set()
+    return {n for n, m in watched.items() if not m.training}
+
+
+def _declared(model: nn.Module, watched: dict[str, nn.Module], held_in_eval: Sequence[str]) -> set[str]:
+    """The watched modules named (or under a name) in ``held_in_eval``; a TroptError for a name the model lacks."""
+    names = {n for n, _ in model.named_modules()}
+    unknown = [h for h in held_in_eval if h not in names]
+    if unknown:
+        raise TroptError(f"loop.train_mode: held_in_eval names {', '.join(map(repr, unknown))}, not a module of the "
+                         "model", "pass module names as model.named_modules() gives them (a name covers the modules "
+                         "under it), e.g. held_in_eval=['backbone']")
+    return {n for n in watched if any(n == h or n.startswith(h + ".") for h in held_in_eval)}
 
 
 def _mode(flag: bool | None) -> str:
@@ -127,7 +153,8 @@ def _names(names: list[str], limit: int = 5) -> str:
           description="dropout/batch-norm modules run in train mode during the user's step (and in eval mode during "
                       "the metric)",
           plot="tropt.plots.contract")
-def check_train_mode(setup: Setup, *, steps: int = 2, progress: bool = True) -> CheckResult:
+def check_train_mode(setup: Setup, *, steps: int = 2, held_in_eval: Sequence[str] = (),
+                     progress: bool = True) -> CheckResult:
     """Run the user's step ``steps`` times and the metric twice, recording the mode of every mode-dependent module.
 
     Parameters
@@ -136,14 +163,20 @@ def check_train_mode(setup: Setup, *, steps: int = 2, progress: bool = True) -> 
         The :class:`tropt.Setup`.
     steps
         Calls of the user's step (each one optimizer step of ``accumulation_steps`` micro-batches).
+    held_in_eval
+        Names of modules (from ``model.named_modules()``; a name covers the modules under it) the step keeps in eval
+        mode on purpose, e.g. a step that calls ``model.apply(set_bn_eval)``: listed, not failed. Modules the model's
+        own ``train()`` keeps in eval (mmdet's ``norm_eval``) are recognised without it.
     progress
         Unused (the check is quick); accepted for uniformity.
     """
     if steps < 1:
         raise TroptError(f"check_train_mode needs steps >= 1 (got {steps})", "use steps=2")
+    if isinstance(held_in_eval, str):
+        held_in_eval = [held_in_eval]
     setup.validate()
     with preserved(setup.model):
-        observed = _observe_modes(setup, steps)
+        observed = _observe_modes(setup, steps, tuple(held_in_eval))
     return observed if isinstance(observed, CheckResult) else _train_mode_verdict(observed, steps)
 
 
@@ -158,19 +191,21 @@ class _Observed:
     during: dict[str, bool | None]
     at_step: dict[str, bool]
     frozen: dict[str, bool]
+    held: dict[str, str]  # module -> "train()" (held in eval by the model's own train()) or "declared"
     metric_modes: dict[str, bool | None] | None
     scores: tuple[float, float] | None
     metric_note: str
     probe: EvalProbe
 
 
-def _observe_modes(setup: Setup, steps: int) -> CheckResult | _Observed:
+def _observe_modes(setup: Setup, steps: int, held_in_eval: tuple[str, ...] = ()) -> CheckResult | _Observed:
     """Run the user's step ``steps`` times on a fresh copy and the metric twice, recording every module's mode."""
     k = setup.accumulation_steps
     batches = list(setup.batches(steps))  # one read of the data: the eval-mode probe evaluates on the first batch
     probe = probe_eval_mode(setup, batches[0])
     ctx = setup.build()
     watched = mode_dependent(ctx.model)
+    declared = _declared(ctx.model, watched, held_in_eval)
     if not watched:
         return _without_modules(probe)
     handed = {n: bool(m.training) for n, m in watched.items()}
@@ -187,9 +222,11 @@ def _observe_modes(setup: Setup, steps: int) -> CheckResult | _Observed:
         require_steps(setup, calls, f"{steps} step(s)")
     during = rec.modes()
     frozen = {n: _frozen(ctx.model, n, m) for n, m in watched.items()}
+    by_train = held_by_train(ctx.model, watched)
+    held = {n: "train()" if n in by_train else "declared" for n in watched if n in by_train or n in declared}
     metric_modes, scores, metric_note = _metric_modes(setup)
-    return _Observed(watched, handed, optimizer is not None, calls, during, rec.at_step, frozen, metric_modes, scores,
-                     metric_note, probe)
+    return _Observed(watched, handed, optimizer is not None, calls, during, rec.at_step, frozen, held, metric_modes,
+                     scores, metric_note, probe)
 
 
 def _without_modules(probe: EvalProbe) -> CheckResult:
@@ -204,23 +241,51 @@ def _without_modules(probe: EvalProbe) -> CheckResult:
                        "change its step" + (f" ({seen})" if seen else ""), metrics)
 
 
+_HELD = {"train()": "held in eval by train(): listed", "declared": "declared held in eval: listed"}
+DRIFTING = "frozen, statistics still updating"
+
+
+def _verdict(o: _Observed, n: str) -> str:
+    """One module's verdict: not run, ok (train mode), frozen or held in eval on purpose (listed), or a finding."""
+    if o.during[n] is None:
+        return "not run"
+    if o.during[n]:
+        return DRIFTING if o.frozen[n] and isinstance(o.watched[n], nn.modules.batchnorm._NormBase) else "ok"
+    if o.frozen[n]:
+        return "frozen: listed"
+    return _HELD[o.held[n]] if n in o.held else "eval while training"
+
+
+def _listed_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """The notes naming the modules in eval mode on purpose: frozen, held by the model's train(), declared."""
+    notes = []
+    for verdict, what in (("frozen: listed", "frozen module(s) in eval mode on purpose"),
+                          (_HELD["train()"], "module(s) with trainable weights held in eval mode by the model's own "
+                                             "train() (frozen BatchNorm statistics, as mmdet's norm_eval=True)"),
+                          (_HELD["declared"], "module(s) declared held in eval (held_in_eval)")):
+        names = [r["module"] for r in rows if r["verdict"] == verdict]
+        if names:
+            notes.append(f"{len(names)} {what}: {_names(names)}")
+    return notes
+
+
 def _train_mode_verdict(o: _Observed, steps: int) -> CheckResult:
     rows: list[dict[str, Any]] = []
     for n, m in o.watched.items():
-        verdict = ("not run" if o.during[n] is None else "ok" if o.during[n] else "frozen: listed" if o.frozen[n]
-                   else "eval while training")
         row = {"module": n, "type": type(m).__name__, "handed_over": _mode(o.handed[n]), "in_step": _mode(o.during[n]),
                "at_optimizer_step": _mode(o.at_step.get(n)) if o.at_step else "n/a", "frozen": o.frozen[n],
-               "verdict": verdict}
+               "held_in_eval": o.held.get(n, ""), "verdict": _verdict(o, n)}
         if o.metric_modes is not None:
             row["in_metric"] = _mode(o.metric_modes.get(n))
         rows.append(row)
     bad = [r["module"] for r in rows if r["verdict"] == "eval while training"]
-    listed = [r["module"] for r in rows if r["verdict"] == "frozen: listed"]
+    listed = [r["module"] for r in rows if r["verdict"].endswith(": listed")]
     metrics: dict[str, Any] = {"mode_dependent_modules": len(o.watched), "eval_in_training": len(bad),
-                               "frozen_in_eval": len(listed), "steps": steps, "updates_observed": sum(o.calls),
+                               "frozen_in_eval": sum(r["verdict"] == "frozen: listed" for r in rows),
+                               "held_in_eval": sum(r["verdict"] in _HELD.values() for r in rows), "steps": steps,
+                               "updates_observed": sum(o.calls),
                                "grouped_by": "optimizer.step()" if o.stepped else "call of the step (no optimizer)"}
-    notes = [f"{len(listed)} frozen module(s) in eval mode on purpose: {_names(listed)}"] if listed else []
+    notes = _listed_notes(rows)
     advice: list[str] = []
     if bad:
         left_on = [n for n in bad if not o.handed[n]]
@@ -233,11 +298,14 @@ def _train_mode_verdict(o: _Observed, steps: int) -> CheckResult:
                    f"{_names(bad)}; {why}")
         advice.append("Call model.train() before the training steps (after every validation pass that called "
                       "model.eval()); tropt.standard_step does not switch modes. To freeze a part on purpose, set "
-                      "requires_grad=False on it too, and it is listed instead.")
+                      "requires_grad=False on it too, and it is listed instead; to keep BatchNorm statistics frozen "
+                      "while its weights train, do it in the module's train() (as mmdet's norm_eval) or pass "
+                      "options={'loop.train_mode': {'held_in_eval': [...]}}.")
     else:
         ran = sum(v is not None for v in o.during.values()) - len(listed)
         status = Status.PASS
         summary = f"the {ran} trainable dropout/batch-norm module(s) run in train mode during your step"
+    status, summary = _drift_finding(rows, status, summary, metrics, advice)
     status, summary = _metric_finding(o, status, summary, metrics, notes, advice)
     tables = {"modules": pd.DataFrame(rows)}
     status, summary = _probe_finding(o.probe, status, summary, metrics, tables, notes, advice)
@@ -246,6 +314,25 @@ def _train_mode_verdict(o: _Observed, steps: int) -> CheckResult:
     if notes:
         summary += " (" + "; ".join(notes) + ")"
     return CheckResult(CHECK, status, summary, metrics, tables, advice)
+
+
+def _drift_finding(rows: list[dict[str, Any]], status: Status, summary: str, metrics: dict,
+                   advice: list[str]) -> tuple[Status, str]:
+    """A WARN for batch norms frozen by intent (requires_grad=False) that run in train mode: their running
+    statistics keep moving with every batch, so the "frozen" part changes after all."""
+    drifting = [r["module"] for r in rows if r["verdict"] == DRIFTING]
+    metrics["frozen_in_train"] = len(drifting)
+    if not drifting:
+        return status, summary
+    sentence = (f"{len(drifting)} batch-norm module(s) frozen by intent (requires_grad=False) run in train mode: "
+                f"{_names(drifting)}; their running statistics still update with every batch, so the frozen part "
+                "changes after all")
+    advice.append("Keep frozen batch norms in eval mode: put the frozen stages back in eval after every "
+                  "model.train() (override train(), as mmdet's frozen_stages does) or replace them with "
+                  "FrozenBatchNorm2d (torchvision's detection backbones).")
+    if status is Status.PASS:
+        return Status.WARN, sentence
+    return status, f"{summary}; {sentence}"
 
 
 def _probe_finding(probe: EvalProbe, status: Status, summary: str, metrics: dict, tables: dict, notes: list[str],

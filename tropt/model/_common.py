@@ -7,6 +7,7 @@ The objective and its identification live in :mod:`tropt.core.objective`, the mo
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -14,8 +15,9 @@ import torch
 from torch import nn
 
 from ..core.batch import batch_size, get_leaf, leaves, map_leaves, split_batch
+from ..core.grad_mode import loss_grad_mode
 from ..core.modes import dropout_off
-from ..core.objective import Capture
+from ..core.objective import Capture, output_tensor
 from ..errors import TroptError
 
 if TYPE_CHECKING:
@@ -69,10 +71,11 @@ def input_scale(batch: Any, inputs: set, low: float = 0.1, high: float = 10.0) -
 
 def _loss_output(setup: Setup, model: nn.Module, batch: Any, ctx: Any = None,
                  zero: frozenset = frozenset()) -> torch.Tensor | None:
-    """The model's output while ``loss_fn`` runs on ``batch`` (no grad, dropout off, seeded), with the root model's
-    arguments at ``zero`` positions zeroed."""
+    """The model's output while ``loss_fn`` runs on ``batch`` (no grad unless the loss differentiates inside itself,
+    dropout off, seeded), with the root model's arguments at ``zero`` positions zeroed."""
+    grad = loss_grad_mode(setup, model, batch, ctx)
     torch.manual_seed(0)  # any other randomness in the forward (noise layers) is the same in every probe
-    with torch.no_grad(), dropout_off(model), Capture(model) as cap, zeroed_arguments(model, zero):
+    with grad, dropout_off(model), Capture(model) as cap, zeroed_arguments(model, zero):
         if ctx is not None:
             with ctx.autocast():
                 setup.loss(model, batch)
@@ -85,10 +88,45 @@ def _changes(out: torch.Tensor | None, ref: torch.Tensor | None) -> bool:
     return ref is None or out is None or out.shape != ref.shape or not torch.equal(out, ref)
 
 
+def _children_outputs(setup: Setup, model: nn.Module, batch: Any, ctx: Any = None) -> list[torch.Tensor]:
+    """The outputs of the root model's direct children, in call order, while ``loss_fn`` runs on ``batch`` (as
+    :func:`_loss_output`): what a loss that never calls the root model itself (an actor-critic's ``m.q(o, a)``)
+    makes of the batch."""
+    outs: list[torch.Tensor] = []
+
+    def hook(module: nn.Module, args: Any, out: Any) -> None:
+        t = output_tensor(out)
+        if t is not None:
+            outs.append(t.detach())
+
+    handles = [child.register_forward_hook(hook) for child in model.children()]
+    try:
+        grad = loss_grad_mode(setup, model, batch, ctx)
+        torch.manual_seed(0)
+        with grad, dropout_off(model), (ctx.autocast() if ctx is not None else nullcontext()):
+            setup.loss(model, batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return outs
+
+
+def _outputs_change(out: list[torch.Tensor], ref: list[torch.Tensor]) -> bool:
+    return len(out) != len(ref) or any(_changes(a, b) for a, b in zip(out, ref))
+
+
 def input_paths(setup: Setup, model: nn.Module, batch: Any, ctx: Any = None) -> set:
     """Paths of the batch tensors the model reads: those whose zeroing changes its output (a target only reaches the
-    loss). Runs the loss once per tensor; a tensor whose zeroing breaks the forward counts as an input."""
-    ref = _loss_output(setup, model, batch, ctx)
+    loss). Runs the loss once per tensor; a tensor whose zeroing breaks the forward counts as an input. When
+    ``loss_fn`` never calls the root model, the outputs of its direct children are compared instead (a reward that
+    only reaches the loss is a target there too); every tensor counts as an input only when none of them is seen."""
+    ref: Any = _loss_output(setup, model, batch, ctx)
+    observe: Any = _loss_output
+    changed: Any = _changes
+    if ref is None:
+        kids = _children_outputs(setup, model, batch, ctx)
+        if kids:
+            ref, observe, changed = kids, _children_outputs, _outputs_change
     found = set()
     for path, _ in leaves(batch):
         try:
@@ -96,11 +134,11 @@ def input_paths(setup: Setup, model: nn.Module, batch: Any, ctx: Any = None) -> 
                 return torch.zeros_like(t) if p == path else t
 
             zeroed = map_leaves(batch, zero_at)
-            out = _loss_output(setup, model, zeroed, ctx)
+            out = observe(setup, model, zeroed, ctx)
         except Exception:  # noqa: BLE001 - zeroing it broke the forward: the model reads it
             found.add(path)
             continue
-        if _changes(out, ref):
+        if changed(out, ref):
             found.add(path)
     return found
 
@@ -145,6 +183,14 @@ def argument_positions(setup: Setup, model: nn.Module, batch: Any, ctx: Any = No
     return frozenset(found)
 
 
+def _zero(t: torch.Tensor) -> torch.Tensor:
+    """Zeros shaped like ``t``; still joined to ``t``'s graph when it needs a gradient (a gradient penalty inside the
+    loss differentiates the output with respect to it: a fresh zeros tensor would be no part of its graph)."""
+    if t.requires_grad and torch.is_grad_enabled():
+        return t.nan_to_num(0.0, 0.0, 0.0) * 0
+    return torch.zeros_like(t)
+
+
 def zeroed_arguments(model: nn.Module, positions: frozenset):
     """Context manager: every call of ``model`` gets zeros in place of its tensor arguments at ``positions``."""
     from contextlib import nullcontext
@@ -153,9 +199,9 @@ def zeroed_arguments(model: nn.Module, positions: frozenset):
         return nullcontext()
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
-        args = tuple(torch.zeros_like(a) if ("arg", i) in positions and isinstance(a, torch.Tensor) else a
+        args = tuple(_zero(a) if ("arg", i) in positions and isinstance(a, torch.Tensor) else a
                      for i, a in enumerate(args))
-        kwargs = {k: torch.zeros_like(v) if ("kwarg", k) in positions and isinstance(v, torch.Tensor) else v
+        kwargs = {k: _zero(v) if ("kwarg", k) in positions and isinstance(v, torch.Tensor) else v
                   for k, v in kwargs.items()}
         return args, kwargs
 

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from ..core.grad_mode import grad_mode, loss_needs_grad
 from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
@@ -176,12 +177,13 @@ class _Hooks:
 
 
 def _record(setup: Setup, ctx: Any, hooks: _Hooks, batches: list, steps: int, seed: int,
-            progress: bool) -> list[dict[str, Any]]:
-    """Layer statistics on the sampled batches at initialisation, over ``steps`` training steps, and after."""
+            progress: bool, needs_grad: bool = False) -> list[dict[str, Any]]:
+    """Layer statistics on the sampled batches at initialisation, over ``steps`` training steps, and after (the
+    sampled batches without gradients, unless ``needs_grad``: the loss differentiates inside itself)."""
     from tqdm.auto import tqdm
 
     model = ctx.model
-    with torch.no_grad(), ctx.autocast():
+    with grad_mode(needs_grad), ctx.autocast():
         for b in batches:
             setup.loss(model, b)
     rows = hooks.snapshot("init")
@@ -194,7 +196,7 @@ def _record(setup: Setup, ctx: Any, hooks: _Hooks, batches: list, steps: int, se
             hooks.end_step()
         hooks.record_hist = False
         rows_train = hooks.snapshot("train")
-        with torch.no_grad(), ctx.autocast():
+        with grad_mode(needs_grad), ctx.autocast():
             for b in batches:
                 setup.loss(model, b)
         rows += rows_train + hooks.snapshot("after")
@@ -295,12 +297,13 @@ def check_activation_stats(setup: Setup, *, n_batches: int = 4, steps: int = 20,
         require_samples(batches[0], 2, "a unit's activity on a single sample says nothing about whether it is dead",
                         CHECK, setup.layout)
         ctx = setup.build(seed=seed)
+        needs_grad = loss_needs_grad(setup, ctx.model, batches[0], ctx)  # decided before the hooks see a forward
         hooks = _Hooks(ctx.model)
         try:
             if not hooks.layers:
                 return CheckResult(CHECK, Status.SKIP, "no activation, Linear or Conv modules to hook (activations "
                                    "applied functionally in forward() cannot be observed)", {"hooked_layers": 0})
-            rows = _record(setup, ctx, hooks, batches, steps, seed, progress)
+            rows = _record(setup, ctx, hooks, batches, steps, seed, progress, needs_grad)
         finally:
             hooks.remove()
     stats = pd.DataFrame(rows, columns=["layer", "type", "kind", "phase", "mean", "std", "dead_fraction", "units",

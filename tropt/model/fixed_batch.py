@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..core.batch import get_leaf
+from ..core.grad_mode import loss_grad_mode
 from ..core.modes import dropout_off
 from ..core.objective import Capture
 from ._common import zeroed_arguments
@@ -22,8 +23,10 @@ CHECK = "model.overfit_batch"
 
 
 def _evaluate(setup: Setup, ctx: Any, batch: Any, objective: Any) -> tuple[float, float | None, torch.Tensor | None]:
-    """Loss and accuracy on the batch as trained (train mode so BatchNorm uses batch statistics; dropout off)."""
-    with torch.no_grad(), dropout_off(ctx.model), Capture(ctx.model) as cap, ctx.autocast():
+    """Loss and accuracy on the batch as trained (train mode so BatchNorm uses batch statistics; dropout off; no
+    gradients unless the loss differentiates inside itself)."""
+    grad = loss_grad_mode(setup, ctx.model, batch, ctx)
+    with grad, dropout_off(ctx.model), Capture(ctx.model) as cap, ctx.autocast():
         loss = float(setup.loss(ctx.model, batch).detach().float())
     out = cap.output
     acc = None

@@ -44,12 +44,15 @@ def _acc(a: float) -> str:
     return "100%" if a >= 1.0 else f"{math.floor(a * 1000) / 10:.1f}%"
 
 
-def _plateaued(losses: np.ndarray, window: float = 0.25, share: float = 0.1, tol: float = 0.005) -> bool:
+def _plateaued(losses: np.ndarray, window: float = 0.25, share: float = 0.1, tol: float = 0.005,
+               target: float | None = None) -> bool:
     """Whether the last ``window`` of the curve added less than ``share`` of the total improvement (and, for a curve
     that barely moved at all, less than ``tol`` of its start). A slow but steady decline is not a plateau: its last
     quarter holds a quarter of the progress. Nor is a tail that falls at every step at least as fast as the curve
     did on average, however little it moved: an optimizer warming up (Adafactor's ``warmup_init`` steps 1e-6 * t)
-    is still speeding up."""
+    is still speeding up. Nor, judged relative to the loss and its trend, is a tail whose latest relative rate of
+    decline would bring the loss down to ``target`` within as many steps again as have run (see
+    :func:`_steps_to_target`): a loss that fitted fast and now decays slowly but steadily is still falling."""
     n = len(losses)
     if n < 8:
         return False
@@ -58,8 +61,30 @@ def _plateaued(losses: np.ndarray, window: float = 0.25, share: float = 0.1, tol
     falling = bool((np.diff(tail) < 0).all())
     if falling and losses[0] > losses[-1] and (tail[0] - tail[-1]) / (w - 1) >= (losses[0] - losses[-1]) / (n - 1):
         return False
+    if target is not None and _steps_to_target(losses, target, window) <= n - 1:
+        return False
     span = max(losses[0] - losses.min(), 0.0)
     return (tail[0] - tail.min()) <= max(share * span, tol * abs(losses[0]))
+
+
+def _steps_to_target(losses: np.ndarray, target: float, window: float = 0.25) -> float:
+    """Steps the loss would take to fall to ``target`` at the relative rate of decline of the second half of the
+    last ``window`` of the curve (log-linear: the loss losing the same fraction of itself at every step); 0 when the
+    loss is already at or below ``target`` and that recent tail still falls by at least 1% of itself (what is short
+    is the accuracy, and the loss is still improving); inf when that recent tail does not fall, the loss is not
+    positive or the target is not positive. A loss nearing a floor slows down, so its recent rate projects the
+    target far away; a steady decay keeps it within reach."""
+    n = len(losses)
+    w = max(2, int(n * window))
+    tail = losses[-w:]
+    half = w // 2
+    a, b = float(tail[half]), float(tail[-1])
+    if not (target > 0 and 0 < b < a and math.isfinite(a)):
+        return math.inf
+    if b <= target:
+        return 0.0 if a >= 1.01 * b else math.inf
+    rate = math.log(a / b) / (w - 1 - half)
+    return math.log(b / target) / rate
 
 
 def _bounded_output_cause(out: torch.Tensor | None, objective: Any, squashes: bool = True) -> str | None:
@@ -147,6 +172,10 @@ class _Case:
         self.base_final = float(self.base["losses"][-1])
         self.acc = self.real["accs"][-1]
         self.ran = len(self.losses) - 1
+
+    def plateaued(self) -> bool:
+        """Whether the model's curve stopped improving (judged relative to the loss and its trend)."""
+        return _plateaued(self.losses, target=self.opts.target_fraction * self.start)
 
     def fail(self, summary: str, advice: list[str], extra: dict | None = None) -> CheckResult:
         return CheckResult(CHECK, Status.FAIL, summary, self.metrics, {**self.tables, **(extra or {})}, advice,
@@ -326,7 +355,8 @@ def _not_memorised(c: _Case) -> CheckResult:
     base_start = float(c.base["losses"][0])
     # Both curves still creeping down together (a tiny learning rate) is slow learning, not an ignored input: that
     # needs the model to have stopped improving, or the baseline to have learned what it can.
-    decided = _plateaued(losses) or base_final <= 0.8 * base_start
+    plateaued = c.plateaued()
+    decided = plateaued or base_final <= 0.8 * base_start
     if base_final > 0 and final >= ratio * base_final and math.isfinite(base_final) and decided:
         return c.fail(f"the model ignores its input: after {c.ran} steps its loss {fmt(final)} does not beat "
                       f"the {fmt(base_final)} of the same model trained on zeroed inputs",
@@ -336,7 +366,7 @@ def _not_memorised(c: _Case) -> CheckResult:
                           "input, no constant output path), and that inputs and labels are paired correctly.",
                           "If it does, the input's signal is lost on the way: look for dead units "
                           "(model.activation_stats) or vanishing gradients (model.gradient_flow)."])
-    if _plateaued(losses) and c.objective is None and final < ratio * base_final:
+    if plateaued and c.objective is None and final < ratio * base_final:
         # A custom loss (label smoothing, a regulariser) can have a floor well above zero: beating the baseline is
         # learning, and tropt cannot tell where that floor is.
         return CheckResult(
@@ -347,20 +377,28 @@ def _not_memorised(c: _Case) -> CheckResult:
             c.metrics, c.tables, ["If the loss has no such floor, raise the learning rate or the steps and rerun; to "
                                   "let tropt judge memorisation, compute the plain loss in loss_fn (e.g. without "
                                   "label smoothing).", *notes], c.series)
-    if _plateaued(losses) and c.spectral:
+    if plateaued and c.spectral:
         return _spectral_floor(c)
-    if _plateaued(losses):
+    if plateaued:
         return c.fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start) and stops "
                       f"improving before memorising {n} samples"
                       + (f" (train accuracy {_acc(acc)})" if acc is not None else ""),
                       [*notes, "Check for a bounded output (sigmoid/softmax/tanh before the loss), a too-small "
                                "model, or labels the inputs cannot determine; then raise the learning rate."])
     steps = c.opts.steps
+    to_target = _steps_to_target(losses, c.opts.target_fraction * start)
+    trend = ""
+    if math.isfinite(to_target):
+        c.metrics["tail_steps_to_target"] = to_target
+        trend = (f"; at its latest rate it reaches the {c.opts.target_fraction:.0%} target in about "
+                 f"{math.ceil(to_target)} more steps" if to_target > 0 else
+                 f"; the loss is below the {c.opts.target_fraction:.0%} target and still falling, the train accuracy "
+                 f"short of {c.opts.min_accuracy:.0%}")
     return CheckResult(
         CHECK, Status.WARN,
         f"the loss is still falling but did not memorise a batch of {n} within {steps} steps: "
         f"{fmt(start)} -> {fmt(final)} ({final / start:.0%} of its start)"
-        + (f", train accuracy {_acc(acc)}" if acc is not None else ""),
+        + (f", train accuracy {_acc(acc)}" if acc is not None else "") + trend,
         c.metrics, c.tables, [*notes, f"Raise the learning rate or the number of steps (steps={steps * 2}) and "
                                       "rerun; a model that can learn memorises a few dozen samples quickly."],
         c.series)
