@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # what type checkers see; at run time each name loads on firs
     from tropt.experiments.optimize import optimize as optimize
     from tropt.experiments.orchestration import compare as compare
     from tropt.experiments.plan import OptimizationPlan as OptimizationPlan
+    from tropt.experiments.replay import rerun as rerun
+    from tropt.experiments.search import tune as tune
     from tropt.experiments.suggest import suggest as suggest
     from tropt.identity import run_identity as run_identity
     from tropt.metric import Metric as Metric
@@ -65,6 +67,8 @@ _LAZY = {
     "suggest": "tropt.experiments.suggest",
     "OptimizationPlan": "tropt.experiments.plan",
     "optimize": "tropt.experiments.optimize",
+    "rerun": "tropt.experiments.replay",
+    "tune": "tropt.experiments.search",
     "explain": "tropt.checkdocs",
     "verdict": "tropt.verdict",
 }

@@ -92,7 +92,7 @@ def test_mlflow_runs_match_the_table(tmp_path):
     assert merged["tags.tropt.identity.config_hash"].notna().all()
     adam_run = merged.query("candidate == 'adam'").iloc[0]
     assert (adam_run["params.override.optimizer"] == comp.meta["candidates"]["adam"]["optimizer"]
-            == "adam.<locals>.<lambda>")
+            == "Adam(lr=0.003)")  # issue #30: by what it builds, not "adam.<locals>.<lambda>"
     client = mlflow.tracking.MlflowClient(tracking_uri=info["uri"])
     history = client.get_metric_history(adam_run["run_id"], "train_loss")
     assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx(

@@ -21,6 +21,10 @@ _LAZY = {
     "Suggestions": "tropt.experiments.suggest",
     "OptimizationPlan": "tropt.experiments.plan",
     "optimize": "tropt.experiments.optimize",
+    "rerun": "tropt.experiments.replay",
+    "Rerun": "tropt.experiments.replay",
+    "tune": "tropt.experiments.search",
+    "Tuning": "tropt.experiments.search",
 }
 
 __all__ = sorted(_LAZY)

@@ -114,28 +114,83 @@ def candidate_setup(setup: Setup, name: str,
         else:
             factory = overrides["model"]
     if "lr" in overrides:
-        changes["optimizer"] = ScaledLR(changes.get("optimizer", setup.optimizer), float(overrides["lr"]))
+        base = changes.get("optimizer", setup.optimizer)
+        if base is None:
+            raise SetupError(f"compare: candidate {name!r} sets lr=, but the Setup has no optimizer to scale (a "
+                             "hand-written update)", "give the candidate its own step, or an optimizer factory")
+        changes["optimizer"] = ScaledLR(base, float(overrides["lr"]))
     try:
         return setup.replace(**changes), factory
     except TroptError as exc:
         raise type(exc)(f"compare: candidate {name!r}: {exc.message}", exc.fix) from None
 
 
-def describe_overrides(overrides: Mapping[str, Any]) -> dict[str, str]:
-    """The overrides as short strings (for tables, JSON and MLflow params)."""
-    out = {}
-    for key, value in overrides.items():
-        if isinstance(value, (int, float, str, bool)) or value is None:
-            out[key] = str(value)
-        elif isinstance(value, nn.Module):
-            out[key] = type(value).__name__
-        elif callable(value):
-            out[key] = getattr(value, "__qualname__", None) or type(value).__name__
-        elif isinstance(value, (list, tuple)) or hasattr(value, "__len__"):
-            out[key] = f"{type(value).__name__} of {len(value)}"
-        else:
-            out[key] = type(value).__name__
-    return out
+def readable_callable(fn: Any) -> str:
+    """A function's name a person can read: its qualname, or for a lambda or a nested function its name and where
+    it is defined (never "make_candidates.<locals>.<lambda>")."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    if "<" not in name:
+        return name
+    code = getattr(fn, "__code__", None)
+    short = name.rsplit(".", 1)[-1]
+    if code is None:
+        return short
+    import os
+
+    return f"{short} at {os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+
+
+def _optimizer_text(opt: Any) -> str:
+    """An optimizer by class and the hyperparameters of its first param group that differ from the class's
+    defaults (the learning rate always): "SGD(lr=0.05, momentum=0.9)"."""
+    import inspect
+
+    group = opt.param_groups[0] if getattr(opt, "param_groups", None) else {}
+    try:
+        defaults = {k: p.default for k, p in inspect.signature(type(opt).__init__).parameters.items()}
+    except (TypeError, ValueError):
+        defaults = {}
+    parts = []
+    for k, v in group.items():
+        if k == "params" or not isinstance(v, (int, float, bool, tuple, torch.Tensor)) or v is None:
+            continue
+        v = float(v) if isinstance(v, torch.Tensor) and v.numel() == 1 else v
+        if k == "lr" or (k in defaults and defaults[k] != v):
+            parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
+    return f"{type(opt).__name__}({', '.join(parts)})"
+
+
+def _describe(key: str, value: Any, setup: Setup | None) -> str:
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return str(value)
+    if isinstance(value, nn.Module):
+        return f"{type(value).__name__} ({sum(p.numel() for p in value.parameters())} parameters)"
+    if key == "optimizer" and callable(value) and setup is not None:
+        from ..snapshot import preserved
+
+        try:
+            with preserved():
+                return _optimizer_text(setup.replace(optimizer=value).build().optimizer)
+        except Exception:  # noqa: BLE001 - the run reports a factory that fails; here its name is enough
+            pass
+    if isinstance(value, torch.utils.data.DataLoader):
+        from torch.utils.data import RandomSampler
+
+        return (f"DataLoader(batch_size={value.batch_size}, shuffle={isinstance(value.sampler, RandomSampler)}, "
+                f"num_workers={value.num_workers})")
+    if callable(value):
+        return ("model factory " if key == "model" else "") + readable_callable(value)
+    if isinstance(value, (list, tuple)) or hasattr(value, "__len__"):
+        return f"{type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
+def describe_overrides(overrides: Mapping[str, Any], setup: Setup | None = None) -> dict[str, str]:
+    """The overrides as short strings a person can read (for tables, the plan, JSON and MLflow params): numbers as
+    they are, an optimizer factory as the optimizer it builds on a copy of ``setup``'s model ("SGD(lr=0.05,
+    momentum=0.9)"), a DataLoader by its batch size and shuffling, a function by its name (a lambda by where it is
+    defined)."""
+    return {key: _describe(key, value, setup) for key, value in overrides.items()}
 
 
 def lr_candidates(setup: Setup, factors: tuple[float, ...] = (0.3, 3.0)) -> dict[str, dict[str, Any]]:
@@ -147,5 +202,8 @@ def lr_candidates(setup: Setup, factors: tuple[float, ...] = (0.3, 3.0)) -> dict
 
     with preserved():
         ctx = setup.build()
+    if ctx.optimizer is None:
+        raise SetupError("lr_candidates: the Setup has no optimizer (a hand-written update), so it has no learning "
+                         "rate to scale", "pass candidates of your own to compare")
     lr = float(ctx.optimizer.param_groups[0]["lr"])
     return {f"lr_x{f:g}": {"lr": lr * f} for f in factors}

@@ -65,12 +65,21 @@ class Comparison:
         return list(self.meta.get("notes", []))
 
     def _runs_of(self, name: str) -> list[dict]:
-        return sorted((r for r in self.records if r["candidate"] == name), key=lambda r: r["seed"])
+        """The runs of ``name`` on the comparison's own seeds (the winner's fresh-seed confirmation apart)."""
+        from .confirmation import phase
+
+        return sorted((r for r in self.records if r["candidate"] == name and phase(r) == "select"),
+                      key=lambda r: r["seed"])
 
     @property
     def runs(self) -> pd.DataFrame:
-        """One row per run (candidate × seed): status and reason, budget used, scores, speed, instability."""
-        rows = [{k: v for k, v in r.items() if k != "curves"} for n in self.candidates for r in self._runs_of(n)]
+        """One row per run (candidate × seed): status and reason, budget used, scores, speed, instability; the
+        selection runs first, then the winner's confirmation on fresh seeds (``phase`` "confirm")."""
+        from .confirmation import phase
+
+        order = {n: i for i, n in enumerate(self.candidates)}
+        recs = sorted(self.records, key=lambda r: (phase(r) != "select", order.get(r["candidate"], 0), r["seed"]))
+        rows = [{k: v for k, v in r.items() if k != "curves"} for r in recs]
         return pd.DataFrame(rows)
 
     def curves(self, candidate: str, seed: int) -> dict[str, list]:
@@ -94,7 +103,11 @@ class Comparison:
         its reason and the numbers behind it. ``guardrails`` defaults to the ones given to compare.
 
         The candidates are one family: their p-values are adjusted by Holm's method (``p_adjusted``, over
-        ``family_size`` candidates), so the chance that any of them is adopted or rejected by chance stays at 5%."""
+        ``family_size`` candidates), so the chance that any of them is adopted or rejected by chance stays at 5%.
+        When two or more candidates were judged, the adopted winner must also be confirmed on fresh seeds
+        (:mod:`tropt.experiments.confirmation`); ``adopted_for`` is "quality" or "speed"."""
+        from .confirmation import apply_confirmation
+
         g = guardrails if guardrails is not None else self.guardrails
         if not isinstance(g, Guardrails):
             raise TroptError(f"decision: guardrails is a {type(g).__name__}", "pass tropt.Guardrails(...) or None")
@@ -103,20 +116,30 @@ class Comparison:
         tests = [self.paired(n) for n in names]
         adjusted = holm([t.p_value for t in tests])
         family = sum(_finite(p) for p in adjusted)
+        overrides = self.meta.get("candidates", {})
         rows = [decide(n, self._runs_of(n), base, t, metric=self.metric, guardrails=g,
-                       higher_is_better=self.higher_is_better, p_adjusted=p, family=family)
+                       higher_is_better=self.higher_is_better, p_adjusted=p, family=family,
+                       overrides=overrides.get(n))
                 for n, t, p in zip(names, tests, adjusted, strict=True)]
+        rows = apply_confirmation(self, rows, g)
         cols = ["candidate", "verdict", "reason"]
         df = pd.DataFrame(rows)
         return df[cols + [c for c in df.columns if c not in cols]] if rows else pd.DataFrame(columns=cols)
 
     def to_frame(self, guardrails: Guardrails | None = None) -> pd.DataFrame:
         """One row per candidate (the baseline first): mean ± std over seeds, the paired gain to the baseline with
-        its 95% interval, p-value and Holm-adjusted p-value, time, throughput, cost, failures, instability,
-        early-stopping savings and the verdict."""
+        its 95% interval, p-value and Holm-adjusted p-value, then its cost beside it, and the verdict.
+
+        Every cost column is **per run, the mean over the candidate's runs** on the comparison's seeds: ``steps``,
+        ``samples``, ``seconds`` (wall time of a run, evaluations included), ``seconds_per_step`` (training time per
+        step measured inside the run, evaluations excluded), ``samples_per_s`` and ``cost`` (the priced machine time
+        of a run, NaN without ``Budget(cost_per_hour=...)``). ``relative_cost`` is the candidate's mean seconds per
+        run over the baseline's (its cost when priced, the same ratio). ``total_seconds`` and ``total_cost`` are
+        the sums over those runs. ``peak_memory_mb`` is the highest of any run."""
         m = self.metric
         verdicts = self.decision(guardrails).set_index("candidate") if len(self.candidates) > 1 else None
         overrides = self.meta.get("candidates", {})
+        base_secs = _nanmean([r["seconds"] for r in self._runs_of(BASELINE)])
         rows = []
         for name in self.candidates:
             runs = self._runs_of(name)
@@ -139,19 +162,15 @@ class Comparison:
             for k in extra:
                 vals = [r[k] for r in ok if _finite(r.get(k))]
                 row[f"{k}_mean"] = float(np.mean(vals)) if vals else math.nan
-            row.update({
-                "steps": float(np.mean([r["steps"] for r in runs])) if runs else math.nan,
-                "samples": float(np.mean([r["samples"] for r in runs])) if runs else math.nan,
-                "seconds": float(np.mean([r["seconds"] for r in runs])) if runs else math.nan,
-                "samples_per_s": _nanmean([r["samples_per_s"] for r in runs]),
-                "peak_memory_mb": _nanmax([r["peak_memory_mb"] for r in runs]),
-                "cost": _sum_or_nan([r.get("cost") for r in runs]),
-                "unstable_runs": sum(bool(r.get("unstable")) for r in runs),
-                "steps_saved": int(sum(r.get("steps_saved", 0) or 0 for r in runs)),
-            })
+            row.update(_cost_columns(runs, base_secs))
             row["verdict"] = "baseline" if name == BASELINE or verdicts is None else verdicts.loc[name, "verdict"]
             rows.append(row)
         return pd.DataFrame(rows).set_index("candidate")
+
+    @property
+    def compared_at(self) -> str:
+        """What every run was equal in: "equal steps" or "equal samples" (:mod:`tropt.experiments.fairness`)."""
+        return str(self.meta.get("compared_at") or "equal steps")
 
     # ------------------------------------------------------------------ drawing (delegated)
     def plot_curves(self, metric: str | None = None, ax: Any = None) -> Any:
@@ -205,11 +224,13 @@ class Comparison:
         direction = "higher is better" if self.higher_is_better else "lower is better"
         seeds = self.meta.get("seeds", [])
         notes = "".join(f"<li>{e(n)}</li>" for n in self.notes)
+        conf = self.meta.get("confirmation") or {}
         frame = self.to_frame().drop(columns=["overrides"]).to_html(float_format=lambda x: f"{x:.4g}", na_rep="–",
                                                                     border=0)
         return (f'<div class="tropt-comparison"><b>tropt.compare</b> — selection metric <code>{e(self.metric)}</code> '
-                f"({direction}) on the validation split, budget {e(budget)}, seeds {e(str(seeds))}"
-                f"<ul>{items}</ul>{frame}" + (f"<div><b>Notes</b><ul>{notes}</ul></div>" if notes else "") + "</div>")
+                f"({direction}) on the validation split, budget {e(budget)} ({e(self.compared_at)}), seeds "
+                f"{e(str(seeds))}" + (f"; winner re-run on fresh seeds {e(str(conf.get('seeds')))}" if conf else "")
+                + f"<ul>{items}</ul>{frame}" + (f"<div><b>Notes</b><ul>{notes}</ul></div>" if notes else "") + "</div>")
 
     def __repr__(self) -> str:
         return f"Comparison({len(self.records)} runs; {self.summary()})"
@@ -229,12 +250,32 @@ def _nanmax(xs: list) -> float:
     return float(np.max(v)) if v else math.nan
 
 
+def _cost_columns(runs: list[dict], base_secs: float) -> dict[str, Any]:
+    """A candidate's cost per run (means over its runs), its relative cost and its totals (see ``to_frame``)."""
+    from .speed import step_seconds
+
+    secs = _nanmean([r["seconds"] for r in runs])
+    return {
+        "steps": _nanmean([r["steps"] for r in runs]), "samples": _nanmean([r["samples"] for r in runs]),
+        "seconds": secs, "seconds_per_step": _nanmean([step_seconds(r) for r in runs]),
+        "samples_per_s": _nanmean([r["samples_per_s"] for r in runs]),
+        "cost": _nanmean([r.get("cost") for r in runs]),
+        "relative_cost": secs / base_secs if _finite(secs) and _finite(base_secs) and base_secs > 0 else math.nan,
+        "total_seconds": _sum_or_nan([r["seconds"] for r in runs]),
+        "total_cost": _sum_or_nan([r.get("cost") for r in runs]),
+        "peak_memory_mb": _nanmax([r["peak_memory_mb"] for r in runs]),
+        "unstable_runs": sum(bool(r.get("unstable")) for r in runs),
+        "steps_saved": int(sum(r.get("steps_saved", 0) or 0 for r in runs)),
+    }
+
+
 def _sum_or_nan(xs: list) -> float:
     v = [x for x in xs if _finite(x)]
     return float(np.sum(v)) if v else math.nan
 
 
-_NUMERIC = ("score", "final", "best", "seconds", "train_seconds", "cpu_seconds", "samples_per_s", "peak_memory_mb")
+_NUMERIC = ("score", "final", "best", "seconds", "train_seconds", "cpu_seconds", "samples_per_s", "peak_memory_mb",
+            "seconds_per_step")
 
 
 def _restore_nan(r: dict) -> dict:

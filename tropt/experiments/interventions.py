@@ -10,10 +10,10 @@ from typing import Any, TypeGuard
 
 from ..result import Report
 from .budget import Budget, Guardrails
-from .candidates import BASELINE
 from .stats import ADOPT, ESCALATE, INCONCLUSIVE, MIN_SEEDS
 
 NOT_COMPARED = "hypothesis — not yet compared"
+YOURS = "your candidate"
 
 
 def fmt(x: Any) -> str:
@@ -35,8 +35,10 @@ def show(v: Any) -> str:
 
 
 def blocking_fix(r: Any, rep: Report) -> dict[str, Any]:
-    ident = {k: rep.identity.get(k) for k in ("config_hash", "data_fingerprint", "git_commit", "seed")
-             if rep.identity.get(k) is not None}
+    # the configuration hash and data fingerprint are the plan's run identity: stated once, not per intervention
+    ident = ({"run identity": "the plan's (config_hash, data_fingerprint, git_commit)",
+              **({"seed": rep.identity["seed"]} if rep.identity.get("seed") is not None else {})}
+             if rep.identity.get("config_hash") or rep.identity.get("data_fingerprint") else {})
     evidence = ""
     for name, df in r.tables.items():
         if len(df):
@@ -62,14 +64,16 @@ def blocking_fix(r: Any, rep: Report) -> dict[str, Any]:
     }
 
 
-SPEEDUP = 1.1  # a speed candidate is adopted when its samples/s is this much higher at a score within seed noise
-
-
 def acceptance(metric: str, g: Guardrails, goal: str = "quality") -> str:
+    from .speed import SPEEDUP
+
     if goal == "speed":
-        return (f"samples/s ≥ {SPEEDUP:g}× the baseline's over the same seeds, with {metric} not worse "
-                f"beyond seed noise (quality drop ≤ {fmt(g.max_quality_drop)}{' relative' if g.relative else ''}) and "
-                f"unstable runs ≤ the baseline's + {g.max_instability_increase}")
+        return (f"seconds per step ≥ {SPEEDUP:g}× faster than the baseline's, paired over the same seeds and beyond "
+                f"timing noise (the time ratio's 95% interval below 1), with {metric} non-inferior: the gain's paired "
+                f"95% interval above minus the larger of the allowed drop ({fmt(g.max_quality_drop)}"
+                f"{' relative' if g.relative else ''}) and min_effect ({g.describe_min_effect()}); unstable runs ≤ the "
+                f"baseline's + {g.max_instability_increase}; never for a candidate that changes only lr or scheduler "
+                "(the same compute)")
     parts = [f"{metric} better than the baseline: the paired 95% interval of the gain above min_effect "
              f"{g.describe_min_effect()}, with the paired t-test's Holm-adjusted p < 0.05 across the comparison's "
              f"candidates (≥ {MIN_SEEDS} seeds)",
@@ -96,20 +100,28 @@ def compared_candidate(row: dict, table: Any, comp: Any, g: Guardrails, budget: 
     name = row["candidate"]
     over = comp.meta.get("candidates", {}).get(name, {})
     changed = (s.changed if s is not None else None) or [f"{k}={v}" for k, v in over.items()] or ["(no overrides)"]
+    what = ", ".join(f"{k}={v}" for k, v in over.items()) or "no overrides"
     hyp = (s.hypothesis if s is not None
-           else f"{name} ({', '.join(f'{k}={v}' for k, v in over.items())}) beats the baseline on {comp.metric}")
-    finding = s.finding if s is not None else "given by the user"
-    ident = comp.meta.get("identity") or {}
+           else f"changing {what} beats the baseline on {comp.metric} at {comp.compared_at} (your candidate, "
+                "compared as given)")
+    finding = s.finding if s is not None else YOURS
     seeds = comp.meta.get("seeds", [])
-    ident = {**{k: ident.get(k) for k in ("config_hash", "data_fingerprint", "git_commit") if ident.get(k) is not None},
-             "seeds": seeds, "comparison_id": comp.meta.get("comparison_id")}
+    # the configuration hash and data fingerprint are the plan's run identity: stated once, not per intervention
+    ident = {"candidate": f"{name}: {what}", "seeds": seeds, "comparison_id": comp.meta.get("comparison_id"),
+             "run identity": "the plan's (config_hash, data_fingerprint, git_commit)"}
+    own = ((comp.meta.get("candidate_identities") or {}).get(name) or {}).get("config_hash")
+    if own:  # the candidate's own configuration (its overrides' code and values), not the baseline's
+        ident["candidate_config_hash"] = own
+    conf = comp.meta.get("confirmation") or {}
+    if conf.get("candidate") == name:
+        ident["confirmation_seeds"] = conf.get("seeds")
     noise, n = row.get("noise"), row.get("seeds")
     lim = [f"{n} paired seeds (the baseline's spread between seeds {fmt(noise)}; the decision reads the paired "
            "differences, which the pairing frees of that spread)",
            f"budget {budget_text(budget)}: a longer run can rank candidates differently"]
     if isinstance(n, int) and n < MIN_SEEDS:
         lim.append(f"fewer than {MIN_SEEDS} seeds cannot tell a difference from noise")
-    if "cpu" in str(ident.get("device", comp.meta.get("identity", {}).get("device", "cpu"))):
+    if "cpu" in str((comp.meta.get("identity") or {}).get("device", "cpu")):
         lim.append("CPU timings shift with machine load: compare times within one comparison only")
     lim += [n_ for n_ in comp.notes if "test" in n_]
     allowed = g.allowed_drop(row["baseline_mean"]) if finite(row.get("baseline_mean")) else g.max_quality_drop
@@ -122,16 +134,12 @@ def compared_candidate(row: dict, table: Any, comp: Any, g: Guardrails, budget: 
     secs = row.get("seconds")
     goal = getattr(s, "goal", "quality")
     verdict, observed = row["verdict"], f"{row['verdict']}: {row['reason']}"
-    sps = table.loc[name, "samples_per_s"] if name in table.index else math.nan
-    base_sps = table.loc[BASELINE, "samples_per_s"] if BASELINE in table.index else math.nan
-    if (goal == "speed" and verdict == INCONCLUSIVE and row.get("failed_runs", 0) == 0 and finite(sps)
-            and finite(base_sps) and sps >= SPEEDUP * base_sps):
-        # compare decides on quality; a speed candidate's gain is throughput at an unchanged score
-        verdict = ADOPT
-        observed = (f"adopt (speed): {sps / base_sps:.2f}× the baseline's samples/s ({fmt(sps)} vs {fmt(base_sps)}) "
-                    f"with the score within seed noise ({row['reason']})")
+    if verdict == ADOPT and row.get("adopted_for") == "speed":
+        goal = "speed"
+        observed = f"adopt (speed): {row['speedup']:.2f}× the baseline's speed per step — {row['reason']}"
     if goal == "speed":
-        lim.append("compare judges the score; the speed is read from wall time per run, which machine load moves")
+        lim.append("the speed is read from the seconds per step measured inside each run, paired by seed; machine "
+                   "load moves it, so it counts only beyond timing noise")
     return {
         "kind": "compared candidate", "name": name, "finding": finding, "verdict": verdict,
         "hypothesis": hyp, "changed": changed, "acceptance": acceptance(comp.metric, g, goal),

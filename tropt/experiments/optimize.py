@@ -30,6 +30,7 @@ def optimize(
     checks: Any = None,
     report: Any = None,
     progress: bool = True,
+    threads: int | str | None = None,
     **compare_kwargs: Any,
 ) -> OptimizationPlan:
     """The whole workflow in one call: diagnose, then either the blocking fixes or a compared, decided plan.
@@ -51,6 +52,9 @@ def optimize(
         Restrict the diagnosis (as in :func:`tropt.diagnose`); default every check that applies.
     report
         A diagnosis already made of this Setup (skips diagnosing again).
+    threads
+        torch intra-op threads for the diagnosis and every run of the comparison: one policy for both
+        (:func:`tropt.budgets.tropt_threads`; None takes the cores other work leaves idle).
     compare_kwargs
         Passed to :func:`tropt.compare` (``eval_every``, ``early_stopping``, ``metric``, ``reinit``, ...).
 
@@ -74,20 +78,18 @@ def optimize(
     if not isinstance(g, Guardrails):
         raise TroptError(f"optimize: guardrails is a {type(g).__name__}", "pass tropt.Guardrails(...) or None")
     rep = report if report is not None else diagnose(setup, splits, label=label, group=group, time=time, checks=checks,
-                                                     progress=progress)
+                                                     progress=progress, threads=threads)
     sugg = suggest(rep, setup)
     plan_args: dict[str, Any] = dict(budget=budget, guardrails=g, suggestions=sugg)
     if sugg.blocking:  # a leak or a broken update is not repaired by another optimizer: nothing is compared
         return _attach(OptimizationPlan.from_report(rep, **plan_args), rep, None)
     if _budget_exceeded(_baseline(rep, None, budget), None, budget, g):
         return _attach(OptimizationPlan.from_report(rep, **plan_args), rep, None)
-    cands = dict(sugg)
-    for name, over in (candidates or {}).items():
-        cands[name] = over
+    cands = {**sugg, **(candidates or {})}
     if not cands:
         return _attach(OptimizationPlan.from_report(rep, **plan_args), rep, None)
     comp = compare(setup, cands, budget=budget, seeds=seeds, guardrails=g, executor=executor, tracking=tracking,
-                   progress=progress, **compare_kwargs)
+                   progress=progress, threads=threads, **compare_kwargs)
     comp.meta["suggestions"] = {n: s.to_dict() for n, s in sugg.details.items()}
     return _attach(OptimizationPlan.from_report(rep, comp, **plan_args), rep, comp)
 

@@ -12,9 +12,13 @@ from ..metric import Metric
 from .budget import Budget, EarlyStopping, Guardrails
 from .candidates import BASELINE, candidate_setup, describe_overrides, validate_candidates
 from .comparison import Comparison
+from .confirmation import fresh_seeds, winner
 from .evaluation import higher_is_better, metric_name, score
 from .executors import check_executor, executor_label
+from .fairness import fair_budgets
+from .provenance import plain, refuse_final_as_selection
 from .runner import RunSpec, _Run, run_one, run_pickled
+from .seeding import check_seeds_vary
 
 if TYPE_CHECKING:
     from ..setup import Setup
@@ -97,6 +101,9 @@ def compare(
     splits: Mapping[str, Any] | None = None,
     select_split: str = "val",
     reinit: bool = False,
+    threads: int | str | None = None,
+    confirm: int | None = None,
+    prune: Any = None,
 ) -> Comparison:
     """Run every candidate and the baseline under one budget over seeds, and decide.
 
@@ -141,30 +148,107 @@ def compare(
         used for selection), and the name of the selection split (``"val"``: the Setup's ``val_data``).
     reinit
         Re-initialise each run's model copy from its seed (``reset_parameters``): for models trained from scratch,
-        so seeds vary the initialisation too. Default keeps the Setup's weights (fine-tuning).
+        so seeds vary the initialisation too. Default keeps the Setup's weights (fine-tuning). A list of training
+        batches is read in a seeded order either way (:mod:`tropt.experiments.seeding`); when the seeds vary
+        nothing at all, compare says so before any run (a :class:`tropt.errors.TroptError`).
+    threads
+        torch intra-op threads for every run, the same policy as :func:`tropt.diagnose`
+        (:func:`tropt.budgets.tropt_threads`): None takes the cores other work leaves idle, chosen once so every
+        run (on any executor) uses the same count; the user's setting is restored afterwards.
+    confirm
+        Fresh seeds on which the winner of two or more candidates is re-run with the baseline before it is adopted
+        (:mod:`tropt.experiments.confirmation`); None: as many as ``seeds``; 0 turns the confirmation off.
+    prune
+        None (default): the fixed budget for every run, the best checkpoint chosen afterwards with ``select="best"``.
+        ``"halving"`` or ``"hyperband"`` (or an ``optuna.pruners`` pruner): stop losers by rank at each evaluation
+        with Optuna's pruners, and report the compute saved against the full grid (:mod:`tropt.experiments.pruning`;
+        needs the ``tune`` extra; runs in this process).
 
     Returns
     -------
     Comparison
     """
     opts = _validated(setup, candidates, budget, seeds, metric, eval_every, early_stopping, guardrails, select, reinit,
-                      executor, tracking)
-    select_name, select_data, final_splits, notes = _selection(setup, splits, select_split)
+                      executor, tracking, prune)
+    confirm_n = _check_confirm(confirm, len(opts.seeds))
+    selection = _selection(setup, splits, select_split)
     setup.validate()
     built: dict[str, tuple[Setup, Callable[[], Any] | None]] = {BASELINE: (setup, None)}
     built.update({n: candidate_setup(setup, n, o) for n, o in opts.candidates.items()})
-    if opts.metric is not None:
-        _probe_metric(setup, opts.metric, select_data, select_name)
-    every = eval_every or _default_eval_every(setup, budget)
-    specs = [RunSpec(s, name, seed, budget, opts.metric, every, opts.early_stopping, factory, reinit, final_splits,
-                     select, select_name, select_data) for name, (s, factory) in built.items() for seed in opts.seeds]
-    records = _execute(specs, executor, progress, callback)
-    comparison = Comparison(records, _meta(setup, opts, every, select_name, notes, records))
+    comparison = _run_all(setup, built, opts, selection, eval_every, threads, confirm_n, progress, callback)
     if tracking is not None:
         from .tracking import log_comparison
 
         comparison.meta["tracking"] = log_comparison(comparison, tracking)
     return comparison
+
+
+def _run_all(setup: Setup, built: dict[str, tuple[Setup, Any]], opts: _Options, selection: tuple, eval_every: Any,
+             threads: Any, confirm_n: int, progress: bool, callback: Callable | None) -> Comparison:
+    """Under one thread policy: probe the metric and the seeds, fix each candidate's fair budget, run every
+    candidate on every seed, then the winner of many and the baseline on fresh seeds."""
+    from ..budgets import oversubscribed, tropt_threads
+    from ..identity import candidate_identity
+
+    select_name, select_data, final_splits, notes = selection
+    with tropt_threads(threads) as used:
+        if opts.metric is not None:
+            _probe_metric(setup, opts.metric, select_data, select_name)
+        check_seeds_vary(setup, opts.seeds, reinit=opts.reinit)
+        refuse_final_as_selection(setup, select_name, select_data, final_splits)
+        budgets, basis, fair_notes = fair_budgets(built, opts.budget)
+        every = eval_every or _default_eval_every(setup, opts.budget)
+
+        def specs(names: list[str], seed_list: list[int], phase: str) -> list[RunSpec]:
+            return [RunSpec(built[n][0], n, seed, budgets[n], opts.metric, every, opts.early_stopping, built[n][1],
+                            opts.reinit, final_splits, opts.select, select_name, select_data, used, phase)
+                    for seed in seed_list for n in names]  # seed by seed: load drift hits every candidate alike
+
+        records, pruned = _select_runs(specs(list(built), opts.seeds, "select"), opts, every, budgets, progress,
+                                       callback)
+        comparison = Comparison(records, _meta(setup, opts, every, select_name, notes + fair_notes, records))
+        if pruned:
+            from .pruning import pruning_note
+
+            comparison.meta["pruning"] = pruned
+            comparison.meta["notes"].append(pruning_note(pruned))
+        comparison.meta.update(threads=used, compared_at=basis,
+                               candidate_identities={n: candidate_identity(built[n][0], opts.candidates[n])
+                                                     for n in opts.candidates})
+        busy = oversubscribed()
+        if busy:
+            comparison.meta["notes"].append(busy)
+        best = winner(comparison.decision().to_dict("records")) if confirm_n else None
+        if best is not None:
+            fresh = fresh_seeds(opts.seeds, confirm_n)
+            comparison.records += _execute(specs([BASELINE, best], fresh, "confirm"), opts.executor, progress,
+                                           callback)
+            comparison.meta["confirmation"] = {"candidate": best, "seeds": fresh}
+    return comparison
+
+
+def _select_runs(specs: list[RunSpec], opts: _Options, every: int, budgets: dict[str, Budget], progress: bool,
+                 callback: Callable | None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The selection runs: every one at the fixed budget, or through Optuna's pruner (with its summary)."""
+    if opts.prune is None:
+        return _execute(specs, opts.executor, progress, callback), None
+    from .pruning import Pruning, execute_pruned
+
+    pruning = Pruning(opts.prune, higher_is_better(opts.metric), every, budgets[BASELINE].steps)
+    records = execute_pruned(specs, pruning, progress, callback)
+    base_steps = max((r["steps"] for r in records if r["candidate"] == BASELINE), default=0)
+    planned = {n: b.steps or base_steps for n, b in budgets.items()}
+    return records, pruning.summary(records, planned)
+
+
+def _check_confirm(confirm: Any, n_seeds: int) -> int:
+    """The number of fresh seeds for the winner's confirmation (None: as many as the selection's seeds)."""
+    if confirm is None:
+        return n_seeds
+    if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
+        raise TroptError(f"compare: confirm={confirm!r}; it must be an integer >= 0 or None",
+                         "confirm=3 re-runs the winner on 3 fresh seeds; confirm=0 adopts without confirmation")
+    return confirm
 
 
 @dataclass(frozen=True)
@@ -180,11 +264,12 @@ class _Options:
     select: str
     reinit: bool
     executor: Any
+    prune: Any = None
 
 
 def _validated(setup: Setup, candidates: Any, budget: Any, seeds: Any, metric: Any, eval_every: Any,
                early_stopping: Any, guardrails: Any, select: Any, reinit: Any, executor: Any,
-               tracking: Any) -> _Options:
+               tracking: Any, prune: Any = None) -> _Options:
     """Check every keyword before any run (a bad one fails now, saying how to fix it), in the order given."""
     from ..setup import Setup
 
@@ -213,11 +298,14 @@ def _validated(setup: Setup, candidates: Any, budget: Any, seeds: Any, metric: A
         raise TroptError(f"compare: reinit={reinit!r}; it must be True or False",
                          "reinit=True re-initialises each run from its seed")
     check_executor(executor)
-    if tracking is not None:
-        from .tracking import tracking_uri
+    from .pruning import check_prune
 
-        tracking_uri(tracking)  # a bad value fails now, not after every run
-    return _Options(cands, budget, seed_list, metric, es, guardrails, select, reinit, executor)
+    check_prune(prune, executor)
+    if tracking is not None:
+        from .tracking import check_store
+
+        check_store(tracking)  # a bad value or an unwritable store fails now, not after every run
+    return _Options(cands, budget, seed_list, metric, es, guardrails, select, reinit, executor, prune)
 
 
 def _meta(setup: Setup, opts: _Options, every: int, select_name: str, notes: list[str],
@@ -235,7 +323,9 @@ def _meta(setup: Setup, opts: _Options, every: int, select_name: str, notes: lis
         "select_split": select_name, "budget": opts.budget.to_dict(), "seeds": opts.seeds, "eval_every": every,
         "early_stopping": es.to_dict() if es is not None else None,
         "guardrails": opts.guardrails.to_dict(), "reinit": opts.reinit,
-        "candidates": {BASELINE: {}, **{n: describe_overrides(o) for n, o in opts.candidates.items()}},
+        "prune": opts.prune if opts.prune is None or isinstance(opts.prune, str) else type(opts.prune).__name__,
+        "candidates": {BASELINE: {}, **{n: describe_overrides(o, setup) for n, o in opts.candidates.items()}},
+        "plain_overrides": {n: {k: v for k, v in o.items() if plain(v)} for n, o in opts.candidates.items()},
         "executor": executor_label(opts.executor), "notes": notes,
         "identity": run_identity(setup),
     }

@@ -26,8 +26,8 @@ from .interventions import (
     fmt,
     hypothesis,
     priority,
-    show,
 )
+from .provenance import refuse_mixed_setups, rerun_record
 from .stats import ADOPT, ESCALATE, MIN_SEEDS
 from .suggest import CORRECTNESS, FindingsError, blocking_findings, load_report, suggest
 
@@ -72,6 +72,11 @@ class OptimizationPlan:
     why_empty: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     outcome_reason: str = ""
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # WARN findings: judgement calls, not bottlenecks
+    costs: list[dict[str, Any]] = field(default_factory=list)  # cost and quality per candidate (experiments.costs)
+    metric: str = "the selection metric"
+    higher_is_better: bool = False
+    rerun: dict[str, Any] = field(default_factory=dict)  # seeds, budget, rules, scores: experiments.provenance
     # set by tropt.optimize (not serialised: each has its own JSON, findings.json and comparison.json)
     report = None
     comparison = None
@@ -114,7 +119,9 @@ class OptimizationPlan:
         from ..result import json_safe
 
         d = {k: getattr(self, k) for k in FIELDS}
-        d.update(why_empty=self.why_empty, notes=self.notes, outcome_reason=self.outcome_reason)
+        d.update(why_empty=self.why_empty, notes=self.notes, outcome_reason=self.outcome_reason,
+                 warnings=self.warnings, costs=self.costs, metric=self.metric, higher_is_better=self.higher_is_better,
+                 rerun=self.rerun)
         return {"format": FORMAT, **json_safe(d)}
 
     def to_json(self, path: Any = None) -> str:
@@ -127,7 +134,9 @@ class OptimizationPlan:
                              f"(format {d.get('format') if isinstance(d, dict) else type(d).__name__!r})",
                              f"pass what OptimizationPlan.to_dict() wrote (format {FORMAT!r})")
         return cls(**{k: d[k] for k in FIELDS}, why_empty=d.get("why_empty", {}), notes=d.get("notes", []),
-                   outcome_reason=d.get("outcome_reason", ""))
+                   outcome_reason=d.get("outcome_reason", ""), warnings=d.get("warnings", []),
+                   costs=d.get("costs", []), metric=d.get("metric", "the selection metric"),
+                   higher_is_better=bool(d.get("higher_is_better", False)), rerun=d.get("rerun", {}))
 
     @classmethod
     def from_json(cls, text_or_path: str) -> OptimizationPlan:
@@ -141,66 +150,14 @@ class OptimizationPlan:
 
     def to_markdown(self) -> str:
         """The plan as Markdown; every piece of user text is escaped."""
-        from ..result import md_text as t
+        from .plan_render import markdown
 
-        lines = [f"# tropt optimization plan — {t(self.outcome.upper())}", "", t(self.outcome_reason), ""]
-        lines += ["## Baseline", ""] + [f"- **{t(k)}**: {t(show(v))}" for k, v in self.baseline.items()]
-        lines += ["", "## Bottlenecks (worst first)", ""]
-        lines += [f"- **{t(b['status'].upper())}** `{t(b['check'])}` — {t(b['summary'])}"
-                  + (f" *Fix:* {t(b['fix'])}" if b.get("fix") else "")
-                  for b in self.bottlenecks] or [f"_{t(self.why_empty.get('bottlenecks', ''))}_"]
-        lines += ["", "## Prioritised interventions", ""]
-        if not self.interventions:
-            lines.append(f"_{t(self.why_empty.get('interventions', ''))}_")
-        for iv in self.interventions:
-            lines += [f"### {iv['priority']}. {t(iv['name'])} ({t(iv['kind'])}, from `{t(iv['finding'])}`)", ""]
-            for k in INTERVENTION_FIELDS[4:] + tuple(k for k in ("fix", "evidence") if iv.get(k)):
-                lines.append(f"- **{k}**: {t(show(iv[k]))}")
-            lines.append("")
-        lines += ["## Adopted changes", ""]
-        lines += [f"- **{t(a['name'])}**: {t(show(a['changed']))} — {t(a['observed'])}"
-                  for a in self.adopted] or [f"_{t(self.why_empty.get('adopted', ''))}_"]
-        lines += ["", "## Stop conditions", ""] + [f"- {t(c)}" for c in self.stop_conditions]
-        lines += ["", "## Escalate conditions", ""] + [f"- {t(c)}" for c in self.escalate_conditions]
-        if self.notes:
-            lines += ["", "## Notes", ""] + [f"- {t(n)}" for n in self.notes]
-        lines += ["", "## Run identity", ""] + [f"- {t(k)}: {t(show(v))}" for k, v in self.identity.items()]
-        return "\n".join(lines) + "\n"
+        return markdown(self)
 
     def _repr_html_(self) -> str:
-        e = lambda x: html.escape(show(x))  # noqa: E731
-        colour = {BLOCKED: "#cf222e", ESCALATED: "#9a6700", ADOPTED: "#1a7f37"}.get(self.outcome, "#6e7781")
-        parts = [f'<div class="tropt-plan"><h1>tropt optimization plan — '
-                 f'<span style="color:{colour}">{e(self.outcome.upper())}</span></h1>',
-                 f"<p>{e(self.outcome_reason)}</p><h2>Baseline</h2><table>"]
-        parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in self.baseline.items()]
-        parts.append("</table><h2>Bottlenecks (worst first)</h2><ol>")
-        parts += [f"<li><b>{e(b['status'].upper())}</b> <code>{e(b['check'])}</code> — {e(b['summary'])}"
-                  + (f"<br><i>Fix:</i> {e(b['fix'])}" if b.get("fix") else "") + "</li>" for b in self.bottlenecks]
-        if not self.bottlenecks:
-            parts.append(f"<li><i>{e(self.why_empty.get('bottlenecks', ''))}</i></li>")
-        parts.append("</ol><h2>Prioritised interventions</h2>")
-        if not self.interventions:
-            parts.append(f"<p><i>{e(self.why_empty.get('interventions', ''))}</i></p>")
-        for iv in self.interventions:
-            parts.append(f"<h3>{iv['priority']}. {e(iv['name'])} <small>({e(iv['kind'])}, from "
-                         f"<code>{e(iv['finding'])}</code>)</small></h3><table>")
-            parts += [f"<tr><th>{k}</th><td>{e(iv[k])}</td></tr>"
-                      for k in INTERVENTION_FIELDS[4:] + tuple(k for k in ("fix", "evidence") if iv.get(k))]
-            parts.append("</table>")
-        parts.append("<h2>Adopted changes</h2><ul>")
-        parts += [f"<li><b>{e(a['name'])}</b>: {e(a['changed'])} — {e(a['observed'])}</li>" for a in self.adopted]
-        if not self.adopted:
-            parts.append(f"<li><i>{e(self.why_empty.get('adopted', ''))}</i></li>")
-        parts.append("</ul><h2>Stop conditions</h2><ul>" + "".join(f"<li>{e(c)}</li>" for c in self.stop_conditions))
-        parts.append("</ul><h2>Escalate conditions</h2><ul>"
-                     + "".join(f"<li>{e(c)}</li>" for c in self.escalate_conditions) + "</ul>")
-        if self.notes:
-            parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in self.notes) + "</ul>")
-        parts.append("<details><summary>run identity</summary><table>"
-                     + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in self.identity.items())
-                     + "</table></details></div>")
-        return "".join(parts)
+        from .plan_render import html_body
+
+        return html_body(self)
 
     def to_html(self, path: Any = None, title: str = "tropt optimization plan") -> str:
         """A standalone, offline HTML page (no external resources); also written to ``path`` when given."""
@@ -224,17 +181,20 @@ def _build(rep: Report, comp: Any, budget: Budget | None, g: Guardrails, sugg: A
     why: dict[str, str] = {}
     notes: list[str] = []
     baseline = _baseline(rep, comp, budget)
-    bottlenecks = [{"check": r.check, "status": r.status.value, "summary": r.summary,
-                    "fix": r.advice[0] if r.advice else ""}
-                   for r in sorted((r for r in rep if r.status in (Status.FAIL, Status.ERROR, Status.WARN)),
-                                   key=_order_key)]
+    found = [{"check": r.check, "status": r.status.value, "summary": r.summary, "fix": r.advice[0] if r.advice else ""}
+             for r in sorted((r for r in rep if r.status in (Status.FAIL, Status.ERROR, Status.WARN)), key=_order_key)]
+    bottlenecks = [b for b in found if b["status"] != Status.WARN.value]  # a WARN needs judgement: not a bottleneck
+    warnings = [b for b in found if b["status"] == Status.WARN.value]
     if not bottlenecks:
-        why["bottlenecks"] = f"none: all {len(rep)} checks passed or were skipped"
+        why["bottlenecks"] = (f"none: no check failed ({len(warnings)} WARN{'s' if len(warnings) != 1 else ''}, "
+                              "listed under Warnings)" if warnings
+                              else f"none: all {len(rep)} checks passed or were skipped")
     identity = {k: rep.identity.get(k)
                 for k in ("tropt", "torch", "device", "seed", "config_hash", "data_fingerprint", "git_commit")
                 if rep.identity.get(k) is not None} or {"note": "the findings carry no run identity"}
     if comp is not None:
         identity.update(comparison_id=comp.meta.get("comparison_id"), seeds=comp.meta.get("seeds"))
+        refuse_mixed_setups(rep.identity, comp.meta.get("identity") or {})
     over = _budget_exceeded(baseline, comp, budget, g)
     errored = [r.check for r in rep if r.status is Status.ERROR and r.check.startswith(CORRECTNESS)]
     if errored:
@@ -283,9 +243,16 @@ def _build(rep: Report, comp: Any, budget: Budget | None, g: Guardrails, sugg: A
     if outcome == ESCALATED and adopted:
         adopted = []
         why["adopted"] = "none: the plan escalates, so nothing is adopted until the budget is settled"
-    return OptimizationPlan(outcome, baseline, bottlenecks, interventions,
+    from .costs import cost_rows
+
+    plan = OptimizationPlan(outcome, baseline, bottlenecks, interventions,
                             [{k: a[k] for k in ("name", "changed", "observed", "rollback")} for a in adopted],
-                            _stop_conditions(g, comp), _escalate_conditions(g, budget), identity, why, notes, reason)
+                            _stop_conditions(g, comp), _escalate_conditions(g, budget), identity, why, notes, reason,
+                            warnings, cost_rows(comp, g) if comp is not None else [],
+                            comp.metric if comp is not None else "the selection metric",
+                            comp.higher_is_better if comp is not None else False)
+    plan.rerun = rerun_record(comp, adopted[0]["name"] if adopted else None) if comp is not None else {}
+    return plan
 
 
 def _compared_and_hypotheses(comp: Any, g: Guardrails, budget: Budget | None, sugg: Any,
@@ -317,15 +284,18 @@ def _compared_and_hypotheses(comp: Any, g: Guardrails, budget: Budget | None, su
 
 
 def _baseline(rep: Report, comp: Any, budget: Budget | None) -> dict[str, Any]:
+    from .speed import step_seconds
+
     out: dict[str, Any] = {}
     thr = rep["perf.throughput"] if "perf.throughput" in rep else None  # noqa: SIM401 - Report has no .get()
     curve = rep["dynamics.loss_curve"] if "dynamics.loss_curve" in rep else None  # noqa: SIM401 - Report has no .get()
-    base_runs = [r for r in comp.records if r["candidate"] == BASELINE] if comp is not None else []
+    base_runs = comp._runs_of(BASELINE) if comp is not None else []  # the selection seeds (not the confirmation)
     tm = thr.metrics if thr is not None and thr.status in (Status.PASS, Status.WARN) else {}
     if finite(tm.get("step_ms")):
         out["runtime_per_step_ms"] = float(tm["step_ms"])
-    elif base_runs and sum(r["steps"] for r in base_runs):
-        out["runtime_per_step_ms"] = 1e3 * sum(r["seconds"] for r in base_runs) / sum(r["steps"] for r in base_runs)
+    elif base_runs and any(finite(step_seconds(r)) for r in base_runs):  # measured inside each run, training only
+        per = [step_seconds(r) for r in base_runs if finite(step_seconds(r))]
+        out["runtime_per_step_ms"] = 1e3 * sum(per) / len(per)
     else:
         out["runtime_per_step_ms"] = "not measured: perf.throughput did not run and no comparison was given"
     if finite(tm.get("samples_per_s")):
@@ -369,6 +339,10 @@ def _baseline(rep: Report, comp: Any, budget: Budget | None) -> dict[str, Any]:
         out["final_metric"] = "not measured: no comparison and no loss-curve probe"
     if budget is not None:
         out["budget"] = ", ".join(f"{k}={v}" for k, v in budget.to_dict().items() if v is not None)
+    if comp is not None:
+        from .fairness import basis_text
+
+        out["compared_at"] = basis_text(comp.compared_at, comp.meta.get("budget") or {})
     return out
 
 

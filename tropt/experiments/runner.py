@@ -48,6 +48,9 @@ class RunSpec:
     select: str = "final"
     select_name: str = "val"  # the selection split's name ("val": the Setup's val_data)
     select_data: Any = None  # its data when it is not the Setup's val_data
+    threads: int | None = None  # torch intra-op threads, chosen once by compare for every run (None: as it is)
+    phase: str = "select"  # "select": the comparison's own seeds; "confirm": the winner's fresh seeds
+    pruner: Callable[[int, float], bool] | None = None  # (step, value) -> stop now (experiments.pruning)
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -158,6 +161,10 @@ class _Run:
             self.best, self.best_step = value, self.steps
         return es is not None and self.bad_evals >= es.patience
 
+    def last_value(self) -> float:
+        """The selection metric at the latest evaluation."""
+        return next(iter(self.evals.values()))[-1]
+
     def fail(self, reason: str, stopped_by: str) -> None:
         self.status, self.reason, self.stopped_by = "failed", reason, stopped_by
 
@@ -173,13 +180,15 @@ class _Run:
         planned_steps = budget.steps
         if planned_steps is None and budget.samples is not None and self.steps and self.samples:
             planned_steps = math.ceil(budget.samples / (self.samples / self.steps))
-        early = self.stopped_by == "early_stopping"
+        early = self.stopped_by in ("early_stopping", "pruned")
         rec: dict[str, Any] = {
             "candidate": spec.candidate, "seed": spec.seed, "status": self.status, "reason": self.reason,
             "stopped_by": self.stopped_by, "optimizer": self.optimizer,
             "steps": self.steps, "samples": self.samples,
             "seconds": self.seconds, "train_seconds": self.train_seconds, "cpu_seconds": self.cpu_seconds,
             "samples_per_s": self.samples / self.train_seconds if self.train_seconds > 0 else math.nan,
+            "seconds_per_step": self.train_seconds / self.steps if self.steps else math.nan,
+            "threads": spec.threads, "phase": spec.phase,
             "peak_memory_mb": self.peak_mb,
             "cost": budget.cost(self.seconds),
             "score": (best if spec.select == "best" else final),
@@ -220,7 +229,9 @@ def _curve_signals(losses: list[float], lrs: list[float]) -> dict[str, Any]:
 def _start(spec: RunSpec, run: _Run) -> tuple[Any, Any]:
     """The run's Setup (its seed) and fresh training objects: the model factory's or a copy, re-initialised on
     request."""
-    setup = spec.setup.replace(seed=spec.seed)
+    from .seeding import vary_order
+
+    setup = vary_order(spec.setup.replace(seed=spec.seed), spec.seed)
     model = None
     if spec.model_factory is not None:
         torch.manual_seed(spec.seed)  # the factory's initialisation is the seed's
@@ -318,6 +329,8 @@ def _train(spec: RunSpec, run: _Run, callback: Callable[[dict], Any] | None) -> 
                 break
             if early and not done and not stop:
                 stop = "early_stopping"
+            if spec.pruner is not None and spec.pruner(run.steps, run.last_value()) and not done and not stop:
+                stop = "pruned"  # every evaluation is reported to the pruner, the last one too
         if done or stop:
             break
     sync(ctx.device)
@@ -340,6 +353,9 @@ def run_one(spec: RunSpec, callback: Callable[[dict], Any] | None = None) -> dic
     from ..snapshot import preserved
 
     run = _Run(spec)
+    before = torch.get_num_threads()
+    if spec.threads is not None:
+        torch.set_num_threads(spec.threads)  # the same count in every process, so runs stay comparable
     with preserved():
         try:
             setup, ctx = _train(spec, run, callback)
@@ -354,6 +370,8 @@ def run_one(spec: RunSpec, callback: Callable[[dict], Any] | None = None) -> dic
                 run.fail(message, "non_finite")
             else:
                 run.fail(message, "error")
+        finally:
+            torch.set_num_threads(before)
     return run.record()
 
 

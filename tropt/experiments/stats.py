@@ -28,7 +28,9 @@ Decisions (:func:`decide`), in this order: reject for instability (more unstable
 ``Guardrails.max_instability_increase``, even if faster); inconclusive when the baseline failed or a candidate's
 run raised; escalate for budget when runs were cut short by the seconds cap (the comparison is not at the stated
 budget, so quality is not judged); reject for quality (above); escalate for budget when slower than the
-guardrail's per-run limit; adopt (above, inside every guardrail); otherwise inconclusive.
+guardrail's per-run limit; adopt (above, inside every guardrail); adopt for speed (non-inferior quality and faster
+beyond timing noise, :mod:`tropt.experiments.speed`); otherwise inconclusive. ``adopted_for`` says which
+("quality" or "speed").
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class Paired:
         return asdict(self)
 
 
+def _constant(x: np.ndarray) -> bool:
+    return bool(x.size == 0 or np.all(x == x[0]))
+
+
 def _std(x: np.ndarray) -> float:
     return float(np.std(x, ddof=1)) if x.size > 1 else math.nan
 
@@ -97,7 +103,7 @@ def paired(base: dict[int, float], cand: dict[int, float], higher_is_better: boo
         return Paired(n, gain, gain_std, nan, nan, nan, noise, False,
                       f"{n} paired seed{'s' if n != 1 else ''}; telling a difference from seed noise needs at least "
                       f"{min_seeds}")
-    if (noise == 0 or not math.isfinite(noise)) and _std(c) == 0:
+    if _constant(base_all) and _constant(c):  # exactly equal (a std of equal floats can be 1e-16, not 0)
         return Paired(n, gain, gain_std, nan, nan, nan, 0.0, False,
                       "every seed gave the same score, so seed noise cannot be measured (the seeds change neither the "
                       "data order nor the initialisation): shuffle the training data (a Dataset or a shuffling "
@@ -174,11 +180,13 @@ def _inconclusive_reason(stats: Paired, numbers: str, allowed: float, min_eff: f
 
 def decide(name: str, cand_runs: list[dict], base_runs: list[dict], stats: Paired, *, metric: str,
            guardrails: Guardrails, higher_is_better: bool, p_adjusted: float | None = None,
-           family: int = 1) -> dict[str, Any]:
+           family: int = 1, overrides: Any = None) -> dict[str, Any]:
     """One verdict for one candidate, with the numbers behind it.
 
     ``p_adjusted`` is the candidate's p-value after Holm's adjustment over the ``family`` candidates of its
     comparison (:meth:`Comparison.decision` computes it); None judges the candidate alone (its own p-value).
+    ``overrides`` (the candidate's Setup keywords) tell whether it can change the compute per step, which a
+    candidate adopted for speed must (:mod:`tropt.experiments.speed`).
     """
     n_c, n_b = len(cand_runs), len(base_runs)
     unstable_c = sum(bool(r.get("unstable")) for r in cand_runs)
@@ -204,8 +212,9 @@ def decide(name: str, cand_runs: list[dict], base_runs: list[dict], stats: Paire
            "baseline_unstable_runs": unstable_b, "failed_runs": sum(r["status"] == "failed" for r in cand_runs),
            "seconds": secs_c, "baseline_seconds": secs_b, "cost_per_run": float(np.mean(costs)) if costs else math.nan}
 
-    def verdict(v: str, reason: str) -> dict[str, Any]:
-        return {**out, "verdict": v, "reason": reason}
+    def verdict(v: str, reason: str, adopted_for: str | None = None) -> dict[str, Any]:
+        return {**out, "verdict": v, "reason": reason,
+                "adopted_for": adopted_for or ("quality" if v == ADOPT else None)}
 
     if unstable_c > unstable_b + guardrails.max_instability_increase:
         kinds = {"non-finite": sum(bool(r.get("non_finite")) for r in cand_runs),
@@ -219,9 +228,9 @@ def decide(name: str, cand_runs: list[dict], base_runs: list[dict], stats: Paire
     if base_runs and all(r["status"] == "failed" for r in base_runs):
         return verdict(INCONCLUSIVE, f"every baseline run failed ({base_runs[0]['reason']}); there is nothing to "
                                      "compare with")
-    if errors:
-        return verdict(INCONCLUSIVE, f"{len(errors)}/{n_c} runs raised ({errors[0]['reason']}); fix the candidate "
-                                     "and compare again")
+    stopped = _not_judged(cand_runs, errors)
+    if stopped:
+        return verdict(INCONCLUSIVE, stopped)
     capped = [r for r in cand_runs + base_runs if r.get("stopped_by") == "seconds"]
     if capped:
         mine = sum(r["candidate"] == name for r in capped)
@@ -240,7 +249,25 @@ def decide(name: str, cand_runs: list[dict], base_runs: list[dict], stats: Paire
                                  f"(baseline {_g(secs_b)} s)")
     if judged is not None:
         return verdict(*judged)
-    return verdict(INCONCLUSIVE, _inconclusive_reason(stats, numbers, allowed, min_eff, p_adj, family))
+    from .speed import speed_verdict
+
+    fast, why, sp = speed_verdict(cand_runs, base_runs, stats, overrides, max(allowed, min_eff))
+    out.update(speedup=sp.speedup, speed_ratio_high=sp.ratio_high, speed_p=sp.p_value) if sp is not None else None
+    if fast:
+        return verdict(ADOPT, f"{why}: {numbers}", "speed")
+    reason = _inconclusive_reason(stats, numbers, allowed, min_eff, p_adj, family)
+    return verdict(INCONCLUSIVE, f"{reason}; not adopted for speed: {why}" if why else reason)
+
+
+def _not_judged(cand_runs: list[dict], errors: list[dict]) -> str:
+    """Why a candidate is not judged: pruned by rank (experiments.pruning: its scores are not at the budget), or
+    some of its runs raised; '' when it is judged."""
+    pruned = [r for r in cand_runs if r.get("stopped_by") == "pruned"]
+    if pruned:
+        return (f"{pruned[0]['reason'] or 'pruned'}; {len(pruned)}/{len(cand_runs)} of its runs were pruned or not "
+                "run, so it is not judged at the budget")
+    return (f"{len(errors)}/{len(cand_runs)} runs raised ({errors[0]['reason']}); fix the candidate and compare again"
+            if errors else "")
 
 
 def _finite(x: Any) -> TypeGuard[float]:

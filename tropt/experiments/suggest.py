@@ -336,7 +336,8 @@ def _from_batch(report: Report, setup: Setup | None) -> list[Suggestion]:
     hyp = (f"the step is compute-bound ({thr.metrics.get('samples_per_s', math.nan):.4g} samples/s at batch "
            f"{bs or '?'}), so a 2× batch should raise samples/s; the LR is scaled ×{factor:.3g} ({rule}). The "
            "effective batch changes the optimization statistics (gradient noise, steps per epoch), so the quality "
-           "must be compared, not assumed; with a steps budget each run also sees 2× the samples")
+           "must be compared, not assumed; compare runs it at equal samples (half the steps of a steps budget), so the "
+           "larger batch never wins by seeing more data")
     words = [f"batch size {bs or '?'} → {2 * bs if bs else '2×'}", f"learning rate ×{factor:.3g}"]
     loader = loader_like(setup.train_data, batch_size=2 * bs) if setup is not None and bs else None
     if loader is None or lr is None:

@@ -8,7 +8,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import TroptError
+from ..experiments.costs import pareto_front
 from . import new_axes
+
+__all__ = ["pareto_front", "plot_cost_quality", "plot_curves", "plot_tradeoff"]
 
 _VERDICT = {"adopt": "#1a7f37", "reject: quality": "#cf222e", "reject: instability": "#cf222e",
             "escalate: budget": "#9a6700", "inconclusive": "#6e7781", "baseline": "#0969da"}
@@ -18,7 +21,7 @@ def _seed_curves(comparison: Any, name: str, key: str) -> tuple[np.ndarray, np.n
     """(steps, values[seed, eval]) of one candidate's ``key`` curve, cut to the shortest run (early stopping)."""
     xs, ys = [], []
     for r in comparison.records:
-        if r["candidate"] != name:
+        if r["candidate"] != name or (r.get("phase") or "select") != "select":  # the selection seeds' runs
             continue
         c = r["curves"]
         x_key = "step" if key in ("train_loss", "lr") else "eval_step"
@@ -70,26 +73,14 @@ def _curve_names(comparison: Any) -> list[str]:
     return sorted({k for r in comparison.records for k in r.get("curves", {}) if k not in ("step", "eval_step")})
 
 
-def pareto_front(cost: np.ndarray, quality: np.ndarray, higher_is_better: bool) -> np.ndarray:
-    """Indices of the points no other point beats on both cost (lower) and quality, cheapest first."""
-    q = quality if higher_is_better else -quality
-    order = np.lexsort((-q, cost))
-    front, best = [], -np.inf
-    for i in order:
-        if q[i] > best:
-            front.append(i)
-            best = q[i]
-    return np.asarray(front, dtype=int)
-
-
 def plot_tradeoff(comparison: Any, ax: Any = None) -> Any:
-    """Quality (mean ± std of the selection metric over seeds) against cost per run (or seconds without a price),
-    coloured by verdict, with the Pareto front marked."""
+    """Quality (mean ± std of the selection metric over seeds) against the cost per run (the mean over its runs; the
+    seconds per run without a price), coloured by verdict, with the Pareto front marked."""
     frame = comparison.to_frame()
     m = comparison.metric
     use_cost = frame["cost"].notna().any()
     x_col = "cost" if use_cost else "seconds"
-    x = frame[x_col].to_numpy(float) / (frame["runs"].to_numpy(float) if use_cost else 1.0)
+    x = frame[x_col].to_numpy(float)  # per run: to_frame averages every cost column over the runs
     y = frame[f"{m}_mean"].to_numpy(float)
     err = np.nan_to_num(frame[f"{m}_std"].to_numpy(float))
     ok = np.isfinite(x) & np.isfinite(y)
@@ -109,4 +100,28 @@ def plot_tradeoff(comparison: Any, ax: Any = None) -> Any:
     ax.set_xlabel("cost per run" if use_cost else "seconds per run")
     ax.set_ylabel(f"{m} ({'higher' if comparison.higher_is_better else 'lower'} is better)")
     ax.set_title("tropt.compare — quality vs cost", fontsize=10, loc="left")
+    return ax
+
+
+def plot_cost_quality(rows: list[dict[str, Any]], metric: str, higher_is_better: bool, ax: Any = None) -> Any:
+    """The plan's Pareto view: each candidate's mean score against its seconds per run, from the plan's cost table
+    (:func:`tropt.experiments.costs.cost_rows`), coloured by verdict; the Pareto front dashed."""
+    pts = [r for r in rows if all(isinstance(r.get(k), (int, float)) and math.isfinite(r[k])
+                                  for k in ("seconds", "mean"))]
+    if not pts:
+        raise TroptError("no candidate has both a score and a time to plot", "run the comparison first")
+    ax = new_axes(ax)
+    x = np.array([r["seconds"] for r in pts], float)
+    y = np.array([r["mean"] for r in pts], float)
+    ax.scatter(x, y, c=[_VERDICT.get(r["verdict"], "#6e7781") for r in pts], s=50, zorder=3)
+    for r in pts:
+        ax.annotate(r["name"], (r["seconds"], r["mean"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    front = [r for r in pts if r.get("pareto")]
+    front.sort(key=lambda r: r["seconds"])
+    ax.plot([r["seconds"] for r in front], [r["mean"] for r in front], "--", color="#0969da", lw=1,
+            label="Pareto front")
+    ax.legend(fontsize=8)
+    ax.set_xlabel("seconds per run (mean over seeds)")
+    ax.set_ylabel(f"{metric} ({'higher' if higher_is_better else 'lower'} is better)")
+    ax.set_title("cost and quality per candidate", fontsize=10, loc="left")
     return ax
