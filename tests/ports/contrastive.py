@@ -282,9 +282,15 @@ CLIP = "mlfoundations/open_clip/src/training/train.py"
 BYOL_SRC = "lucidrains/byol-pytorch/byol_pytorch/byol_pytorch.py"
 _K_BUG = ("accumulation", "the loss is batch-dependent")
 
+def build_simclr_accumulated() -> tropt.Setup:
+    """The SimCLR port with two micro-batches per step, each NT-Xent loss divided by K (a batch-dependent loss under
+    accumulation: loop.accumulation WARNs naming it)."""
+    return build_simclr(k=2)
+
+
 PORTS = [
     Port("simclr_nt_xent", "contrastive", SIMCLR, build_simclr),
-    Port("simclr_accumulated", "contrastive", SIMCLR, lambda: build_simclr(k=2), bugs=(
+    Port("simclr_accumulated", "contrastive", SIMCLR, build_simclr_accumulated, bugs=(
         Bug("simclr_loss_not_divided_by_k", "loop.accumulation", ("summed", "batch-dependent"),
             lambda: build_simclr(k=2, divide=False),
             source="sthalles/SimCLR has no accumulation; the slip is the one the PyTorch forums' 'gradient "
