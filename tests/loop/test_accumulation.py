@@ -504,3 +504,80 @@ def test_the_batch_dependence_probe_concatenates_every_batch_sized_leaf():
     twice = _doubled(batch, 3, 0)
     assert torch.equal(twice["x"], torch.cat([batch["x"], batch["x"]])) and twice["ids"] == ["a", "b", "c"] * 2
     assert twice["scale"] is batch["scale"] and twice["k"] == 3 and batch["ids"] == ["a", "b", "c"]
+
+
+# The noise floor (issue 27 §1): a stochastic step is judged in expectation, a deterministic one exactly.
+from support.stochastic_cases import (  # noqa: E402
+    diffusion_setup,
+    running_mean_setup,
+    step_diffusion_not_divided,
+    step_ema_per_micro_batch,
+    step_with_ema,
+)
+
+
+def test_a_healthy_diffusion_step_passes_in_expectation_with_its_noise_floor():
+    setup = diffusion_setup()
+    with untouched(setup):
+        r = check_accumulation(setup)
+    assert r.status is Status.PASS, r.summary
+    assert r.metrics["noise_floor"] > 0.1 and r.metrics["judged"] == "in expectation"
+    assert "noise floor" in r.summary and "global RNG" in r.metrics["stochastic_sources"]
+
+
+def test_a_diffusion_step_missing_the_division_by_k_still_fails_with_its_cause():
+    r = check_accumulation(diffusion_setup(step_diffusion_not_divided))
+    assert r.status is Status.FAIL and "summed, not averaged" in r.summary
+    assert r.metrics["cause"] == "summed" and r.metrics["noise_floor"] > 0.1
+    assert abs(r.metrics["reference_factor_kx"] - 4) < 4 * r.metrics["reference_factor_kx_sigma"] + 0.2
+
+
+def test_a_deterministic_step_has_floor_zero_and_is_compared_exactly():
+    r = check_accumulation(mlp_setup(k=4, dropout=None))
+    assert r.status is Status.PASS and r.metrics["noise_floor"] == 0.0 and "judged" not in r.metrics
+    bug = check_accumulation(mlp_setup(step_loss_not_divided, k=4, dropout=None))
+    assert bug.metrics["noise_floor"] == 0.0 and "summed, not averaged" in bug.summary
+
+
+def test_an_ema_on_ctx_updated_per_micro_batch_is_named():
+    for setup in (mlp_setup(step_ema_per_micro_batch, k=4, scheduler=False), diffusion_setup(step_ema_per_micro_batch)):
+        r = check_accumulation(setup)
+        assert r.status is Status.FAIL and "ctx.ema is updated once per micro-batch" in r.summary, r.summary
+        assert r.metrics["cause"] == "object_updated_per_micro_batch"
+    assert check_accumulation(diffusion_setup(step_with_ema)).status is Status.PASS
+
+
+def test_a_buffer_updated_in_forward_is_named_not_the_loss_normalisation():
+    r = check_accumulation(running_mean_setup())
+    assert r.status is Status.WARN and "0.mean" in r.summary, r.summary
+    assert "normalised by its own item count" not in r.summary and r.metrics["forward_updated_buffers"] == "0.mean"
+    bug = check_accumulation(running_mean_setup(step_diffusion_not_divided))
+    assert bug.status is Status.FAIL and "summed, not averaged" in bug.summary
+
+
+def test_functional_dropout_is_switched_off_and_named_so_the_comparison_stays_exact():
+    class FunctionalDropoutMLP(nn.Module):  # F.dropout, not nn.Dropout: quiet_randomness cannot switch it off
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(10, 32), nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.b(F.dropout(torch.relu(self.a(x)), 0.2, training=True))
+
+    x, y = make_classification(n=96, d=10, classes=4, seed=1)
+    torch.manual_seed(0)
+    setup = tropt.Setup(FunctionalDropoutMLP(), ce_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                        [(x[i:i + 24], y[i:i + 24]) for i in range(0, 96, 24)], accumulation_steps=4)
+    r = check_accumulation(setup)  # as nn.Dropout(p) is set to p=0 in tropt's copies, F.dropout is switched off
+    assert r.status is Status.PASS and r.metrics["noise_floor"] == 0.0 and "judged" not in r.metrics, r.summary
+    assert "F.dropout(p=0.2)" in r.metrics["functional_dropout_off"]
+    bug = check_accumulation(setup.replace(step=step_loss_not_divided))
+    assert bug.status is Status.FAIL and "summed, not averaged" in bug.summary and bug.metrics["noise_floor"] == 0.0
+
+
+def test_an_ema_updated_before_the_step_on_every_micro_batch_is_found_over_two_steps():
+    from support.stochastic_cases import step_plain_ema_before_the_update
+
+    r = check_accumulation(mlp_setup(step_plain_ema_before_the_update, k=4, scheduler=False, dropout=None))
+    assert r.status is Status.FAIL and "ctx.ema is updated once per micro-batch" in r.summary, r.summary
+    assert r.metrics["ctx_objects_compared_after_steps"] == 2 and "ctx_objects" in r.tables

@@ -250,3 +250,77 @@ def test_a_rank_local_update_after_the_step_fails_naming_the_parameter():
     bad = r.tables["replicas"][r.tables["replicas"]["rel_difference"] > r.metrics["tolerance"]]
     assert list(bad["parameter"]) == ["2.bias"] and list(bad["rank"]) == [1]
     assert list(bad["compared"]) == ["parameter after the step"]  # the gradients agreed
+
+
+# The noise floor (issue 27 §1) and a bypassed DDP (§2).
+from support.stochastic_cases import diffusion_setup, running_mean_setup  # noqa: E402
+
+
+def _divided_by_world(ctx, micro_batches):
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) / len(micro_batches) / world).backward()
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+
+
+def _through_the_bare_module(ctx, micro_batches):
+    module = getattr(ctx.model, "module", ctx.model)  # the loss bypasses the DDP wrapper: no all-reduce
+    for mb in micro_batches:
+        (ctx.loss_fn(module, mb) / len(micro_batches)).backward()
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+
+
+def test_a_healthy_diffusion_step_passes_under_ddp_in_expectation():
+    r = check_ddp(diffusion_setup(k=1))
+    assert r.status is Status.PASS, r.summary
+    assert r.metrics["noise_floor"] > 0.1 and r.metrics["judged"] == "in expectation" and "noise floor" in r.summary
+
+
+def test_a_diffusion_step_divided_by_the_world_size_still_fails_with_its_cause():
+    r = check_ddp(diffusion_setup(_divided_by_world, k=1))
+    assert r.status is Status.FAIL and "divided by the world size" in r.summary, r.summary
+    assert abs(r.metrics["expectation_scale"] - 0.5) < 0.15 and r.metrics["noise_floor"] > 0.1
+
+
+def test_a_deterministic_step_has_floor_zero_under_ddp():
+    r = check_ddp(ddp_setup())
+    assert r.status is Status.PASS and r.metrics["noise_floor"] == 0.0 and "judged" not in r.metrics
+
+
+def test_a_loss_through_the_bare_module_is_a_bypassed_ddp_not_a_normalisation_cause():
+    for setup in (ddp_setup(_through_the_bare_module), diffusion_setup(_through_the_bare_module, k=1)):
+        r = check_ddp(setup)
+        assert r.status is Status.FAIL and r.metrics["cause"] == "ddp_bypassed", r.summary
+        assert "bare module" in r.summary and "own item count" not in r.summary and "world size" not in r.summary
+
+
+def test_a_buffer_updated_in_forward_is_named_under_ddp():
+    r = check_ddp(running_mean_setup(k=1))
+    assert r.status is Status.WARN and "0.mean" in r.summary and "BatchNorm" not in r.summary, r.summary
+
+
+def _in_batch_negatives_loss(model, batch):  # InfoNCE over the batch: every other sample is a negative
+    x, _ = batch
+    z = torch.nn.functional.normalize(model(x), dim=1)
+    logits = z @ z.T / 0.5 - 1e4 * torch.eye(len(x))
+    return torch.nn.functional.cross_entropy(logits, (torch.arange(len(x)) + len(x) // 2) % len(x))
+
+
+def test_a_batch_dependent_loss_is_named_under_ddp_not_per_process_means():
+    r = check_ddp(ddp_setup().replace(loss_fn=_in_batch_negatives_loss))
+    assert r.status is Status.WARN and r.metrics["cause"] == "batch_dependent_loss", r.summary
+    assert "batch-dependent" in r.summary and "all_gather" in r.advice[0]
+
+
+def test_a_sum_reduced_loss_is_named_latent_unless_the_setup_is_meant_for_ddp():
+    def sum_loss(model, batch):
+        return torch.nn.functional.cross_entropy(model(batch[0]), batch[1], reduction="sum")
+
+    plain = check_ddp(ddp_setup().replace(loss_fn=sum_loss))
+    assert plain.status is Status.WARN and plain.metrics["cause"] == "sum_reduced_loss", plain.summary
+    assert "sum over samples" in plain.summary and plain.metrics["latent"]
+    meant = check_ddp(ddp_setup().replace(loss_fn=sum_loss, distributed=True))
+    assert meant.status is Status.FAIL and "sum over samples" in meant.summary
+    assert "averaging is applied twice" in check_ddp(ddp_setup(step_dividing_by_world_size)).summary

@@ -6,13 +6,18 @@ term depends on the other items, so K micro-batches can never give the full batc
 does. Then the right K-micro-batch gradient is the one ``loss_fn`` gives per micro-batch averaged over the K, and the
 step is judged against that prediction: a match is a WARN naming the loss; K times or 1/K of it is still the step's
 normalisation bug.
+
+Batch-dependent *state* is the other alternative: a buffer the forward updates from the batch it sees (a running input
+mean, not BatchNorm), which makes micro-batch 2 depend on micro-batch 1. :func:`forward_updated_buffers` finds such
+buffers with one training forward on a copy; :func:`freeze_batch_dependence` keeps their modules (and BatchNorm) in
+eval mode for the isolating rerun.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -36,6 +41,47 @@ _LOSS_ADVICE = [
 ]
 
 
+Freeze = bool | tuple[str, ...]  # False; True (BatchNorm); or BatchNorm and these modules (they update buffers)
+
+
+def freeze_batch_dependence(model: torch.nn.Module, freeze: Freeze) -> None:
+    """BatchNorm on its running statistics and, for a tuple, those modules kept in eval mode whatever the step sets
+    (their forward stops updating its buffers when it checks ``self.training``)."""
+    if not freeze:
+        return
+    freeze_batch_stats(model)
+    for name in freeze if isinstance(freeze, tuple) else ():
+        m = model.get_submodule(name)
+        m.eval()
+        m.train = (lambda self_: (lambda mode=True: self_))(m)  # type: ignore[method-assign,assignment]
+
+
+def forward_updated_buffers(setup: Setup, batch: Any) -> list[tuple[str, str]]:
+    """(module, buffer) for every floating-point buffer one training forward of ``loss_fn`` changes, outside
+    BatchNorm-style layers (their own rerun freezes them): batch-dependent state such as a running input mean."""
+    from ..core.modes import batch_dependent_layers
+
+    ctx = setup.build()
+    quiet_randomness(ctx.model)
+    ctx.model.train()
+    skip = set(batch_dependent_layers(ctx.model))
+    owners = [(mname, bname, buf) for mname, m in ctx.model.named_modules() if mname not in skip
+              for bname, buf in m.named_buffers(recurse=False) if buf is not None and buf.is_floating_point()]
+    before = [buf.detach().clone() for _, _, buf in owners]
+    try:
+        with torch.no_grad(), ctx.autocast():
+            ctx.loss_fn(ctx.model, batch)
+    except Exception:  # noqa: BLE001 - the step's own runs report a loss that fails
+        return []
+    return [(mname, bname) for (mname, bname, buf), old in zip(owners, before, strict=True)
+            if buf.shape != old.shape or not torch.equal(buf.detach(), old)]
+
+
+def buffer_names(found: Sequence[tuple[str, str]]) -> str:
+    """"norm.mean, norm.count": the buffers, by their dotted names."""
+    return ", ".join(f"{m}.{b}" if m else b for m, b in found)
+
+
 def _doubled(x: Any, n: int, dim: int) -> Any:
     """``x`` with every batch-sized part repeated: each tensor leaf ``torch.cat([t, t], dim)``, like the split."""
     if isinstance(x, torch.Tensor):
@@ -52,11 +98,34 @@ def _doubled(x: Any, n: int, dim: int) -> Any:
 
 
 def _loss_value(ctx: Any, batch: Any, *, autocast: bool) -> float:
-    with torch.no_grad(), ctx.autocast() if autocast else contextlib.nullcontext():
+    from ._stochastic import QuietFunctionalDropout
+
+    with torch.no_grad(), QuietFunctionalDropout(), ctx.autocast() if autocast else contextlib.nullcontext():
         return float(ctx.loss_fn(ctx.model, batch).float())
 
 
-def loss_batch_dependence(setup: Setup, batch: Any, *, freeze: bool) -> float:
+def loss_kind(setup: Setup, batch: Any, *, freeze: Freeze, close: float) -> str | None:
+    """"batch_dependent" (loss_fn on the batch twice over differs from loss_fn on the batch), "sum" (it doubles: a
+    sum over items), or None (a per-item mean, or it cannot be told)."""
+    dep = loss_batch_dependence(setup, batch, freeze=freeze)
+    if dep > close:
+        return "batch_dependent"
+    if math.isnan(dep) and setup.split_fn is None:
+        ctx = setup.build()
+        quiet_randomness(ctx.model)
+        freeze_batch_dependence(ctx.model, freeze)
+        ctx.model.train()
+        try:
+            one = _loss_value(ctx, batch, autocast=False)
+            two = _loss_value(ctx, _doubled(batch, setup.size(batch), setup.batch_dim), autocast=False)
+        except Exception:  # noqa: BLE001 - a loss that cannot take the doubled batch: unknown
+            return None
+        if math.isfinite(one) and one != 0 and near(two, 2 * one, 1e-4):
+            return "sum"
+    return None
+
+
+def loss_batch_dependence(setup: Setup, batch: Any, *, freeze: Freeze) -> float:
     """|loss_fn(batch twice over) - loss_fn(batch)| / |loss_fn(batch)|: 0 for a per-item mean loss.
 
     NaN when it cannot be told: a custom ``split_fn`` layout (tropt cannot concatenate it), a loss that fails on the
@@ -66,8 +135,7 @@ def loss_batch_dependence(setup: Setup, batch: Any, *, freeze: bool) -> float:
         return float("nan")
     ctx = setup.build()
     quiet_randomness(ctx.model)
-    if freeze:
-        freeze_batch_stats(ctx.model)
+    freeze_batch_dependence(ctx.model, freeze)
     ctx.model.train()
     twice = _doubled(batch, setup.size(batch), setup.batch_dim)
     try:  # full precision first, free of half-precision noise; under autocast for a loss that only runs there
@@ -83,7 +151,7 @@ def loss_batch_dependence(setup: Setup, batch: Any, *, freeze: bool) -> float:
 
 
 def batch_dependent_cause(setup: Setup, micro: list, whole: Any, a: Run, b: Run, k: int, close: float,
-                          freeze: bool, facts: dict, tag: str | None) -> tuple[str, list[str], str] | None:
+                          freeze: Freeze, facts: dict, tag: str | None) -> tuple[str, list[str], str] | None:
     """The cause of a mismatch when the loss is batch-dependent, or None when it is not (or a scale cause stands).
 
     The 1-micro-batch run is fitted against ``loss_fn`` over the whole batch and the K run against ``loss_fn`` per

@@ -51,6 +51,9 @@ def replica_table(ranks: list[tuple]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["rank", "parameter", "rel_difference", "compared"])
 
 
+BUFFER_MARK = " (a buffer its forward updates)"  # how loop.ddp lists such buffers among its batch-dependent layers
+
+
 @dataclass
 class DdpEvidence:
     """The single-process run, the DDP ranks, and the reruns that tell why they differ."""
@@ -72,6 +75,7 @@ class DdpEvidence:
     ftable: pd.DataFrame | None  # the comparison with batch statistics frozen
     per_mean: str | None  # "process" or "micro-batch" when per-part means explain the difference
     replicas: pd.DataFrame  # every rank's gradients and parameters against rank 0's (replica_table)
+    loss: str | None = None  # "batch_dependent" or "sum" when the difference was tested against the loss itself
 
 
 @dataclass
@@ -129,6 +133,10 @@ def ddp_verdict(setup: Setup, e: DdpEvidence) -> CheckResult:
         tables["parameters_find_unused"] = e.utable
         if metrics["find_unused_max_rel_error"] <= tol:
             return _unused_result(e, r)
+    if metrics["allreduce_buckets"] == 0 and (e.err > tol or r.metrics["replica_max_rel_difference"] > tol):
+        # DDP reduced nothing: the replicas differ because of that, and tropt's average of the ranks' gradients
+        # would match "per-process means" by construction: no other cause is tested.
+        return bypassed_result(metrics, r.tables, max(e.err, r.metrics["replica_max_rel_difference"]), world_size)
     if r.metrics["replica_max_rel_difference"] > tol:
         return _out_of_sync_result(e, r)
     if e.ftable is not None:
@@ -139,6 +147,37 @@ def ddp_verdict(setup: Setup, e: DdpEvidence) -> CheckResult:
     if derr > tol:
         return _mismatch_result(setup, e, r, decisive, derr)
     return _sync_result(setup, e, r, derr)
+
+
+def _loss_result(setup: Setup, e: DdpEvidence, r: _Report, ratio: float, derr: float) -> CheckResult | None:
+    """The loss itself explains the difference: a batch-dependent loss whose DDP gradient is the average of its
+    per-process values (what a right step gives with it), or a sum-reduced loss that DDP's averaging scales by
+    1/world_size. None when neither does."""
+    world, metrics = e.world_size, r.metrics
+    if e.loss == "batch_dependent" and e.per_mean is not None:
+        metrics.update(cause="batch_dependent_loss", loss_batch_dependent=True)
+        return CheckResult(
+            "loop.ddp", Status.WARN,
+            f"under DDP with {world} processes the gradients differ by {derr:.1%}: the loss is batch-dependent "
+            "(loss_fn on the batch twice over differs from loss_fn on the batch: in-batch negatives, batch "
+            f"statistics), and each process computes it over its own {e.per_rank} samples; the step itself is right "
+            f"(its gradient is the average of loss_fn per {e.per_mean})", metrics, r.tables,
+            ["Each process sees only its own items as negatives. For the full-batch loss, gather the embeddings of "
+             "every process with gradients before the loss (open_clip's gather_with_grad / SimCLR's GatherLayer: "
+             "torch.distributed.nn.all_gather), or use a larger batch per process."])
+    if e.loss == "sum" and abs(ratio * world - 1) < 0.05:
+        metrics["cause"] = "sum_reduced_loss"
+        result = CheckResult(
+            "loop.ddp", Status.FAIL if setup.distributed else Status.WARN,
+            f"{'' if setup.distributed else 'latent (Setup(distributed=False)): '}under DDP with {world} processes "
+            f"the gradients are {ratio:.3g}× the single-process ones: the loss is a sum over samples (loss_fn on the "
+            f"batch twice over is 2× loss_fn on the batch), and DDP averages the processes' gradients, so each "
+            f"process's sum counts 1/{world}", {**metrics, **({} if setup.distributed else {"latent": True})},
+            r.tables,
+            [f"Under DDP, multiply a sum-reduced loss by the world size ({world}) or use a mean loss (and rescale the "
+             "learning rate), so the update matches one process on the whole batch."])
+        return result
+    return None
 
 
 def _unused_result(e: DdpEvidence, r: _Report) -> CheckResult:
@@ -165,6 +204,8 @@ def _mismatch_result(setup: Setup, e: DdpEvidence, r: _Report, decisive: pd.Data
     """FAIL: the gradients differ under DDP (with batch statistics frozen, when the model has such layers)."""
     world_size, per_mean, metrics = e.world_size, e.per_mean, r.metrics
     ratio = float(decisive[f"norm_ddp_{world_size}"].sum() / max(decisive["norm_1_process"].sum(), 1e-30))
+    if (loss := _loss_result(setup, e, r, ratio, derr)) is not None:
+        return loss
     why = (f" (DDP gradients are {ratio:.3g}× the single-process ones: the averaging is applied twice)"
            if abs(ratio * world_size - 1) < 0.05
            else f" (DDP gradients are {ratio:.3g}× the single-process ones: they are summed, not averaged)"
@@ -180,6 +221,9 @@ def _mismatch_result(setup: Setup, e: DdpEvidence, r: _Report, decisive: pd.Data
                   "losses (reduction='sum'), all-reduce this process's item count (torch.distributed.all_reduce on a "
                   "tensor holding it) and scale the loss by world_size / global_count (DDP averages the gradients "
                   "over processes, so the world size cancels).", _ADVICE_STD]
+    if not why:  # no prediction matched: say so, with the evidence, rather than pick the nearest cause
+        metrics["cause"] = "not_isolated"
+        why = f"; cause not isolated (DDP gradients are {ratio:.3g}× the single-process ones, no cause predicts that)"
     frozen = " even with BatchNorm statistics frozen" if e.ftable is not None else ""
     return CheckResult("loop.ddp", Status.FAIL,
                        f"under DDP with {world_size} processes the gradients differ by {derr:.1%}"
@@ -195,6 +239,18 @@ def _sync_result(setup: Setup, e: DdpEvidence, r: _Report, derr: float) -> Check
     no_sync = (f"Wrap the backward passes of the first {e.k - 1} micro-batches in `with (ctx.model.no_sync() if "
                "isinstance(ctx.model, torch.nn.parallel.DistributedDataParallel) else contextlib.nullcontext()):` "
                "(a plain module has no no_sync()).")
+    buffers = [layer.removesuffix(BUFFER_MARK) for layer in e.bn_layers if layer.endswith(BUFFER_MARK)]
+    if e.ftable is not None and buffers:
+        names = ", ".join(buffers)
+        return CheckResult("loop.ddp", Status.WARN,
+                           f"gradients match under DDP once the buffers the forward updates ({names}) are frozen "
+                           f"(error {derr:.1e}); live, each process updates them from its own {e.per_rank} samples "
+                           f"and the gradients differ by {err:.1%}: batch-dependent state, not the loss's "
+                           "normalisation", {**metrics, "forward_updated_buffers": names}, tables,
+                           [f"The forward updates {names} from the batch it sees (a running statistic kept as a "
+                            "buffer): under DDP each process sees its own share, so expect the gradients to differ "
+                            "from one process on the whole batch; keep such statistics out of the gradient path, or "
+                            "all-reduce them yourself if they must be global."])
     if e.ftable is not None:
         wasted = (f"; they are also all-reduced {syncs_per_step}× per optimizer step ({per})"
                   if wasted_syncs > 0 else "")
@@ -264,3 +320,20 @@ def _out_of_sync_result(e: DdpEvidence, r: _Report) -> CheckResult:
          "Compute clipping norms from the all-reduced gradients after backward (torch.nn.utils.clip_grad_norm_ on "
          "ctx.model.parameters() on every rank), and broadcast any rank-local value before using it in the update.",
          _ADVICE_STD])
+
+
+def bypassed_result(metrics: dict, tables: dict, err: float, world_size: int) -> CheckResult:
+    """FAIL: the step's backward passes reached optimizer.step() without one all-reduce under DDP. Each process
+    stepped with its own gradients; no normalisation cause is tested against an average DDP never computed."""
+    metrics = {**metrics, "cause": "ddp_bypassed"}
+    return CheckResult(
+        "loop.ddp", Status.FAIL,
+        f"under DDP with {world_size} processes the gradients differ by {err:.1%} and DDP all-reduced nothing (0 "
+        "bucket all-reduces for a synchronised backward): the loss went through the bare module (the model kept "
+        "from before wrapping, or ctx.model.module), or DDP's hooks were lost (parameters cast, moved or replaced "
+        "after wrapping)",
+        metrics, tables,
+        ["Compute the loss with the DistributedDataParallel wrapper itself (ctx.model(...) / loss_fn(ctx.model, "
+         "batch)), not with the module it wraps, so that backward() triggers DDP's all-reduce.",
+         "Move and cast the model (.to(device), .half(), re-created parameters) before wrapping it in "
+         "DistributedDataParallel, never after.", _ADVICE_STD])

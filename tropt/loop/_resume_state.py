@@ -93,7 +93,7 @@ def _rebuildable(ctx: StepContext, obj: Any) -> bool:
     if isinstance(obj, nn.Module):
         own = {id(p) for p in ctx.model.parameters()}
         return not any(id(p) in own for p in obj.parameters())
-    if type(obj).__module__.startswith("torch.optim"):  # an optimizer the step built over the model's parameters
+    if isinstance(obj, torch.optim.Optimizer):  # an optimizer the step built over the model's parameters
         names = {id(p) for _, p in ctx.model.named_parameters()}
         return all(id(p) in names for g in obj.param_groups for p in g["params"])
     if type(obj).__module__.split(".")[0] in ("torch", "accelerate", "transformers", "lightning", "pytorch_lightning"):
@@ -108,18 +108,29 @@ def _rebuildable(ctx: StepContext, obj: Any) -> bool:
 @dataclass(frozen=True)
 class _OptimizerRecipe:
     """How to build again an optimizer the step built on ctx: its class, its groups' parameters by name, its
-    defaults (its state comes from the checkpoint)."""
+    defaults (its state comes from the checkpoint). ``frozen``: a copy of it taken at the save point that shares the
+    saved run's parameters, for a constructor that takes other arguments (a config): it is copied again onto the
+    fresh model's parameters, by name."""
 
     cls: type
     groups: list[dict[str, Any]]
     defaults: dict[str, Any]
+    frozen: Any = None
 
     def build(self, ctx: StepContext) -> Any:
         params = dict(ctx.model.named_parameters())
         groups = [{**g, "params": [params[n] for n in g["params"]]} for g in self.groups]
         try:
             return self.cls(groups, **self.defaults)
-        except (TypeError, ValueError, KeyError):  # a constructor that takes other arguments: not rebuilt
+        except (TypeError, ValueError, KeyError):  # a constructor that takes other arguments
+            pass
+        if self.frozen is None:
+            return None
+        old = [p for g in self.frozen.param_groups for p in g["params"]]
+        new = [params[n] for g in self.groups for n in g["params"]]
+        try:
+            return copy.deepcopy(self.frozen, {id(o): n for o, n in zip(old, new)})
+        except (TypeError, RuntimeError, copy.Error):  # holds something that cannot be copied: not rebuilt
             return None
 
 
@@ -130,8 +141,16 @@ def _template(ctx: StepContext, obj: Any) -> Any:
         names = {id(p): n for n, p in ctx.model.named_parameters()}
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[id(p)] for p in g["params"]]}
                   for g in obj.param_groups]
-        return _OptimizerRecipe(type(obj), groups, dict(obj.defaults))
+        return _OptimizerRecipe(type(obj), groups, dict(obj.defaults), _frozen(ctx, obj))
     return copy.deepcopy(obj)
+
+
+def _frozen(ctx: StepContext, opt: torch.optim.Optimizer) -> Any:
+    """A copy of ``opt`` that shares the model's parameters (and copies everything else), or None."""
+    try:
+        return copy.deepcopy(opt, {id(p): p for p in ctx.model.parameters()})
+    except (TypeError, RuntimeError, copy.Error):
+        return None
 
 
 def _rebuild(ctx: StepContext, template: Any) -> Any:

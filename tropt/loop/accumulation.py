@@ -16,29 +16,37 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..core.batch import split_sizes
-from ..core.capture import run_steps
-from ..core.compare import compare_tensors, global_rel_error, max_rel_error
-from ..core.modes import batch_dependent_layers, freeze_batch_stats, quiet_randomness
-from ..errors import StepError, TroptError
+from ..core.compare import global_rel_error
+from ..errors import StepError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
-from ._batch_dependence import BATCH_DEPENDENT_LOSS, batch_dependence_table, batch_dependent_cause
+from ._accumulation_expectation import floor_of, in_expectation_result, objects_result, with_floor
+from ._accumulation_runs import Pair, Plan, steps_per_call_result, two_steps
+from ._batch_dependence import BATCH_DEPENDENT_LOSS, batch_dependence_table, batch_dependent_cause, buffer_names
 from ._invariance_common import STANDARD_STEP_ADVICE, cosine, norm_of
 from ._micro_sizes import most_unequal, train_batch_sizes, unequal_sizes
-from ._verdicts import TOLERANCE, latent_when_unused, nonfinite_result, require_steps, tolerance_for
+from ._verdicts import TOLERANCE, latent_when_unused
 from .accumulation_causes import (
     CONSTANT_DIVISOR,
     PER_MICRO_MEAN,
     ZERO_INSIDE,
-    Run,
     loss_grads,
     loss_side_cause,
     near,
     update_side_cause,
 )
 
+# Causes that are predictions about the step itself (a scale, lost micro-batches, extra updates): they stand even when
+# the model keeps batch-dependent state.
+_STEP_TAGS = frozenset({"summed", "divided_twice", CONSTANT_DIVISOR, "scaled", ZERO_INSIDE, "only_last_loss",
+                        "only_first_micro_batch", "step_per_micro_batch"})
+_BUFFER_ADVICE = ("The forward updates {names} from the micro-batch it sees (a running input mean or a statistic "
+                  "kept as a buffer), so micro-batch 2 is normalised with micro-batch 1's values: expect "
+                  "accumulation to differ from one big batch. Update such buffers only in training and once per "
+                  "optimizer step (or from the whole step's data) if the difference matters; keep them out of the "
+                  "gradient path (normalise with a frozen statistic).")
 # Relative gap above which an fp32 hypothesis is not exact (fp32 summation order alone gives about 1e-7).
 _HIDDEN_EXACT = 1e-4
 
@@ -86,21 +94,13 @@ def check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None 
 
 
 def _check_accumulation(setup: Setup, *, k: int | None = None, tol: float | None = None) -> CheckResult:
-    plan = _Plan.make(setup, k, tol)
+    plan = Plan.make(setup, k, tol)
     with preserved(setup.model):  # the verdict may run the data's own unequal split too
+        floor = floor_of(plan)
+        if floor > plan.tol:  # a stochastic step: judged in expectation over repeats
+            return with_floor(in_expectation_result(plan, floor), floor)
         found = _measure(plan)
-        return found if isinstance(found, CheckResult) else _verdict(plan, found)
-
-
-@dataclass
-class _Pair:
-    """A 1-micro-batch run and a K-micro-batch run, compared at ``optimizer.step()`` and before clipping."""
-
-    a: Run
-    b: Run
-    table: pd.DataFrame
-    err: float
-    pre_err: float
+        return with_floor(found if isinstance(found, CheckResult) else _verdict(plan, found), floor, plan.sources)
 
 
 @dataclass
@@ -113,87 +113,12 @@ class _Evidence:
     err: float  # the equal split, at optimizer.step()
     pre_err: float  # the equal split, before clipping
     frozen: bool = False  # the equal split matched only with batch statistics frozen
+    frozen_pair: Pair | None = None  # that frozen rerun (ctx objects are compared on the runs that matched)
     uerr: float = 0.0  # the unequal split: the worse of at optimizer.step() and before clipping
     ucause: tuple[str, list[str], str | None] | None = None  # the unequal split's cause, when it differs
 
 
-@dataclass
-class _Plan:
-    """One batch of the Setup and its splits: the whole, an equal split into K and an unequal one."""
-
-    setup: Setup
-    k: int
-    tol: float
-    close: float  # how near a hypothesis must come to be named the cause
-    batch: object
-    n: int
-    n_even: int
-    even_batch: object
-    uneven_sizes: list[int]
-    uneven_micro: list
-    bn_layers: list[str]
-
-    @classmethod
-    def make(cls, setup: Setup, k: int | None, tol: float | None) -> _Plan:
-        setup.validate()
-        tol = tolerance_for(setup, tol)
-        close = max(10 * tol, 1e-4)
-        k = int(k) if k is not None else (setup.accumulation_steps if setup.accumulation_steps > 1 else 4)
-        if k < 2:
-            raise TroptError(f"check_accumulation needs k >= 2 micro-batches (got {k})", "use k=4")
-        with preserved(setup.model):  # reading a shuffling DataLoader draws from the global RNG
-            batch = setup.sample_batch()
-        n = setup.size(batch)
-        if n < 2 * k:
-            raise TroptError(f"the first batch holds {n} samples, too few to split into {k} and then uneven "
-                             "micro-batches",
-                             f"use batches of at least {2 * k} samples for this check (or pass a smaller k)")
-        n_even = n - n % k
-        even_batch = setup.split(batch, sizes=[n_even, n - n_even])[0] if n_even < n else batch
-        # One large micro-batch and K-1 small ones: clearly unequal for every K (a loop that divides by K is off by
-        # a lot).
-        small = max(1, n // (2 * k))
-        uneven_sizes = [n - (k - 1) * small] + [small] * (k - 1)
-        return cls(setup, k, tol, close, batch, n, n_even, even_batch, uneven_sizes,
-                   setup.split(batch, sizes=uneven_sizes), batch_dependent_layers(setup.model))
-
-    @property
-    def fast(self) -> bool:
-        """No batch-dependent layer and a batch that splits equally: one uneven run can decide a PASS."""
-        return not self.bn_layers and self.n_even == self.n
-
-    def one(self, full: object, freeze: bool) -> Run:
-        return _observe(self.setup, [full], 1, freeze=freeze, what="the 1-micro-batch run")
-
-    def many(self, micro: list, freeze: bool, k: int | None = None) -> Run:
-        k = self.k if k is None else k
-        try:
-            return _observe(self.setup, micro, k, freeze=freeze, what=f"the {k}-micro-batch run")
-        except StepError as exc:
-            exc.in_k_run = True  # type: ignore[attr-defined]  # the only run that differs from normal training: check_accumulation may call it latent
-            raise
-
-    def compare(self, a: Run, b: Run) -> _Pair:
-        table = compare_tensors(a.post, b.post, labels=("1x", f"{self.k}x"))
-        return _Pair(a, b, table, float(table["rel_error"].max()), max_rel_error(a.pre, b.pre))
-
-    def broken(self, a: Run, b: Run, metrics: dict, tables: dict) -> CheckResult | None:
-        """Non-finite gradients, or none at all: nothing to compare, and never a PASS."""
-        bad = nonfinite_result("loop.accumulation", {"1x": (1, a.post), f"{self.k}x": (1, b.post)})
-        if bad is not None:
-            return dataclasses.replace(bad, metrics={**metrics, **bad.metrics}, tables={**tables, **bad.tables})
-        if norm_of(a.post) > 0 or norm_of(b.post) > 0:  # zero equals zero: a step that clears before stepping "matches"
-            return None
-        return CheckResult("loop.accumulation", Status.WARN,
-                           "cannot check accumulation: no gradient reaches optimizer.step() in either run (every "
-                           "gradient is zero or None when the optimizer steps)",
-                           {**metrics, "see_also": "loop.zero_grad"}, tables,
-                           ["Call optimizer.zero_grad() after optimizer.step() (or before the first backward of the "
-                            "next step), never between backward() and step(); then rerun this check.",
-                            STANDARD_STEP_ADVICE])
-
-
-def _measure(plan: _Plan) -> CheckResult | _Evidence:
+def _measure(plan: Plan) -> CheckResult | _Evidence:
     """The runs in order, each on a fresh seeded copy; a result as soon as one decides."""
     uneven = _uneven_first(plan) if plan.fast else None
     if isinstance(uneven, CheckResult):
@@ -202,11 +127,15 @@ def _measure(plan: _Plan) -> CheckResult | _Evidence:
     if isinstance(even, CheckResult):
         return even
     pair, ev = even
+    matched, freeze = (ev.frozen_pair, plan.freeze) if ev.frozen_pair is not None else (pair, False)
+    again = lambda: two_steps(plan, ev.even_micro, freeze)  # noqa: E731
+    if (objects := objects_result(plan, matched.a, matched.b, ev.metrics, ev.tables, again=again)) is not None:
+        return objects
     hidden = _uneven_split(plan, pair, ev, uneven)
     return hidden if hidden is not None else ev
 
 
-def _uneven_first(plan: _Plan) -> CheckResult | _Pair:
+def _uneven_first(plan: Plan) -> CheckResult | Pair:
     """Fast path: a loop exact for unequal micro-batches is exact for equal ones, so one uneven run decides a PASS
     (2 runs); the even split only runs to tell a WARN (uneven-only) from a FAIL."""
     k, n, tol = plan.k, plan.n, plan.tol
@@ -220,6 +149,9 @@ def _uneven_first(plan: _Plan) -> CheckResult | _Pair:
     if (bad := plan.broken(a, ub, metrics, {"parameters": u.table})) is not None:
         return bad
     if u.err <= tol and u.pre_err <= tol and ub.calls == 1:
+        again = lambda: two_steps(plan, plan.setup.split(plan.even_batch, k), False)  # noqa: E731
+        if (objects := objects_result(plan, a, ub, metrics, {"parameters": u.table}, again=again)) is not None:
+            return objects
         return CheckResult("loop.accumulation", Status.PASS,
                            f"{k} micro-batches of unequal sizes ({metrics['uneven_sizes']}, an artificial split) give "
                            "the full-batch "
@@ -228,11 +160,11 @@ def _uneven_first(plan: _Plan) -> CheckResult | _Pair:
                            "equal sizes follow",
                            metrics, {"parameters": u.table})
     if a.calls > 1:
-        return _steps_per_call_result(a.calls, metrics, {"parameters": u.table})
+        return steps_per_call_result(a.calls, metrics, {"parameters": u.table})
     return u
 
 
-def _even_split(plan: _Plan, uneven: _Pair | None) -> CheckResult | tuple[_Pair, _Evidence]:
+def _even_split(plan: Plan, uneven: Pair | None) -> CheckResult | tuple[Pair, _Evidence]:
     """The equal split into K; on a mismatch with batch-dependent layers, again with their statistics frozen."""
     setup, k, n, tol, bn_layers = plan.setup, plan.k, plan.n, plan.tol, plan.bn_layers
     even_micro = setup.split(plan.even_batch, k)
@@ -249,20 +181,22 @@ def _even_split(plan: _Plan, uneven: _Pair | None) -> CheckResult | tuple[_Pair,
                "observed_at": f"{a.where} (and before clipping)"}
     ev = _Evidence(metrics, {"parameters": p.table}, even_micro, p.err, p.pre_err)
     if a.calls > 1:
-        return _steps_per_call_result(a.calls, metrics, ev.tables)
+        return steps_per_call_result(a.calls, metrics, ev.tables)
     if (bad := plan.broken(a, b, metrics, ev.tables)) is not None:
         return bad
     mismatch = p.err > tol or p.pre_err > tol or b.calls > 1
-    if mismatch and bn_layers and b.calls == 1:
-        f = plan.compare(plan.one(plan.even_batch, True), plan.many(even_micro, True))
+    if mismatch and b.calls == 1 and (plan.buffers or bn_layers):  # batch-dependent layers or state: isolate them
+        f = plan.compare(plan.one(plan.even_batch, plan.freeze), plan.many(even_micro, plan.freeze))
         metrics.update(frozen_max_rel_error=f.err, frozen_pre_clip_max_rel_error=f.pre_err)
+        if plan.buffers:
+            metrics["forward_updated_buffers"] = buffer_names(plan.buffers)
         ev.tables = {"parameters_frozen_batch_stats": f.table, "parameters": p.table,
-                     "batch_dependent_layers": pd.DataFrame({"layer": bn_layers})}
+                     "batch_dependent_layers": _dependent_table(plan)}
         if f.err > tol or f.pre_err > tol:
-            return _mismatch(plan, f, even_micro, True, metrics, ev.tables,
+            return _mismatch(plan, f, even_micro, plan.freeze, metrics, ev.tables,
                              f"{k} micro-batches change the gradient by {max(f.err, f.pre_err):.1%} even with "
-                             "BatchNorm statistics frozen")
-        ev.frozen = True
+                             f"{_frozen_what(plan)} frozen")
+        ev.frozen, ev.frozen_pair = True, f
     elif mismatch:
         return _mismatch(plan, p, even_micro, False, metrics, ev.tables,
                          f"{k} micro-batches change the gradient by {max(p.err, p.pre_err):.1%} (max over parameters"
@@ -270,7 +204,21 @@ def _even_split(plan: _Plan, uneven: _Pair | None) -> CheckResult | tuple[_Pair,
     return p, ev
 
 
-def _mismatch(plan: _Plan, p: _Pair, micro: list, freeze: bool, metrics: dict, tables: dict,
+def _dependent_table(plan: Plan) -> pd.DataFrame:
+    rows = [{"layer": n, "why": "BatchNorm: normalises by the batch's statistics"} for n in plan.bn_layers]
+    rows += [{"layer": m or "(model)", "why": f"its forward updates the buffer {buffer_names([(m, b)])}"}
+             for m, b in plan.buffers]
+    return pd.DataFrame(rows, columns=["layer", "why"])
+
+
+def _frozen_what(plan: Plan) -> str:
+    """"BatchNorm statistics", "the buffers the forward updates (norm.mean)", or both."""
+    parts = (["BatchNorm statistics"] if plan.bn_layers else []) + (
+        [f"the buffers the forward updates ({buffer_names(plan.buffers)})"] if plan.buffers else [])
+    return " and ".join(parts)
+
+
+def _mismatch(plan: Plan, p: Pair, micro: list, freeze: bool | tuple[str, ...], metrics: dict, tables: dict,
               prefix: str) -> CheckResult:
     """The FAIL (or latent WARN) for a mismatch of the equal split, with the cause decided from the evidence."""
     setup, k, tol, close, a, b = plan.setup, plan.k, plan.tol, plan.close, p.a, p.b
@@ -291,6 +239,15 @@ def _mismatch(plan: _Plan, p: _Pair, micro: list, freeze: bool, metrics: dict, t
     else:
         cause, advice, tag = update_side_cause(setup, b, k, close)
     metrics["cause"] = tag or "unnamed"
+    if tag is None:
+        cause = f"cause not isolated ({cause})"
+    if plan.buffers and tag not in _STEP_TAGS:  # batch-dependent state the forward keeps: not the step's normalisation
+        metrics["cause"] = "forward_updated_buffers"
+        return latent_when_unused(setup, CheckResult(
+            "loop.accumulation", Status.WARN,
+            f"{prefix}: cause not isolated: the forward updates {buffer_names(plan.buffers)} from each micro-batch it "
+            "sees, batch-dependent state (like BatchNorm's batch statistics) that K micro-batches cannot reproduce",
+            metrics, tables, [_BUFFER_ADVICE.format(names=buffer_names(plan.buffers)), STANDARD_STEP_ADVICE]))
     if tag == BATCH_DEPENDENT_LOSS:  # the loss's own inexactness with a right step: never a FAIL of the step
         latent = "latent (this Setup does not accumulate gradients): " if setup.accumulation_steps == 1 else ""
         return CheckResult("loop.accumulation", Status.WARN, f"{latent}{prefix}: {cause}",
@@ -307,11 +264,12 @@ def _mismatch(plan: _Plan, p: _Pair, micro: list, freeze: bool, metrics: dict, t
     return latent_when_unused(setup, result)
 
 
-def _uneven_split(plan: _Plan, even: _Pair, ev: _Evidence, uneven: _Pair | None) -> CheckResult | None:
+def _uneven_split(plan: Plan, even: Pair, ev: _Evidence, uneven: Pair | None) -> CheckResult | None:
     """The even split is exact (possibly with frozen batch statistics): now unequal micro-batch sizes."""
     if uneven is None:  # not measured on the fast path
-        ua = even.a if plan.n_even == plan.n and not ev.frozen else plan.one(plan.batch, ev.frozen)
-        uneven = plan.compare(ua, plan.many(plan.uneven_micro, ev.frozen))
+        freeze = plan.freeze if ev.frozen else False
+        ua = even.a if plan.n_even == plan.n and not ev.frozen else plan.one(plan.batch, freeze)
+        uneven = plan.compare(ua, plan.many(plan.uneven_micro, freeze))
     ev.uerr = max(uneven.err, uneven.pre_err)
     ev.metrics.update(uneven_sizes="+".join(map(str, plan.uneven_sizes)), uneven_split="artificial",
                       uneven_max_rel_error=ev.uerr)
@@ -322,7 +280,7 @@ def _uneven_split(plan: _Plan, even: _Pair, ev: _Evidence, uneven: _Pair | None)
     return _hidden_under_tolerance(plan, ev)
 
 
-def _hidden_under_tolerance(plan: _Plan, ev: _Evidence) -> CheckResult | None:
+def _hidden_under_tolerance(plan: Plan, ev: _Evidence) -> CheckResult | None:
     """A FAIL when per-micro-batch means, named from the unequal split, also bias the equal split in fp32.
 
     In half precision the equal split's error can hide under the tolerance. Per-micro-batch means are exact for
@@ -350,16 +308,23 @@ def _hidden_under_tolerance(plan: _Plan, ev: _Evidence) -> CheckResult | None:
         {**metrics, "cause": PER_MICRO_MEAN}, ev.tables, ucause[1] + [STANDARD_STEP_ADVICE]))
 
 
-def _verdict(plan: _Plan, ev: _Evidence) -> CheckResult:
+def _verdict(plan: Plan, ev: _Evidence) -> CheckResult:
     """The equal split matched (maybe only with frozen batch statistics): judge the unequal one."""
     k, tol, metrics, tables, uerr = plan.k, plan.tol, ev.metrics, ev.tables, ev.uerr
-    if ev.frozen:
+    if ev.frozen and plan.buffers:
+        names = buffer_names(plan.buffers)
+        summary = (f"accumulation is exact once {_frozen_what(plan)} are frozen (error "
+                   f"{metrics['frozen_max_rel_error']:.1e}); live, {k} micro-batches differ by {ev.err:.1%}: the "
+                   f"forward updates {names} from each micro-batch, batch-dependent state")
+        advice = [_BUFFER_ADVICE.format(names=names)]
+    elif ev.frozen:
         summary = (f"accumulation is exact once BatchNorm's batch statistics are frozen (error "
                    f"{metrics['frozen_max_rel_error']:.1e}); with live batch statistics {k} micro-batches differ by "
                    f"{ev.err:.1%}, as BatchNorm does by design")
         advice = [f"Expect accumulation over {k} micro-batches to differ from one big batch: {len(plan.bn_layers)} "
                   "BatchNorm layer(s) normalise each micro-batch by its own statistics.",
                   "If that matters, use GroupNorm/LayerNorm, or larger micro-batches."]
+    if ev.frozen:
         if uerr > tol:
             advice.append(f"Also: unequal micro-batch sizes (an artificial {metrics['uneven_sizes']} split) change the "
                           f"gradient by {uerr:.1%}; weight each micro-batch loss by its share of the samples.")
@@ -372,7 +337,7 @@ def _verdict(plan: _Plan, ev: _Evidence) -> CheckResult:
     return _unequal_only(plan, ev)
 
 
-def _unequal_only(plan: _Plan, ev: _Evidence) -> CheckResult:
+def _unequal_only(plan: Plan, ev: _Evidence) -> CheckResult:
     """Exact for equal micro-batches only, on the artificial split: judged on the micro-batches this Setup's data
     really produces. A latent PASS when it never gives unequal ones (no accumulation, every batch a multiple of K);
     the data's own unequal split decides when it has one; the artificial split only when its sizes are unknown."""
@@ -413,7 +378,7 @@ def _unequal_finding(where: str, err: float, cause: tuple[str, list[str], str | 
     return what, advice
 
 
-def _data_split(plan: _Plan, ev: _Evidence, short: int) -> CheckResult:
+def _data_split(plan: Plan, ev: _Evidence, short: int) -> CheckResult:
     """The unequal micro-batches the data really produces: a batch of ``short`` samples split into the Setup's K,
     run on the first ``short`` samples of the sampled batch, against that batch as 1 micro-batch."""
     setup, metrics, tables, acc, tol = plan.setup, ev.metrics, ev.tables, plan.setup.accumulation_steps, plan.tol
@@ -442,27 +407,3 @@ def _data_split(plan: _Plan, ev: _Evidence, short: int) -> CheckResult:
     what, advice = _unequal_finding(where, err, cause)
     return CheckResult("loop.accumulation", Status.WARN,
                        f"{what}; an artificial {metrics['uneven_sizes']} split: {ev.uerr:.1%}", metrics, tables, advice)
-
-
-def _observe(setup: Setup, micro_batches: list, k: int, *, freeze: bool, what: str) -> Run:
-    """Run the step under test once on a fresh seeded copy (configured for K=k) and observe its first update."""
-    ctx = setup.build(accumulation_steps=k)
-    quiet_randomness(ctx.model)
-    if freeze:
-        freeze_batch_stats(ctx.model)
-    records, calls = run_steps(setup, ctx, [micro_batches])
-    require_steps(setup, calls, what)
-    r = records[0]
-    return Run(r.grads, r.pre_clip or r.grads, r.last_backward, calls[0], r.observed_at)
-
-
-def _steps_per_call_result(calls: int, metrics: dict, tables: dict) -> CheckResult:
-    """FAIL for a step that runs ``optimizer.step()`` more than once per call even with one micro-batch: every
-    update is applied ``calls`` times. Shown without accumulation, so never latent; the other loop checks defer here."""
-    return CheckResult("loop.accumulation", Status.FAIL,
-                       f"optimizer.step() ran {calls} times per call of the step function with a single micro-batch "
-                       f"(expected once): every update is applied {calls} times",
-                       {**metrics, "optimizer_steps_per_call": calls, "cause": "steps_per_call"}, tables,
-                       ["Call optimizer.step() (or scaler.step(optimizer)) exactly once per call of step(ctx, "
-                        "micro_batches); look for a second call in a helper, a callback or a wrapper.",
-                        STANDARD_STEP_ADVICE])

@@ -10,41 +10,51 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.compare import global_rel_error
-from ..core.modes import freeze_batch_stats, quiet_randomness
+from ..core.modes import quiet_randomness
+from ..core.noise_floor import reseed
 from ..setup import Setup
 from ._invariance_common import cosine, norm_of
 
 
-def loss_grads(setup: Setup, micro_batches: list, weights: list[float], freeze: bool, *, autocast: bool = True) -> dict:
+def loss_grads(setup: Setup, micro_batches: list, weights: list[float], freeze: bool | tuple[str, ...], *,
+               autocast: bool = True, stream: int = 0) -> dict:
     """Gradient of ``sum_i w_i * loss_fn(model, mb_i)`` on a fresh seeded copy: a hypothesis about the user's step.
 
     ``autocast=False`` computes it in full precision, free of the half-precision noise the tolerance allows for.
+    ``stream`` is the RNG stream the loss draws from (:func:`tropt.core.noise_floor.reseed`); ``freeze`` as
+    :func:`._batch_dependence.freeze_batch_dependence` (True: BatchNorm; a tuple: also those modules).
     """
+    from ._batch_dependence import freeze_batch_dependence
+    from ._stochastic import QuietFunctionalDropout
+
     ctx = setup.build()
+    reseed(setup.seed, stream)
     quiet_randomness(ctx.model)
-    if freeze:
-        freeze_batch_stats(ctx.model)
+    freeze_batch_dependence(ctx.model, freeze)
     ctx.model.train()
-    for mb, w in zip(micro_batches, weights, strict=False):
-        with ctx.autocast() if autocast else contextlib.nullcontext():
-            loss = ctx.loss_fn(ctx.model, mb)
-        (loss.float() * w).backward()
+    with QuietFunctionalDropout():  # as in the runs it predicts
+        for mb, w in zip(micro_batches, weights, strict=False):
+            with ctx.autocast() if autocast else contextlib.nullcontext():
+                loss = ctx.loss_fn(ctx.model, mb)
+            (loss.float() * w).backward()
     return {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in ctx.model.named_parameters()}
 
 
 @dataclass
 class Run:
     """One observed call of the step: gradients at ``optimizer.step()`` (``post``), what the losses gave before any
-    clipping (``pre``, summed over the backward passes), the last backward pass's share, and the optimizer steps."""
+    clipping (``pre``, summed over the backward passes), the last backward pass's share, the optimizer steps, and the
+    flattened ``state_dict`` of each stateful object the step keeps on ctx (``objects``: an EMA model)."""
 
     post: dict
     pre: dict
     last: dict
     calls: int
     where: str = "optimizer.step"
+    objects: dict = field(default_factory=dict)  # the state of stateful objects the step keeps on ctx (an EMA model)
 
 
 def _scaled(g: dict, c: float) -> dict:
@@ -84,7 +94,7 @@ def _divided_twice(k: int) -> tuple[str, list[str]]:
 
 
 def loss_side_cause(setup: Setup, micro: list, whole: object, a: Run, b: Run, k: int, close: float,
-                    freeze: bool, facts: dict) -> tuple[str, list[str], str | None]:
+                    freeze: bool | tuple[str, ...], facts: dict) -> tuple[str, list[str], str | None]:
     """Name what the K-micro-batch losses did wrong, from the gradients before any clipping.
 
     First decide which run is wrong against an independent reference, the Setup's ``loss_fn`` over the whole batch:
@@ -128,8 +138,8 @@ def from_factors(ca: float, cb: float, k: int, facts: dict) -> tuple[str, list[s
             [f"Make each micro-batch contribute its share of the full-batch loss: {_DIVIDE_ADVICE}."], "scaled")
 
 
-def _hypotheses(setup: Setup, micro: list, a: Run, b: Run, k: int, close: float, freeze: bool, ref: dict,
-                ca: float, ra: float) -> dict[str, tuple[float, str, list[str]]]:
+def _hypotheses(setup: Setup, micro: list, a: Run, b: Run, k: int, close: float, freeze: bool | tuple[str, ...],
+                ref: dict, ca: float, ra: float) -> dict[str, tuple[float, str, list[str]]]:
     """Per hypothesis about the K run: (its error against the K run's pre-clip gradient, cause, advice)."""
     base = a.pre if ra > close else _scaled(ref, ca)  # when the 1x run is not the reference, compare with it directly
     fit = ca if ra <= close else 1.0

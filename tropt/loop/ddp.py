@@ -14,6 +14,7 @@ the batch statistics frozen. WARN when that isolated rerun matches, FAIL when it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import faulthandler
 import multiprocessing as mp
@@ -30,21 +31,25 @@ import torch
 from ..core.accelerate import tell_distributed
 from ..core.capture import observed_at, run_steps
 from ..core.compare import compare_tensors, global_rel_error
-from ..core.modes import batch_dependent_layers, freeze_batch_stats, quiet_randomness
+from ..core.modes import batch_dependent_layers, quiet_randomness
+from ..core.noise_floor import floor_between, reseed, rng_advanced
 from ..errors import StepError, TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
-from ._ddp_verdict import DdpEvidence, ddp_verdict, rank0_grads, replica_table
+from ._batch_dependence import Freeze, forward_updated_buffers, freeze_batch_dependence, loss_kind
+from ._ddp_expectation import ddp_in_expectation
+from ._ddp_verdict import BUFFER_MARK, DdpEvidence, ddp_verdict, rank0_grads, replica_table
+from ._stochastic import QuietFunctionalDropout
 from ._verdicts import defer_multi_step, require_steps, tolerance_for
 from .accumulation_causes import loss_grads
 
 _TIMEOUT_S = 60
 
 
-def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: str, out: Any, freeze: bool,
-               find_unused: bool = False) -> None:
+def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: str, out: Any, freeze: Freeze,
+               find_unused: bool = False, streams: list[list[int]] | None = None) -> None:
     """One DDP process: wrap a seeded copy, run one step on this rank's micro-batches, send back its gradients at
     ``optimizer.step()``, its pre-clip gradients averaged over the processes, and its parameters after the step (the
     parent compares every rank's with rank 0's: replicas that drift apart are a finding of their own).
@@ -59,10 +64,9 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
     import warnings
 
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.nn.parallel import DistributedDataParallel
 
     code = 0
+    streams = streams or [[0]] * world  # one run per rank; more (a stochastic step): each on its own RNG stream
     try:
         torch.set_num_threads(1)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # both ranks are on this host: talk over loopback
@@ -74,44 +78,14 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=_TIMEOUT_S - 10))
         tell_distributed(rank, world)  # an accelerate Accelerator in the step learns it is one of `world` processes
-        ctx = setup.build()
-        quiet_randomness(ctx.model)
-        if freeze:
-            freeze_batch_stats(ctx.model)
-        ddp = DistributedDataParallel(ctx.model, find_unused_parameters=find_unused)
-        syncs = [0, 0, 0]  # bucket all-reduces, synchronised backward passes, those that started from zeroed gradients
-        opened = {"open": False, "fresh": False}  # the current backward pass: seen, and whether .grad was clear
 
-        def first_gradient(p: torch.nn.Parameter):
-            def hook(grad):  # runs before this pass's gradient is added to p.grad
-                if not opened["open"]:
-                    opened.update(open=True, fresh=p.grad is None or not bool(torch.any(p.grad)))
-            return hook
+        def one(stream: int) -> tuple:
+            return _one_ddp_run(rank, world, setup, shares, freeze, find_unused, stream)
 
-        for p in ctx.model.parameters():
-            if p.requires_grad:
-                p.register_hook(first_gradient(p))
-
-        def counting_allreduce(state, bucket):  # unannotated: DDP rejects annotations other than dist.GradBucket
-            syncs[0] += 1
-            if bucket.is_last():
-                # A synchronised pass that adds to gradients not yet used (accumulation without no_sync) wastes its
-                # all-reduce; one that starts from cleared gradients (a closure's evaluation, SAM's second pass) needs
-                # it.
-                syncs[1] += 1
-                syncs[2] += int(opened["fresh"])
-                opened["open"] = False
-            return default_hooks.allreduce_hook(state, bucket)
-
-        ddp.register_comm_hook(None, counting_allreduce)
-        ctx.model = ddp
-        records, calls = run_steps(setup, ctx, [shares[rank]])
-        grads = {name.removeprefix("module."): (None if g is None else g.numpy()) for name, g in
-                 (records[0].grads.items() if records else [])}
-        pre = _averaged_pre_clip(ddp, records[0].pre_clip if records else {}, world)
-        evaluations = records[0].closure_evaluations if records else 0  # LBFGS-style: each is a synchronised backward
-        params = {name: p.detach().cpu().numpy().copy() for name, p in ddp.module.named_parameters()}  # after the step
-        out.send((rank, "ok", (grads, pre, params), [*syncs, evaluations], calls))
+        first, counts, calls = one(streams[rank][0])
+        repeats = [(first[0], first[1])] + [one(s)[0][:2] for s in streams[rank][1:]]
+        payload = (*first, repeats) if len(streams[rank]) > 1 else first
+        out.send((rank, "ok", payload, counts, calls))
     except BaseException as exc:  # noqa: BLE001 - report anything to the parent, which turns it into an ERROR
         code = 1
         with contextlib.suppress(BaseException):  # the parent sees the closed pipe instead
@@ -119,6 +93,56 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
             out.send((rank, "error", message, None, None))
     finally:
         os._exit(code)
+
+
+def _one_ddp_run(rank: int, world: int, setup: Setup, shares: list[list], freeze: Freeze, find_unused: bool,
+                 stream: int) -> tuple:
+    """One fresh seeded copy wrapped in DDP, its step run on this rank's share drawing from ``stream``: (gradients
+    at optimizer.step, pre-clip gradients averaged over the processes, parameters after the step), the all-reduce
+    counts and the optimizer steps. Runs in the forked child (see :func:`_rank_main`)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    ctx = setup.build()
+    reseed(setup.seed, stream)
+    quiet_randomness(ctx.model)
+    freeze_batch_dependence(ctx.model, freeze)
+    ddp = DistributedDataParallel(ctx.model, find_unused_parameters=find_unused)
+    syncs = [0, 0, 0]  # bucket all-reduces, synchronised backward passes, those starting from zeroed gradients
+    opened = {"open": False, "fresh": False}  # the current backward pass: seen, and whether .grad was clear
+
+    def first_gradient(p: torch.nn.Parameter):
+        def hook(grad):  # runs before this pass's gradient is added to p.grad
+            if not opened["open"]:
+                opened.update(open=True, fresh=p.grad is None or not bool(torch.any(p.grad)))
+        return hook
+
+    for p in ctx.model.parameters():
+        if p.requires_grad:
+            p.register_hook(first_gradient(p))
+
+    def counting_allreduce(state, bucket):  # unannotated: DDP rejects annotations other than dist.GradBucket
+        syncs[0] += 1
+        if bucket.is_last():
+            # A synchronised pass that adds to gradients not yet used (accumulation without no_sync) wastes
+            # its all-reduce; one that starts from cleared gradients (a closure's evaluation, SAM's second
+            # pass) needs it.
+            syncs[1] += 1
+            syncs[2] += int(opened["fresh"])
+            opened["open"] = False
+        return default_hooks.allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, counting_allreduce)
+    ctx.model = ddp
+    with QuietFunctionalDropout():
+        records, calls = run_steps(setup, ctx, [shares[rank]])
+    grads = {name.removeprefix("module."): (None if g is None else g.numpy()) for name, g in
+             (records[0].grads.items() if records else [])}
+    pre = _averaged_pre_clip(ddp, records[0].pre_clip if records else {}, world)
+    evaluations = records[0].closure_evaluations if records else 0  # LBFGS: each is a synchronised backward
+    params = {name: p.detach().cpu().numpy().copy()  # after the step
+              for name, p in ddp.module.named_parameters()}
+    return (grads, pre, params), [*syncs, evaluations], calls
 
 
 def _averaged_pre_clip(ddp: Any, pre: dict, world: int) -> dict:
@@ -166,8 +190,8 @@ def _kill(procs: list) -> None:
         p.join()
 
 
-def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False,
-             find_unused: bool = False) -> list[tuple]:
+def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: Freeze = False,
+             find_unused: bool = False, streams: list[list[int]] | None = None) -> list[tuple]:
     import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # imported before the fork: see _rank_main
     import torch.nn.parallel  # noqa: F401
 
@@ -177,8 +201,8 @@ def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False,
         procs, readers = [], {}
         for r in range(world):
             recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_rank_main, args=(r, world, setup, shares, store, send, freeze, find_unused),
-                            daemon=True)
+            p = ctx.Process(target=_rank_main, daemon=True,
+                            args=(r, world, setup, shares, store, send, freeze, find_unused, streams))
             p.start()
             send.close()  # the child holds the only writer: its exit closes the pipe
             procs.append(p)
@@ -214,18 +238,30 @@ def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: bool = False,
     return [results[r] for r in range(world)]
 
 
-def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freeze: bool,
-               find_unused: bool = False) -> tuple[tuple[dict, dict], list[tuple], str]:
+def single_run(setup: Setup, full: Any, *, freeze: Freeze, stream: int = 0,
+               advanced: list[str] | None = None) -> tuple[tuple[dict, dict], str]:
+    """The single-process gradients (at optimizer.step, before clipping) on the full batch, drawing from ``stream``;
+    ``advanced`` receives the global generators the step drew from."""
+    ctx = setup.build()
+    reseed(setup.seed, stream)
+    quiet_randomness(ctx.model)
+    freeze_batch_dependence(ctx.model, freeze)
+    with QuietFunctionalDropout():
+        (records, calls), drawn = rng_advanced(lambda: run_steps(setup, ctx,
+                                                                 [setup.split(full, setup.accumulation_steps)]))
+    if advanced is not None:
+        advanced += drawn
+    require_steps(setup, calls, "the single-process run")
+    return (records[0].grads, records[0].pre_clip), observed_at(records)
+
+
+def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freeze: Freeze,
+               find_unused: bool = False, streams: list[list[int]] | None = None
+               ) -> tuple[tuple[dict, dict], list[tuple], str]:
     """The single-process gradients on the full batch, every DDP rank's result on its share, and where the
     single-process update was observed."""
-    k = setup.accumulation_steps
-    ctx = setup.build()
-    quiet_randomness(ctx.model)
-    if freeze:
-        freeze_batch_stats(ctx.model)
-    records, calls = run_steps(setup, ctx, [setup.split(full, k)])
-    require_steps(setup, calls, "the single-process run")
-    ranks = _run_ddp(setup, shares, world, freeze=freeze, find_unused=find_unused)
+    pair, where = single_run(setup, full, freeze=freeze)
+    ranks = _run_ddp(setup, shares, world, freeze=freeze, find_unused=find_unused, streams=streams)
     errors = [r for r in ranks if r[1] != "ok"]
     if errors:
         raise StepError(f"under DDP, rank {errors[0][0]} failed: {errors[0][2]}",
@@ -233,7 +269,7 @@ def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freez
                         "ctx.model.module")
     for rank, _, _, _, rank_calls in ranks:
         require_steps(setup, rank_calls, f"DDP rank {rank}")
-    return (records[0].grads, records[0].pre_clip), ranks, observed_at(records)
+    return pair, ranks, where
 
 
 def _compare(pair: tuple[dict, dict], ranks: list[tuple], world: int,
@@ -253,7 +289,7 @@ def _compare(pair: tuple[dict, dict], ranks: list[tuple], world: int,
     return post, post, False
 
 
-def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: dict, tol: float, freeze: bool,
+def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: dict, tol: float, freeze: Freeze,
                       clipped_grads: bool = True) -> str | None:
     """Does the DDP gradient equal the average of per-process (or per-micro-batch) mean losses?
 
@@ -307,7 +343,10 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
     tol = tolerance_for(setup, tol)
     with preserved(setup.model):
         evidence = _ddp_evidence(setup, world_size, tol)
-    return ddp_verdict(setup, evidence)
+    if isinstance(evidence, CheckResult):  # a stochastic step, judged in expectation
+        return evidence
+    result = ddp_verdict(setup, evidence)
+    return dataclasses.replace(result, metrics={**result.metrics, "noise_floor": 0.0})
 
 
 def _unavailable(setup: Setup) -> CheckResult | None:
@@ -326,7 +365,7 @@ def _unavailable(setup: Setup) -> CheckResult | None:
     return None
 
 
-def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence:
+def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence | CheckResult:
     k = setup.accumulation_steps
     batch = setup.sample_batch()
     n = setup.size(batch)
@@ -339,6 +378,13 @@ def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence:
     whole = setup.split(full, world_size)
     shares = [setup.split(share, k) for share in whole]
     pair, ranks, where = _both_runs(setup, full, shares, world_size, freeze=False)
+    # The noise floor: the single-process run again with only the step's own draws changed.
+    advanced: list[str] = []
+    again, _ = single_run(setup, full, freeze=False, stream=1, advanced=advanced)
+    floor = max(floor_between(pair[0], again[0]), floor_between(pair[1], again[1]) if pair[1] else 0.0)
+    if floor > tol:
+        sources = [f"it draws from the global RNG ({', '.join(advanced)})"] if advanced else []
+        return ddp_in_expectation(setup, full, shares, world_size, tol, floor, ranks, _run_ddp, single_run, sources)
     single = pair[0]
     table, post, pre_clip = _compare(pair, ranks, world_size, tol)
     err = float(table["rel_error"].max())
@@ -352,15 +398,23 @@ def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence:
         utable = _compare(upair, uranks, world_size, tol)[0]
     bn_layers = batch_dependent_layers(setup.model)
     ftable, per_mean, franks = None, None, ranks
-    if err > tol and bn_layers:
-        # Each process normalises its share with that share's BatchNorm statistics, by design: rerun both with the
-        # statistics frozen to see whether the step itself is right.
-        fpair, franks, _ = _both_runs(setup, full, shares, world_size, freeze=True)
+    freeze: Freeze = False
+    buffers = forward_updated_buffers(setup, full) if err > tol else []
+    if err > tol and (bn_layers or buffers) and ranks[0][3][0] > 0:
+        # Each process normalises its share with that share's BatchNorm statistics (or updates a buffer from it), by
+        # design: rerun both with them frozen to see whether the step itself is right.
+        bn_layers = bn_layers + [f"{m}.{b}{BUFFER_MARK}" if m else f"{b}{BUFFER_MARK}" for m, b in buffers]
+        freeze = tuple(dict.fromkeys(m for m, _ in buffers)) or True
+        fpair, franks, _ = _both_runs(setup, full, shares, world_size, freeze=freeze)
         ftable = _compare(fpair, franks, world_size, tol)[0]
-    frozen_run = ftable is not None
+    frozen_run = freeze if ftable is not None else False
     decisive = ftable if ftable is not None else table
-    if float(decisive["rel_error"].max()) > tol:
+    # With no all-reduce at all, tropt's own averaging of the ranks' gradients matches "per-process means" by
+    # construction: never test a cause against it (the verdict names the bypassed DDP instead).
+    if float(decisive["rel_error"].max()) > tol and ranks[0][3][0] > 0:
         per_mean = _per_process_mean(setup, whole, shares, rank0_grads(franks, int(pre_clip)),
                                      tol, frozen_run, clipped_grads=not pre_clip)
+    loss = (loss_kind(setup, full, freeze=frozen_run, close=max(10 * tol, 1e-4))
+            if float(decisive["rel_error"].max()) > tol and ranks[0][3][0] > 0 else None)
     return DdpEvidence(world_size, tol, k, per_rank, single, ranks, where, table, post, pre_clip, err, unused, utable,
-                     bn_layers, ftable, per_mean, replica_table(ranks))
+                     bn_layers, ftable, per_mean, replica_table(ranks), loss)

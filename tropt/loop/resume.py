@@ -26,6 +26,7 @@ from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import RngState, preserved
 from ..training import StepContext, user_state_is_plain
+from ._resume_rng import RNG_ONLY_ADVICE, RngProbe, first_divergence, order_lost, rng_only_kind
 from ._resume_state import extra_advice, extra_components, load_extra, save_extra
 from ._verdicts import defer_multi_step, nonfinite_result, require_steps, tolerance_for
 
@@ -156,8 +157,9 @@ def _call_user(fn: Callable, who: str, *args: Any) -> Any:
                         f"fix {who}; it is called as {who}(ctx{', state' if len(args) > 1 else ''})") from exc
 
 
-def _through_disk(state: Any) -> Any:
-    """What a checkpoint file would give back: torch.save then torch.load (so live references are cut)."""
+def _through_disk(state: Any) -> tuple[Any, bytes]:
+    """What a checkpoint file would give back: torch.save then torch.load (so live references are cut), and the
+    file's bytes."""
     buf = io.BytesIO()
     try:
         torch.save(state, buf)
@@ -165,7 +167,26 @@ def _through_disk(state: Any) -> Any:
         raise StepError(f"save_state returned something torch.save cannot write ({type(exc).__name__}: {exc})",
                         "return plain containers of tensors and numbers, e.g. state_dict()s") from exc
     buf.seek(0)
-    return torch.load(buf, weights_only=False)
+    return torch.load(buf, weights_only=False), buf.getvalue()
+
+
+def _rng_probe(setup: Setup, load: Callable, state_file: bytes, initial: CarriedState, rng_save: RngState,
+               batches: list, final_a: dict, final_b: dict, compared: list[str], tol: float) -> tuple[RngProbe, list]:
+    """Resume once more from the same checkpoint, now with the straight run's RNG streams at the save point: the
+    RNG alone explains the divergence when this run matches the straight one, and matters at all when it differs
+    from the resumed one (a step without randomness changes nothing)."""
+    ctx_c = setup.build(seed=setup.seed + 1)
+    initial.restore(prefix="step.")
+    _call_user(load, "load_state", ctx_c, torch.load(io.BytesIO(state_file), weights_only=False))
+    loaded_c = CarriedState.take(ctx_c, setup.step)
+    rng_save.restore()
+    loaded_c.restore(prefix="step.")
+    _, calls_c = run_steps(setup, ctx_c, batches, capture="lr")
+    final_c = _state_of(ctx_c, RngState.take(), CarriedState.take(ctx_c, setup.step))
+    fixed = {c: max_rel_error(final_a[c], final_c.get(c, {})) for c in compared if c in final_a}
+    changed = {c: max_rel_error(final_b.get(c, {}), final_c.get(c, {})) for c in compared if c in final_a}
+    return RngProbe(fixes=all(e <= tol for e in fixed.values()), matters=any(e > tol for e in changed.values()),
+                    param_error=fixed.get("model weights", 0.0)), calls_c
 
 
 @register(
@@ -203,12 +224,12 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
         if state is None and custom:
             raise StepError("save_state returned None, so there is nothing to resume from",
                             "return the state to save (a dict of state_dicts)")
-        state = _through_disk(state)
+        state, state_file = _through_disk(state)
         # Leftover gradients are in no checkpoint; clearing them isolates what the checkpoint covers
         # (leaking gradients are loop.zero_grad's finding, not this check's).
         for p in ctx_a.model.parameters():
             p.grad = None
-        rng_a = RngState.take()
+        rng_a = rng_save = RngState.take()
         ctx_b = setup.build(seed=setup.seed + 1)
         initial.restore(prefix="step.")
         _call_user(load, "load_state", ctx_b, state)
@@ -236,6 +257,12 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
         skipped = [] if custom else [c for c in later if c not in templates]
         for c in skipped:
             loaded.pop(c, None)
+        probe, calls_c = None, []
+        if loaded["RNG"] > 0 and any(max_rel_error(final_a[c], final_b.get(c, {})) > tol
+                                     for c in loaded if c != "RNG" and c in final_a):
+            # The RNG was not restored and the runs diverge: does restoring it alone explain the divergence?
+            probe, calls_c = _rng_probe(setup, load, state_file, initial, rng_save, batches[steps:],
+                                        final_a, final_b, [c for c in loaded if c != "RNG"], tol)
         # Where each schedule stands after the continuation: the learning rate the next step would use, and position.
         end_a = (_lrs(ctx_a), _position(ctx_a))
         end_b = (_lrs(ctx_b), _position(ctx_b))
@@ -244,11 +271,11 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
                                            "resumed": (2 * steps, final_b["model weights"])}, what="parameters")
     if bad is not None:
         return bad
-    result = _resume_verdict(setup, steps, tol, custom, loaded, final_a, final_b, rec_a, rec_b, end_a, end_b)
+    result = _resume_verdict(setup, steps, tol, custom, loaded, final_a, final_b, rec_a, rec_b, end_a, end_b, probe)
     if skipped:
         result.metrics["not_compared"] = (f"{', '.join(skipped)}: built by the step on ctx and not rebuilt by "
                                           "tropt's checkpoint (a wrapper of the live training objects)")
-    return defer_multi_step(result, calls + calls_a + calls_b)
+    return defer_multi_step(result, calls + calls_a + calls_b + calls_c)
 
 
 def _lrs(ctx: StepContext) -> list[float]:
@@ -270,18 +297,20 @@ def _component_rows(tol: float, loaded: dict, final_a: dict, final_b: dict) -> l
 
 
 def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: dict, final_a: dict, final_b: dict,
-                    rec_a: list, rec_b: list, end_a: tuple, end_b: tuple) -> CheckResult:
+                    rec_a: list, rec_b: list, end_a: tuple, end_b: tuple, probe: RngProbe | None) -> CheckResult:
     rows = _component_rows(tol, loaded, final_a, final_b)
     components = pd.DataFrame(rows)
     params = compare_tensors(final_a["model weights"], final_b["model weights"], labels=("straight", "resumed"))
     lr_a = np.array([r.lrs[0] if r.lrs else np.nan for r in rec_a])
     lr_b = np.array([r.lrs[0] if r.lrs else np.nan for r in rec_b])
     final_err = float(params["rel_error"].max()) if len(params) else 0.0
-    lost = [r["component"] for r in rows if not r["restored"]]
+    lost = order_lost([r["component"] for r in rows if not r["restored"]], probe)
     metrics = {"steps_before_save": steps, "steps_after_load": steps,
                "checkpoint": "user save_state/load_state" if custom else "tropt full checkpoint",
                "final_param_max_rel_error": final_err, "tolerance": tol, "not_restored": ", ".join(lost) or "none",
                "observed_at": observed_at(rec_a + rec_b)}
+    if probe is not None:
+        metrics["with_rng_restored_param_max_rel_error"] = probe.param_error
     tables = {"components": components, "parameters": params}
     series = {"lr_straight": lr_a, "lr_resumed": lr_b}
     lr_same = len(lr_a) == len(lr_b) and np.allclose(lr_a, lr_b, rtol=1e-6, equal_nan=True)
@@ -290,6 +319,9 @@ def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: 
                            f"resuming after {steps} step(s) reproduces the straight run (parameter error "
                            f"{final_err:.1e}; every component restored)",
                            metrics, tables, series=series)
+    rng_only = rng_only_kind(setup, lost, probe)
+    if rng_only is not None and final_err > tol:
+        return _rng_only_result(rng_only, steps, final_err, probe, metrics, tables, series)
     advice = [_ADVICE.get(c) or extra_advice(c) for c in lost] or [
         "Something outside the checkpoint carries state: a module attribute that is not in state_dict(), or state "
         "kept by loss_fn or the step function. Save it too."]
@@ -315,17 +347,39 @@ def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: 
         return CheckResult("loop.resume", Status.FAIL,
                            f"resuming changes {diverged[0]['component']}: after {steps} more step(s) it differs from "
                            f"the straight run's by {diverged[0]['final_rel_error']:.1%} (max relative error) while the "
-                           f"parameters match; first divergence: {lost[0]}"
-                           + (f" (also not restored: {', '.join(lost[1:])})" if len(lost) > 1 else ""),
+                           f"parameters match; first divergence: {_first(lost, probe)}",
                            metrics, tables, advice, series)
     if final_err <= tol and lr_same:
         return CheckResult("loop.resume", Status.WARN,
                            f"the resumed run matches here, but {', '.join(lost)} "
                            f"{'is' if len(lost) == 1 else 'are'} not restored and would make longer runs diverge",
                            metrics, tables, advice, series)
-    first = lost[0] if lost else "state outside the checkpoint"
     return CheckResult("loop.resume", Status.FAIL,
                        f"resuming changes training (parameter error {final_err:.1e} after {steps} step(s)); first "
-                       f"divergence: {first}"
-                       + (f" (also not restored: {', '.join(lost[1:])})" if len(lost) > 1 else ""),
+                       f"divergence: {_first(lost, probe)}",
                        metrics, tables, advice, series)
+
+
+def _first(lost: list[str], probe: RngProbe | None) -> str:
+    """``X (also not restored: Y, Z)``: the component that explains the divergence first."""
+    first, others = first_divergence(lost, probe)
+    return first + (f" (also not restored: {', '.join(others)})" if others else "")
+
+
+def _rng_only_result(kind: str, steps: int, final_err: float, probe: RngProbe | None, metrics: dict, tables: dict,
+                     series: dict) -> CheckResult:
+    """Only the RNG streams are lost, and restoring them alone reproduces the straight run."""
+    with_rng = f"with the straight run's RNG streams the resumed run matches it (parameter error " \
+               f"{probe.param_error:.1e})" if probe is not None else ""
+    if kind == "warn":
+        return CheckResult("loop.resume", Status.WARN,
+                           f"resume is exact except for the RNG streams: not bit-exact (the step's own random draws "
+                           f"differ after the resume: parameter error {final_err:.1e} after {steps} step(s); "
+                           f"{with_rng}); save torch/numpy/python RNG states for bit-exact resume",
+                           metrics, tables, [RNG_ONLY_ADVICE], series)
+    also = ("; the data order also draws from the global RNG (the DataLoader's sampler has no generator of its own): "
+            "a resume without it changes which samples come next" if kind == "data order" else "")
+    return CheckResult("loop.resume", Status.FAIL,
+                       f"resuming changes training (parameter error {final_err:.1e} after {steps} step(s)); first "
+                       f"divergence: RNG ({with_rng}){also}",
+                       metrics, tables, [_ADVICE["RNG"]], series)

@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..core.capture import on_update
+from ..core.capture import on_update, stepping_optimizers
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -102,13 +102,23 @@ def _mode(flag: bool | None) -> str:
 
 
 class ModeRecorder:
-    """Context manager: forward pre-hooks recording the mode each watched module ran in, grouped by update."""
+    """Context manager: forward pre-hooks recording the mode each watched module ran in, grouped by update.
 
-    def __init__(self, modules: dict[str, nn.Module], optimizer: Any = None) -> None:
-        self.modules, self.optimizer = modules, optimizer
+    ``optimizer`` is one optimizer or a sequence of them (a GAN's D and G: every optimizer's step closes an update).
+    With ``params`` (the model's parameters), an optimizer not given that holds one of them (one the step builds
+    during the call) closes an update too."""
+
+    def __init__(self, modules: dict[str, nn.Module], optimizer: Any = None, params: Sequence[Any] = ()) -> None:
+        self.modules = modules
+        self.optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else (
+            [] if optimizer is None else [optimizer])
+        self.optimizer = self.optimizers[0] if self.optimizers else None
+        self.params = {id(p) for p in params}
         self.pending: dict[str, set[bool]] = {}
         self.updates: list[dict[str, set[bool]]] = []
         self.at_step: dict[str, bool] = {}
+        self._known: set[int] = set()
+        self._depth = 0
 
     def _pre(self, name: str) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
@@ -125,10 +135,31 @@ class ModeRecorder:
             self.updates.append(self.pending)
         self.pending = {}
 
+    def _foreign_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """An optimizer not hooked by name that holds a model parameter (built by the step): its update counts."""
+        if id(optimizer) in self._known or not any(id(p) in self.params for g in optimizer.param_groups
+                                                   for p in g["params"]):
+            return
+        self._depth += 1
+        if self._depth == 1:  # a step nested in it (a wrapper's) is the same update
+            self._step(optimizer, args, kwargs)
+
+    def _foreign_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if id(optimizer) not in self._known and self._depth:
+            self._depth -= 1
+
     def __enter__(self) -> ModeRecorder:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
         self.handles = [m.register_forward_pre_hook(self._pre(n)) for n, m in self.modules.items()]
-        if self.optimizer is not None:
-            self.handles += on_update(self.optimizer, self._step)
+        for opt in self.optimizers:
+            reach = {id(o) for o in stepping_optimizers(opt)}
+            if not reach & self._known:  # one wrapping an optimizer already hooked makes the same updates
+                self.handles += on_update(opt, self._step)
+            self._known |= reach
+        if self.params:
+            self.handles += [register_optimizer_step_pre_hook(self._foreign_pre),
+                             register_optimizer_step_post_hook(self._foreign_post)]
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -209,9 +240,12 @@ def _observe_modes(setup: Setup, steps: int, held_in_eval: tuple[str, ...] = ())
     if not watched:
         return _without_modules(probe)
     handed = {n: bool(m.training) for n, m in watched.items()}
-    optimizer = getattr(ctx, "optimizer", None)
+    # Every optimizer's step closes an update: the Setup's (a GAN's D and G), those the step keeps on ctx, and one
+    # it builds during a call (it holds the model's parameters).
+    optimizers = [o for _, o in ctx.all_optimizers()] if hasattr(ctx, "all_optimizers") else []
+    optimizer = optimizers[0] if optimizers else None
     calls = []
-    with ModeRecorder(watched, optimizer) as rec:
+    with ModeRecorder(watched, optimizers, list(ctx.model.parameters())) as rec:
         for batch in batches:
             before = len(rec.updates)
             setup.run_step(ctx, setup.split(batch, k))

@@ -18,6 +18,7 @@ from ..core.capture import PARAMETER_CHANGE, StepRecord, TrainingState, observed
 from ..core.compare import compare_tensors, global_rel_error, nonfinite_tensors
 from ..core.modes import quiet_randomness
 from ..core.optimizer_params import FrozenOptimizer, frozen_optimizer
+from ..core.own_hooks import dense
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -58,7 +59,7 @@ def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progr
         # The step's own attributes on ctx (counters, hidden state) too, and the state it carries on the model, on
         # objects on ctx and in its closure: step t reruns from the same hidden state (core/carried_state.py).
         state = TrainingState(ctx, setup.step)
-        leftover = {n: (None if p.grad is None else p.grad.detach().float().clone())
+        leftover = {n: (None if p.grad is None else dense(p.grad.detach()).float().clone())
                     for n, p in ctx.model.named_parameters()}
         rec_a, calls_a = run_steps(setup, ctx, [steps[-1]])
         carried = state.carried.changed()
