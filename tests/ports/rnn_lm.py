@@ -299,3 +299,53 @@ PORTS = [
     Port("char_rnn_trainer_object", "rnn_lm", "karpathy/char-rnn/train.lua", char_rnn_setup),
     Port("awd_lstm_closure", "rnn_lm", "salesforce/awd-lstm-lm/main.py", awd_lstm_setup),
 ]
+
+
+# ------------------------------------------------------------------ the former corpus cases (tests/support/real_loops)
+def word_lm_time_major_port() -> tropt.Setup:
+    """pytorch/examples word_language_model/main.py: ``batchify`` to time-major (seq, batch) columns, flattened
+    targets, the hidden state on ``ctx.hidden`` repackaged every batch (``Setup(batch_dim=1)``)."""
+    from support.real_loops import word_lm_setup
+
+    return word_lm_setup()
+
+
+def word_lm_split_fn_port() -> tropt.Setup:
+    """The same loop described by ``split_fn``/``size_fn`` instead of ``batch_dim``, two micro-batches per step."""
+    from support.real_loops import word_lm_setup
+
+    return word_lm_setup(layout="split_fn", k=2)
+
+
+def lbfgs_port() -> tropt.Setup:
+    """pytorch/examples time_sequence_prediction/train.py: two LSTMCells predicting sine waves, one full batch,
+    ``optimizer.step(closure)`` with LBFGS (the closure zeroes, computes the loss, backpropagates)."""
+    from support.real_loops import lbfgs_setup
+
+    return lbfgs_setup()
+
+
+def lbfgs_dropout_port() -> tropt.Setup:
+    """The LBFGS sine predictor with dropout between its cells (a stochastic closure)."""
+    from support.real_loops import lbfgs_setup
+
+    return lbfgs_setup(dropout=0.2)
+
+
+def _lbfgs_without_zero_grad() -> tropt.Setup:
+    from support.real_loops import lbfgs_setup
+
+    return lbfgs_setup(forget_zero_grad=True)
+
+
+PORTS += [
+    Port("word_lm_time_major_batch_dim", "rnn_lm", "pytorch/examples/word_language_model/main.py",
+         word_lm_time_major_port),
+    Port("word_lm_time_major_split_fn", "rnn_lm", "pytorch/examples/word_language_model/main.py",
+         word_lm_split_fn_port),
+    Port("lbfgs_closure", "rnn_lm", "pytorch/examples/time_sequence_prediction/train.py", lbfgs_port,
+         bugs=(Bug("lbfgs_closure_without_zero_grad", "loop.zero_grad", ("plus the gradient left over from step 1",),
+                   _lbfgs_without_zero_grad,
+                   source="pytorch/examples time_sequence_prediction: the closure must call optimizer.zero_grad()"),)),
+    Port("lbfgs_closure_dropout", "rnn_lm", "pytorch/examples/time_sequence_prediction/train.py", lbfgs_dropout_port),
+]

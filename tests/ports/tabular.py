@@ -368,7 +368,7 @@ def _manual_sgd_without_zero_grad() -> tropt.Setup:
 
 
 PORTS += [
-    Port("manual_sgd_regression", "tabular", "pytorch/examples/regression/main.py", manual_sgd_port,
+    Port("manual_sgd", "tabular", "pytorch/examples/regression/main.py", manual_sgd_port,
          bugs=(Bug("manual_sgd_without_zero_grad", "loop.zero_grad",
                    ("update (parameter change) differs from a fresh one", '"observed_at": "parameter change"'),
                    _manual_sgd_without_zero_grad,
