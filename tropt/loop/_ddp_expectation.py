@@ -56,9 +56,10 @@ def _repeats(setup: Setup, full: Any, shares: list[list], world: int, run_ddp: C
             raise StepError(f"under DDP, rank {bad_rank[0]} failed: {bad_rank[2]}",
                             "the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as "
                             "ctx.model.module")
-        reps = ranks[0][2][3]
-        pre_ok = all(p is not None and len(p) for _, p in reps) and all(sp[1] for sp in singles)
-        which = 1 if pre_ok else 0
+        reps = ranks[0][2][4]  # each (at optimizer.step, before clipping, at the clip's entry)
+        # What reaches optimizer.step() is judged; the gradients at the entry of the step's clip call when every
+        # run made one (what the clip may hide, after any rescaling the step does between backward and the clip).
+        which = 2 if all(rep[2] for rep in reps) and all(sp[2] for sp in singles) else 0
         e = in_expectation(Repeats.of([sp[which] for sp in singles]), Repeats.of([rep[which] for rep in reps]))
         if not e.ambiguous or r >= MORE_REPEATS:
             return r, which, singles, reps, e
@@ -95,7 +96,7 @@ def ddp_in_expectation(setup: Setup, full: Any, shares: list[list], world: int, 
     sources = nondeterministic_kernels(sources)
     metrics.update(repeats=r, expectation_rel_diff=e.rel_diff, expectation_z=e.z, expectation_scale=e.scale,
                    expectation_scale_z=e.scale_z, max_rel_error=e.rel_diff,
-                   compared="gradients before clipping, averaged over processes" if which else
+                   compared="gradients at the entry of the step's clip call" if which else
                    "gradients at optimizer.step")
     tables = {"parameters": compare_tensors(_mean([sp[which] for sp in singles]), _mean([rep[which] for rep in reps]),
                                             labels=("1_process_mean", f"ddp_{world}_mean")),

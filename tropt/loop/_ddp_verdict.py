@@ -76,6 +76,7 @@ class DdpEvidence:
     per_mean: str | None  # "process" or "micro-batch" when per-part means explain the difference
     replicas: pd.DataFrame  # every rank's gradients and parameters against rank 0's (replica_table)
     loss: str | None = None  # "batch_dependent" or "sum" when the difference was tested against the loss itself
+    view: int = 0  # the decisive view: 0 at optimizer.step, 3 at the clip call's entry, 1 the losses' own gradients
 
 
 @dataclass
@@ -104,9 +105,10 @@ def _ddp_report(setup: Setup, e: DdpEvidence) -> _Report:
                "closure_evaluations": closure_evaluations,
                "backward_passes_from_cleared_gradients": fresh_syncs, "batch_dependent_layers": len(e.bn_layers),
                "replica_max_rel_difference": float(e.replicas["rel_difference"].max()) if len(e.replicas) else 0.0}
-    metrics["compared"] = ("gradients before clipping, averaged over processes (at optimizer.step they "
-                           f"differ by {float(e.post['rel_error'].max()):.1%})" if pre_clip
-                           else "gradients at optimizer.step")
+    before = ("gradients at the entry of the step's clip call" if e.view == 3
+              else "gradients before clipping, averaged over processes")
+    metrics["compared"] = (f"{before} (at optimizer.step they differ by {float(e.post['rel_error'].max()):.1%})"
+                           if pre_clip else "gradients at optimizer.step")
     at_step = {"parameters_at_step": e.post} if pre_clip and setup.grad_clip is not None else {}
     tables = {"parameters": e.table, **at_step,
               "ranks": pd.DataFrame([{"rank": r, "bucket_allreduces": s[0], "synchronised_backward_passes": s[1],
@@ -225,8 +227,16 @@ def _mismatch_result(setup: Setup, e: DdpEvidence, r: _Report, decisive: pd.Data
         metrics["cause"] = "not_isolated"
         why = f"; cause not isolated (DDP gradients are {ratio:.3g}× the single-process ones, no cause predicts that)"
     frozen = " even with BatchNorm statistics frozen" if e.ftable is not None else ""
-    return CheckResult("loop.ddp", Status.FAIL,
-                       f"under DDP with {world_size} processes the gradients differ by {derr:.1%}"
+    # The batch composition (each process normalising by its own items) changes nothing on one process: for a
+    # Setup not declared for DDP it is latent. A division by the world size or a sum of the processes' gradients is
+    # written in the user's step: a FAIL either way.
+    latent = metrics.get("cause") == f"per-{per_mean} mean" and not setup.distributed
+    if latent:
+        metrics["latent"] = True
+    return CheckResult("loop.ddp", Status.WARN if latent else Status.FAIL,
+                       f"{'latent (Setup(distributed=False)): ' if latent else ''}"
+                       f"under DDP with {world_size} processes the gradients {'would ' if latent else ''}differ by "
+                       f"{derr:.1%}"
                        f"{' before clipping' if e.pre_clip and setup.grad_clip is not None else ''}{frozen}{why}",
                        metrics, r.tables, advice)
 

@@ -3,8 +3,9 @@
 Run A is one process on the full batch. Run B forks ``world_size`` processes (gloo, CPU) that each wrap a seeded copy
 in ``DistributedDataParallel`` and run the same step on their share of the batch. DDP averages gradients across
 processes, so with mean-reduced losses and equal shares both runs must reach ``optimizer.step()`` with the same
-gradients. A communication hook counts the gradient all-reduces: with K micro-batches a loop should synchronise once
-per optimizer step (``model.no_sync()`` around the first K-1 backward passes), not K times.
+gradients. The gradients at ``optimizer.step()`` are judged; those at the entry of the step's clip call explain
+what clipping hides. A communication hook counts the gradient all-reduces: with K micro-batches a loop should
+synchronise once per optimizer step (``model.no_sync()`` around the first K-1 backward passes), not K times.
 
 BatchNorm normalises each process's share with that share's statistics, so its gradients differ under DDP by
 design (as with accumulation): when a model has such layers and the gradients differ, both runs are repeated with
@@ -20,6 +21,7 @@ import faulthandler
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
+import re
 import tempfile
 import time
 from typing import Any
@@ -39,6 +41,7 @@ from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
 from ._batch_dependence import Freeze, forward_updated_buffers, freeze_batch_dependence, loss_kind
+from ._clip_seen import ClipSeen
 from ._ddp_expectation import ddp_in_expectation
 from ._ddp_verdict import BUFFER_MARK, DdpEvidence, ddp_verdict, rank0_grads, replica_table
 from ._stochastic import QuietFunctionalDropout
@@ -83,7 +86,7 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
             return _one_ddp_run(rank, world, setup, shares, freeze, find_unused, stream)
 
         first, counts, calls = one(streams[rank][0])
-        repeats = [(first[0], first[1])] + [one(s)[0][:2] for s in streams[rank][1:]]
+        repeats = [(first[0], first[1], first[3])] + [_view_triple(one(s)[0]) for s in streams[rank][1:]]
         payload = (*first, repeats) if len(streams[rank]) > 1 else first
         out.send((rank, "ok", payload, counts, calls))
     except BaseException as exc:  # noqa: BLE001 - report anything to the parent, which turns it into an ERROR
@@ -93,6 +96,11 @@ def _rank_main(rank: int, world: int, setup: Setup, shares: list[list], store: s
             out.send((rank, "error", message, None, None))
     finally:
         os._exit(code)
+
+
+def _view_triple(run: tuple) -> tuple:
+    """(at optimizer.step, before clipping averaged over the processes, at the clip's entry) of one rank's run."""
+    return run[0], run[1], run[3]
 
 
 def _one_ddp_run(rank: int, world: int, setup: Setup, shares: list[list], freeze: Freeze, find_unused: bool,
@@ -134,7 +142,7 @@ def _one_ddp_run(rank: int, world: int, setup: Setup, shares: list[list], freeze
 
     ddp.register_comm_hook(None, counting_allreduce)
     ctx.model = ddp
-    with QuietFunctionalDropout():
+    with QuietFunctionalDropout(), ClipSeen(ddp.module) as seen:
         records, calls = run_steps(setup, ctx, [shares[rank]])
     grads = {name.removeprefix("module."): (None if g is None else g.numpy()) for name, g in
              (records[0].grads.items() if records else [])}
@@ -142,7 +150,7 @@ def _one_ddp_run(rank: int, world: int, setup: Setup, shares: list[list], freeze
     evaluations = records[0].closure_evaluations if records else 0  # LBFGS: each is a synchronised backward
     params = {name: p.detach().cpu().numpy().copy()  # after the step
               for name, p in ddp.module.named_parameters()}
-    return (grads, pre, params), [*syncs, evaluations], calls
+    return (grads, pre, params, seen.grads), [*syncs, evaluations], calls
 
 
 def _averaged_pre_clip(ddp: Any, pre: dict, world: int) -> dict:
@@ -238,31 +246,49 @@ def _run_ddp(setup: Setup, shares: list[list], world: int, freeze: Freeze = Fals
     return [results[r] for r in range(world)]
 
 
+# The step failed because ctx.model is tropt's wrapper: it reached an attribute (or item) of the module the wrapper
+# does not expose. The single-process run of the same step succeeded before.
+_HIDDEN = re.compile(r"'DistributedDataParallel' object (?:has no attribute '(\w+)'|is not \w+)")
+
+
+class WrapperHides(Exception):
+    """The step breaks only under tropt's own DDP wrapper, on a Setup not declared for DDP: a SKIP's reason."""
+
+
 def single_run(setup: Setup, full: Any, *, freeze: Freeze, stream: int = 0,
-               advanced: list[str] | None = None) -> tuple[tuple[dict, dict], str]:
-    """The single-process gradients (at optimizer.step, before clipping) on the full batch, drawing from ``stream``;
+               advanced: list[str] | None = None) -> tuple[tuple[dict, dict, dict], str]:
+    """The single-process gradients (at optimizer.step, before clipping, at the clip's entry) on the full batch,
+    drawing from ``stream``;
     ``advanced`` receives the global generators the step drew from."""
     ctx = setup.build()
     reseed(setup.seed, stream)
     quiet_randomness(ctx.model)
     freeze_batch_dependence(ctx.model, freeze)
-    with QuietFunctionalDropout():
+    with QuietFunctionalDropout(), ClipSeen(ctx.model) as seen:
         (records, calls), drawn = rng_advanced(lambda: run_steps(setup, ctx,
                                                                  [setup.split(full, setup.accumulation_steps)]))
     if advanced is not None:
         advanced += drawn
     require_steps(setup, calls, "the single-process run")
-    return (records[0].grads, records[0].pre_clip), observed_at(records)
+    at_clip = {n: None if g is None else torch.from_numpy(g) for n, g in seen.grads.items()}
+    return (records[0].grads, records[0].pre_clip, at_clip), observed_at(records)
 
 
 def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freeze: Freeze,
                find_unused: bool = False, streams: list[list[int]] | None = None
-               ) -> tuple[tuple[dict, dict], list[tuple], str]:
+               ) -> tuple[tuple[dict, dict, dict], list[tuple], str]:
     """The single-process gradients on the full batch, every DDP rank's result on its share, and where the
     single-process update was observed."""
     pair, where = single_run(setup, full, freeze=freeze)
     ranks = _run_ddp(setup, shares, world, freeze=freeze, find_unused=find_unused, streams=streams)
     errors = [r for r in ranks if r[1] != "ok"]
+    hidden = next((m for r in errors if (m := _HIDDEN.search(str(r[2])))), None)
+    if hidden is not None and not setup.distributed:
+        what = f" ({hidden.group(1)})" if hidden.group(1) else ""
+        raise WrapperHides(
+            f"the step reaches attributes of ctx.model{what} that a DistributedDataParallel wrapper hides "
+            f"(rank {errors[0][0]}: {errors[0][2]}): tropt cannot emulate DDP for it; a GAN wraps each network in "
+            "its own DDP — run with distributed=True and your own wrapping, or reach ctx.model.module")
     if errors:
         raise StepError(f"under DDP, rank {errors[0][0]} failed: {errors[0][2]}",
                         "the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as "
@@ -272,21 +298,35 @@ def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freez
     return pair, ranks, where
 
 
-def _compare(pair: tuple[dict, dict], ranks: list[tuple], world: int,
-             tol: float) -> tuple[pd.DataFrame, pd.DataFrame, bool]:
-    """(the decisive comparison, the one at optimizer.step, whether the decisive one is before clipping).
+def _compare(pair: tuple[dict, dict, dict], ranks: list[tuple], world: int, tol: float,
+             clip: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+    """(the decisive comparison, the one at optimizer.step, which view decides: 0 at optimizer.step, 3 at the clip's
+    entry, 1 before clipping as the losses asked for).
 
-    Two views, and either differing is a finding. At ``optimizer.step`` DDP's own all-reduce is seen (a bucket it
-    never reduces shows only there). Before clipping (summed over the backward passes, averaged over processes) a
-    scale error is seen that clipping both runs to the same norm hides, as loop.accumulation decides. The one
-    before clipping is decisive when it differs; else the one at the step."""
+    The verdict judges the gradients that reach ``optimizer.step()`` (DDP's own all-reduce is seen there: a bucket
+    it never reduces shows only there). A view before clipping only explains what a clip hides (a 2× gradient
+    clipped to norm 1 steps like the right one): the gradients at the entry of the step's clip call when both runs
+    made one (after any rescaling the step does between backward and the clip, as fairseq's multiply_grads), else,
+    when a clip by hand left both runs at the declared norm, the losses' own gradients (summed over the backward
+    passes, averaged over processes)."""
     labels = ("1_process", f"ddp_{world}")
     post = compare_tensors(pair[0], rank0_grads(ranks), labels=labels)
-    if pair[1] and ranks[0][2][1]:
+    if pair[2] and ranks[0][2][3]:
+        seen = compare_tensors(pair[2], rank0_grads(ranks, 3), labels=labels)
+        return (seen, post, 3) if float(seen["rel_error"].max()) > tol else (post, post, 0)
+    if pair[1] and ranks[0][2][1] and _at_bound(pair[0], clip) and _at_bound(rank0_grads(ranks), clip):
         pre = compare_tensors(pair[1], rank0_grads(ranks, 1), labels=labels)
         if float(pre["rel_error"].max()) > tol:
-            return pre, post, True
-    return post, post, False
+            return pre, post, 1
+    return post, post, 0
+
+
+def _at_bound(grads: dict, clip: float | None) -> bool:
+    """Whether the gradients' global norm sits at the declared clip (a clip engaged: it may hide a scale)."""
+    if clip is None:
+        return False
+    norm = float(torch.sqrt(sum((v.double() ** 2).sum() for v in grads.values() if v is not None)))
+    return abs(norm - clip) <= 1e-3 * clip
 
 
 def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: dict, tol: float, freeze: Freeze,
@@ -341,8 +381,13 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
         raise TroptError(f"check_ddp needs world_size >= 2 (got {world_size})", "use world_size=2")
     setup.validate()
     tol = tolerance_for(setup, tol)
-    with preserved(setup.model):
-        evidence = _ddp_evidence(setup, world_size, tol)
+    try:
+        with preserved(setup.model):
+            evidence = _ddp_evidence(setup, world_size, tol)
+    except WrapperHides as hidden:
+        return CheckResult("loop.ddp", Status.SKIP, str(hidden), {"world_size": world_size}, {},
+                           ["Declare Setup(distributed=True) with a step that wraps each network in its own "
+                            "DistributedDataParallel, or reach the wrapped module's attributes as ctx.model.module."])
     if isinstance(evidence, CheckResult):  # a stochastic step, judged in expectation
         return evidence
     result = ddp_verdict(setup, evidence)
@@ -381,12 +426,14 @@ def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence | Ch
     # The noise floor: the single-process run again with only the step's own draws changed.
     advanced: list[str] = []
     again, _ = single_run(setup, full, freeze=False, stream=1, advanced=advanced)
-    floor = max(floor_between(pair[0], again[0]), floor_between(pair[1], again[1]) if pair[1] else 0.0)
+    floor = max(floor_between(pair[0], again[0]), floor_between(pair[1], again[1]) if pair[1] else 0.0,
+                floor_between(pair[2], again[2]) if pair[2] and again[2] else 0.0)
     if floor > tol:
         sources = [f"it draws from the global RNG ({', '.join(advanced)})"] if advanced else []
         return ddp_in_expectation(setup, full, shares, world_size, tol, floor, ranks, _run_ddp, single_run, sources)
     single = pair[0]
-    table, post, pre_clip = _compare(pair, ranks, world_size, tol)
+    table, post, view = _compare(pair, ranks, world_size, tol, setup.grad_clip)
+    pre_clip = view != 0
     err = float(table["rel_error"].max())
     # Parameters the single-process step gives no gradient: DDP without find_unused_parameters=True waits for
     # them, so their bucket is never all-reduced (each process keeps its own gradients, or the next step raises).
@@ -395,7 +442,7 @@ def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence | Ch
     utable = None
     if err > tol and unused:
         upair, uranks, _ = _both_runs(setup, full, shares, world_size, freeze=False, find_unused=True)
-        utable = _compare(upair, uranks, world_size, tol)[0]
+        utable = _compare(upair, uranks, world_size, tol, setup.grad_clip)[0]
     bn_layers = batch_dependent_layers(setup.model)
     ftable, per_mean, franks = None, None, ranks
     freeze: Freeze = False
@@ -406,15 +453,15 @@ def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence | Ch
         bn_layers = bn_layers + [f"{m}.{b}{BUFFER_MARK}" if m else f"{b}{BUFFER_MARK}" for m, b in buffers]
         freeze = tuple(dict.fromkeys(m for m, _ in buffers)) or True
         fpair, franks, _ = _both_runs(setup, full, shares, world_size, freeze=freeze)
-        ftable = _compare(fpair, franks, world_size, tol)[0]
+        ftable = _compare(fpair, franks, world_size, tol, setup.grad_clip)[0]
     frozen_run = freeze if ftable is not None else False
     decisive = ftable if ftable is not None else table
     # With no all-reduce at all, tropt's own averaging of the ranks' gradients matches "per-process means" by
     # construction: never test a cause against it (the verdict names the bypassed DDP instead).
     if float(decisive["rel_error"].max()) > tol and ranks[0][3][0] > 0:
-        per_mean = _per_process_mean(setup, whole, shares, rank0_grads(franks, int(pre_clip)),
+        per_mean = _per_process_mean(setup, whole, shares, rank0_grads(franks, view),
                                      tol, frozen_run, clipped_grads=not pre_clip)
     loss = (loss_kind(setup, full, freeze=frozen_run, close=max(10 * tol, 1e-4))
             if float(decisive["rel_error"].max()) > tol and ranks[0][3][0] > 0 else None)
     return DdpEvidence(world_size, tol, k, per_rank, single, ranks, where, table, post, pre_clip, err, unused, utable,
-                     bn_layers, ftable, per_mean, replica_table(ranks), loss)
+                     bn_layers, ftable, per_mean, replica_table(ranks), loss, view)
