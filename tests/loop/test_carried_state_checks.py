@@ -135,3 +135,62 @@ def test_scheduler_cadence_follows_the_first_optimizer_when_the_step_steps_two()
 
     r = check_scheduler_cadence(mlp_setup(two_optimizer_step).replace(optimizer=_first_layer_sgd))
     assert r.status is Status.PASS, r.summary
+
+
+class _ConfigSGD(torch.optim.Optimizer):
+    """A user's optimizer whose constructor takes a config, not its defaults as keywords (so it cannot be built
+    again from its class and defaults), with a momentum buffer in its state."""
+
+    def __init__(self, params, cfg):
+        super().__init__(params, {"lr": cfg["lr"], "momentum": 0.9})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    buf = self.state[p].setdefault("buf", torch.zeros_like(p))
+                    p.add_(buf.mul_(g["momentum"]).add_(p.grad), alpha=-g["lr"])
+
+
+def config_optimizer_step(ctx, micro_batches):
+    """two_optimizer_step with the last layer's optimizer a _ConfigSGD the step builds on its first call."""
+    if getattr(ctx, "opt_last", None) is None:
+        ctx.opt_last = _ConfigSGD(ctx.model[-1].parameters(), {"lr": 0.05})
+    ctx.optimizer.zero_grad()
+    ctx.opt_last.zero_grad()
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
+    ctx.optimizer.step()
+    ctx.opt_last.step()
+    ctx.scheduler.step()
+
+
+def test_resume_with_tropts_checkpoint_restores_a_lazily_built_optimizer_of_any_constructor():
+    """ctx.opt_last is rebuilt over the fresh model's parameters even though its class cannot be called with its
+    defaults, and its momentum is loaded: tropt's own checkpoint is exact, not "first divergence: ctx.opt_last"."""
+    r = check_resume(mlp_setup(config_optimizer_step, dropout=None).replace(optimizer=_first_layer_sgd), steps=2)
+    assert r.status is Status.PASS, r.summary
+    assert r.tables["components"].set_index("component").loc["ctx.opt_last", "restored"]
+
+
+def temperature_step(ctx, micro_batches):
+    """A learnable temperature the step keeps on ctx, with its own optimizer built on the first call."""
+    if getattr(ctx, "opt_temp", None) is None:
+        ctx.temperature = torch.nn.Parameter(torch.ones(()))
+        ctx.opt_temp = _ConfigSGD([ctx.temperature], {"lr": 0.05})
+    ctx.optimizer.zero_grad()
+    ctx.opt_temp.zero_grad()
+    for mb in micro_batches:
+        (ctx.loss_fn(ctx.model, mb) * ctx.temperature / len(micro_batches)).backward()
+    ctx.optimizer.step()
+    ctx.opt_temp.step()
+
+
+def test_resume_with_tropts_checkpoint_restores_a_trainable_tensor_on_ctx_and_its_optimizer():
+    """tropt's own checkpoint keeps ctx.temperature trainable and rebuilds ctx.opt_temp over the loaded one: no
+    "first divergence: state outside the checkpoint" on a healthy step."""
+    r = check_resume(mlp_setup(temperature_step, dropout=None), steps=2)
+    assert r.status is Status.PASS, r.summary
+    assert r.tables["components"].set_index("component").loc["ctx.opt_temp", "restored"]
+    assert "not_compared" not in r.metrics

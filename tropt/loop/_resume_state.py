@@ -93,8 +93,8 @@ def _rebuildable(ctx: StepContext, obj: Any) -> bool:
     if isinstance(obj, nn.Module):
         own = {id(p) for p in ctx.model.parameters()}
         return not any(id(p) in own for p in obj.parameters())
-    if isinstance(obj, torch.optim.Optimizer):  # an optimizer the step built over the model's parameters
-        names = {id(p) for _, p in ctx.model.named_parameters()}
+    if isinstance(obj, torch.optim.Optimizer):  # an optimizer the step built over the model's (or ctx's) tensors
+        names = _param_names(ctx)
         return all(id(p) in names for g in obj.param_groups for p in g["params"])
     if type(obj).__module__.split(".")[0] in ("torch", "accelerate", "transformers", "lightning", "pytorch_lightning"):
         return False
@@ -118,7 +118,7 @@ class _OptimizerRecipe:
     frozen: Any = None
 
     def build(self, ctx: StepContext) -> Any:
-        params = dict(ctx.model.named_parameters())
+        params = _params_by_name(ctx)
         groups = [{**g, "params": [params[n] for n in g["params"]]} for g in self.groups]
         try:
             return self.cls(groups, **self.defaults)
@@ -134,11 +134,24 @@ class _OptimizerRecipe:
             return None
 
 
+def _params_by_name(ctx: StepContext) -> dict[str, torch.Tensor]:
+    """The tensors an optimizer the step builds may hold: the model's parameters by name, and the trainable tensors
+    the step keeps on ctx (a learnable temperature) as ``ctx.<name>``."""
+    out: dict[str, torch.Tensor] = dict(ctx.model.named_parameters())
+    out.update({f"ctx.{k}": v for k, v in ctx._user_attrs().items()
+                if isinstance(v, torch.Tensor) and v.is_leaf and v.requires_grad})
+    return out
+
+
+def _param_names(ctx: StepContext) -> dict[int, str]:
+    return {id(p): n for n, p in _params_by_name(ctx).items()}
+
+
 def _template(ctx: StepContext, obj: Any) -> Any:
     if isinstance(obj, nn.Module):
         return copy_module(obj)
     if isinstance(obj, torch.optim.Optimizer):
-        names = {id(p): n for n, p in ctx.model.named_parameters()}
+        names = _param_names(ctx)
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[id(p)] for p in g["params"]]}
                   for g in obj.param_groups]
         return _OptimizerRecipe(type(obj), groups, dict(obj.defaults), _frozen(ctx, obj))
@@ -146,9 +159,9 @@ def _template(ctx: StepContext, obj: Any) -> Any:
 
 
 def _frozen(ctx: StepContext, opt: torch.optim.Optimizer) -> Any:
-    """A copy of ``opt`` that shares the model's parameters (and copies everything else), or None."""
+    """A copy of ``opt`` that shares the tensors it optimises (and copies everything else), or None."""
     try:
-        return copy.deepcopy(opt, {id(p): p for p in ctx.model.parameters()})
+        return copy.deepcopy(opt, {id(p): p for p in _params_by_name(ctx).values()})
     except (TypeError, RuntimeError, copy.Error):
         return None
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from torch import nn
 
 from ..core.capture import group_lr, observed_at, run_steps
 from ..core.carried_state import CarriedState
@@ -58,6 +59,17 @@ def _plain_attrs(ctx: StepContext) -> dict[str, Any]:
     return {k: v for k, v in ctx.user_state().items() if user_state_is_plain(v)}
 
 
+def _leaves_kept(ctx: StepContext, attrs: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` with each trainable tensor the step keeps on ctx (a learnable temperature with its own optimizer)
+    saved as what it is, a leaf that requires grad (a Parameter stays one), not as a detached copy."""
+    out = dict(attrs)
+    for name, live in ctx._user_attrs().items():
+        if isinstance(live, torch.Tensor) and live.is_leaf and live.requires_grad:
+            copy_ = live.detach().clone()
+            out[name] = nn.Parameter(copy_) if isinstance(live, nn.Parameter) else copy_.requires_grad_(True)
+    return out
+
+
 def default_save_state(ctx: StepContext, step: Any = None,
                        templates: dict[str, torch.nn.Module] | None = None) -> dict[str, Any]:
     """tropt's full checkpoint: model, every optimizer and scheduler, scaler, every RNG state, the objects the step
@@ -67,7 +79,7 @@ def default_save_state(ctx: StepContext, step: Any = None,
         "extra": save_extra(ctx, step, templates),
         "model": ctx.model.state_dict(),
         "optimizer": ctx.optimizer.state_dict() if ctx.optimizer is not None else None,
-        "step_attributes": _plain_attrs(ctx),
+        "step_attributes": _leaves_kept(ctx, _plain_attrs(ctx)),
         "scheduler": ctx.scheduler.state_dict() if ctx.scheduler is not None else None,
         "scaler": ctx.scaler.state_dict() if ctx.scaler is not None else None,
         "rng": {
@@ -84,11 +96,11 @@ def default_load_state(ctx: StepContext, state: dict[str, Any], step: Any = None
     """Load a checkpoint written by :func:`default_save_state` into fresh objects (``templates``: the modules kept
     on ctx that the fresh context has not built yet, as :func:`default_save_state` copied them)."""
     ctx.model.load_state_dict(state["model"])
+    for name, value in state.get("step_attributes", {}).items():
+        setattr(ctx, name, value)
     load_extra(ctx, state.get("extra", {}), step, templates)
     if ctx.optimizer is not None and state["optimizer"] is not None:
         ctx.optimizer.load_state_dict(state["optimizer"])
-    for name, value in state.get("step_attributes", {}).items():
-        setattr(ctx, name, value)
     if ctx.scheduler is not None and state["scheduler"] is not None:
         ctx.scheduler.load_state_dict(state["scheduler"])
     if ctx.scaler is not None and state["scaler"] is not None:
@@ -171,10 +183,15 @@ def _through_disk(state: Any) -> tuple[Any, bytes]:
 
 
 def _rng_probe(setup: Setup, load: Callable, state_file: bytes, initial: CarriedState, rng_save: RngState,
-               batches: list, final_a: dict, final_b: dict, compared: list[str], tol: float) -> tuple[RngProbe, list]:
+               batches: list, final_a: dict, final_b: dict, loaded: dict[str, float],
+               tol: float) -> tuple[RngProbe | None, list]:
     """Resume once more from the same checkpoint, now with the straight run's RNG streams at the save point: the
     RNG alone explains the divergence when this run matches the straight one, and matters at all when it differs
-    from the resumed one (a step without randomness changes nothing)."""
+    from the resumed one (a step without randomness changes nothing). None when the RNG was restored or nothing
+    diverged."""
+    compared = [c for c in loaded if c != "RNG" and c in final_a]
+    if loaded["RNG"] <= 0 or all(max_rel_error(final_a[c], final_b.get(c, {})) <= tol for c in compared):
+        return None, []
     ctx_c = setup.build(seed=setup.seed + 1)
     initial.restore(prefix="step.")
     _call_user(load, "load_state", ctx_c, torch.load(io.BytesIO(state_file), weights_only=False))
@@ -183,8 +200,8 @@ def _rng_probe(setup: Setup, load: Callable, state_file: bytes, initial: Carried
     loaded_c.restore(prefix="step.")
     _, calls_c = run_steps(setup, ctx_c, batches, capture="lr")
     final_c = _state_of(ctx_c, RngState.take(), CarriedState.take(ctx_c, setup.step))
-    fixed = {c: max_rel_error(final_a[c], final_c.get(c, {})) for c in compared if c in final_a}
-    changed = {c: max_rel_error(final_b.get(c, {}), final_c.get(c, {})) for c in compared if c in final_a}
+    fixed = {c: max_rel_error(final_a[c], final_c.get(c, {})) for c in compared}
+    changed = {c: max_rel_error(final_b.get(c, {}), final_c.get(c, {})) for c in compared}
     return RngProbe(fixes=all(e <= tol for e in fixed.values()), matters=any(e > tol for e in changed.values()),
                     param_error=fixed.get("model weights", 0.0)), calls_c
 
@@ -257,12 +274,9 @@ def check_resume(setup: Setup, *, steps: int = 1, tol: float | None = None, prog
         skipped = [] if custom else [c for c in later if c not in templates]
         for c in skipped:
             loaded.pop(c, None)
-        probe, calls_c = None, []
-        if loaded["RNG"] > 0 and any(max_rel_error(final_a[c], final_b.get(c, {})) > tol
-                                     for c in loaded if c != "RNG" and c in final_a):
-            # The RNG was not restored and the runs diverge: does restoring it alone explain the divergence?
-            probe, calls_c = _rng_probe(setup, load, state_file, initial, rng_save, batches[steps:],
-                                        final_a, final_b, [c for c in loaded if c != "RNG"], tol)
+        # The RNG not restored and the runs diverge: does restoring it alone explain the divergence?
+        probe, calls_c = _rng_probe(setup, load, state_file, initial, rng_save, batches[steps:], final_a, final_b,
+                                    loaded, tol)
         # Where each schedule stands after the continuation: the learning rate the next step would use, and position.
         end_a = (_lrs(ctx_a), _position(ctx_a))
         end_b = (_lrs(ctx_b), _position(ctx_b))
@@ -311,6 +325,7 @@ def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: 
                "observed_at": observed_at(rec_a + rec_b)}
     if probe is not None:
         metrics["with_rng_restored_param_max_rel_error"] = probe.param_error
+        metrics["rng_reaches_training"] = probe.matters
     tables = {"components": components, "parameters": params}
     series = {"lr_straight": lr_a, "lr_resumed": lr_b}
     lr_same = len(lr_a) == len(lr_b) and np.allclose(lr_a, lr_b, rtol=1e-6, equal_nan=True)
@@ -338,8 +353,7 @@ def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: 
                            f"resuming changes the schedule: after {steps} more step(s) the resumed run's schedule "
                            f"differs from the straight run's (straight vs resumed: {where}next learning rate "
                            f"{end_a[0][0]:.3g} vs {end_b[0][0]:.3g}); first divergence: "
-                           f"{lost[0] if lost else 'schedule position'}"
-                           + (f" (also not restored: {', '.join(lost[1:])})" if len(lost) > 1 else ""),
+                           f"{_first(lost, probe) if lost else 'schedule position'}",
                            metrics, tables, advice, series)
     diverged = [r for r in rows if r["component"] not in COMPONENTS and not r["restored"] and not r["matches_at_end"]]
     if final_err <= tol and lr_same and diverged:
