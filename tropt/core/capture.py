@@ -21,6 +21,7 @@ import torch
 
 from ..setup import Setup
 from ..training import StepContext
+from .own_hooks import dense, norm_view, owned_hook
 
 OPTIMIZER_STEP = "optimizer.step"
 PARAMETER_CHANGE = "parameter change"
@@ -165,10 +166,11 @@ class StepRecorder:
 
     def _backward_hook(self, name: str) -> Any:
         """A tensor hook on one parameter: add this backward pass's gradient (unscaled) to the pending sum."""
+        @owned_hook("step recorder (its gradient hook)")
         def hook(grad: torch.Tensor | None) -> None:
             if grad is None:  # DDP's reducer may hand over no gradient for a parameter
                 return
-            g = grad.detach().float()
+            g = dense(grad.detach()).float()
             scale = self._scale()  # the scaler that scaled this loss: ctx.scaler or one the step owns
             if scale is not None:
                 g = g / scale
@@ -187,6 +189,7 @@ class StepRecorder:
             return self._hook(optimizer, args, kwargs, name)
         return hook
 
+    @owned_hook("step recorder (its optimizer-step hook)")
     def _foreign_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple | None:
         """A global step pre-hook: an optimizer not hooked by name that holds a model parameter (the step built it
         during this call) is recorded too; a step nested in one of them (a wrapper's) is the same update."""
@@ -199,10 +202,12 @@ class StepRecorder:
         name = next((n for n, o in self.ctx.all_optimizers() if o is optimizer), "an optimizer built by the step")
         return self._hook(optimizer, args, kwargs, name)
 
+    @owned_hook("step recorder (its optimizer-step hook)")
     def _foreign_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if id(optimizer) not in self._known and self._foreign_depth:
             self._foreign_depth -= 1
 
+    @owned_hook("step recorder (its optimizer-step hook)")
     def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any, name: str = "optimizer") -> tuple | None:
         """At ``optimizer.step()``: record now, or, when the step is given a closure (LBFGS and other optimizers
         that evaluate the loss themselves), hand it a wrapped closure that records after its first evaluation: the
@@ -237,11 +242,11 @@ class StepRecorder:
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     g = None if p.grad is None else p.grad.detach()
-                    if g is not None:
-                        present.append(g.float())
+                    if g is not None:  # a sparse gradient: its values for the norm, densified where it is kept
+                        present.append(norm_view(g).float())
                     if self.capture == "grads":
                         pname = self._names.get(id(p), f"unnamed_{len(grads)}")
-                        grads[pname] = None if g is None else g.float().clone()
+                        grads[pname] = None if g is None else dense(g).float().clone()
             norm = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(present))) if present else 0.0
         pre, last = self._take_backward_sums(list(grads))
         record = StepRecord(grads, lrs, scale, norm, pre, last, optimizer=name)

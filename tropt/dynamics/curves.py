@@ -235,6 +235,10 @@ def _levels(c: _Shape, th: CurveThresholds, metrics: dict, classes: list[str]) -
         decrease=decrease,
         noise=c.sigma,
     )
+    # A trend above zero in some bins and below it in others: an objective with no floor at zero (a policy-gradient
+    # surrogate, a critic's score), not an error measure that must fall (see curve_result).
+    trend = c.to_loss(c.level)
+    metrics["trend_takes_both_signs"] = bool(not c.positive and (trend > 0).any() and (trend < 0).any())
 
     # --- diverging: ends clearly above where it started, or far above its own best
     if (rise > max(th.rise, sig)) or (rise_from_min > max(th.rise_from_min, sig_best)):

@@ -154,7 +154,10 @@ def curve_result(diag: CurveDiagnosis, *, probe_steps: int | None = None,
     m.update(_lr_warm_up(diag.series.get("lr")))
     # flat while the LR still climbs: the run ended inside its warm-up, which says nothing about what it can learn
     warming = "flat" in flagged and bool(m.get("lr_warming_up"))
-    if any((c in FAIL_CLASSES or c == "non_finite") and not (warming and c == "flat") for c in flagged):
+    # flat, of a loss whose trend takes both signs: an objective, not an error measure; flat says nothing then
+    objective = "flat" in flagged and not warming and bool(m.get("trend_takes_both_signs"))
+    excused = warming or objective
+    if any((c in FAIL_CLASSES or c == "non_finite") and not (excused and c == "flat") for c in flagged):
         status = Status.FAIL
     elif flagged:
         status = Status.WARN
@@ -165,6 +168,10 @@ def curve_result(diag: CurveDiagnosis, *, probe_steps: int | None = None,
     if warming and head == "flat":
         summary = (f"flat while the learning rate is still warming up (lr {_g(m['lr_start'])} → {_g(m['lr_end'])} "
                    f"over the run): run longer than the warm-up, or judge after it ({_describe(head, m)})")
+    if objective and head == "flat":
+        summary = ("flat, of a loss whose trend takes both signs (an objective with no floor at zero, such as a "
+                   "policy-gradient surrogate, not an error measure that must fall): the curve cannot say whether "
+                   f"the model learns ({_describe(head, m)})")
     others = [c for c in flagged[1:]]
     if others:
         summary += "; also " + ", ".join(_LABEL[c] for c in others)
@@ -175,8 +182,12 @@ def curve_result(diag: CurveDiagnosis, *, probe_steps: int | None = None,
         advice.append(f"The learning rate was still rising when the run ended ({_g(m['lr_mid'])} at the midpoint, "
                       f"{_g(m['lr_end'])} at the end): run past the warm-up (a longer probe, steps=...) or judge the "
                       "curve after it; if it is still flat at the full learning rate, raise the learning rate.")
+    if objective:
+        advice.append("Judge learning by the task's own metric (the episode return, a reward, an accuracy on held-out "
+                      "data): a surrogate objective on fresh rollouts, or a critic's score, need not fall while the "
+                      "model improves. If it should be an error measure, check why it goes below zero.")
     for c in flagged:
-        if warming and c == "flat":
+        if excused and c == "flat":
             continue
         for a in _advice(c, m):
             if a not in advice:
@@ -275,6 +286,7 @@ class _Probe:
     val_losses: list[float] = field(default_factory=list)
     val_at: list[int] = field(default_factory=list)
     norms: list[float] = field(default_factory=list)
+    norms_from: str = ""  # with several optimizers, the one whose gradient norms ``norms`` holds
 
 
 def _horizon_skip(ctx: Any, steps: int) -> CheckResult | None:
@@ -321,7 +333,11 @@ def _run_probe(setup: Setup, ctx: Any, runner: Any, probe: _Probe, steps: int, e
             if has_val and ((i + 1) % every == 0 or i + 1 == steps):
                 probe.val_at.append(i + 1)
                 probe.val_losses.append(evaluate(setup, ctx, val_batches))
-    probe.norms = [r.grad_norm for r in hook.records]
+    # Several optimizers (a GAN's D then G, actor-critic): one series, the first optimizer's (the Setup's first, or
+    # the first that stepped), so each step contributes one norm of one model part; see probe.norms_from.
+    names = list(dict.fromkeys(r.optimizer for r in hook.records))
+    probe.norms_from = names[0] if len(names) > 1 else ""
+    probe.norms = [r.grad_norm for r in hook.records if not probe.norms_from or r.optimizer == probe.norms_from]
 
 
 @register(CHECK_ID, title="Loss-curve diagnosis",
@@ -397,6 +413,8 @@ def check_loss_curve(
                           probe.norms or None, thresholds, lrs=lrs,
                           val_baseline=baseline["value"] if baseline else None)
     extra = {"source": "setup run", "steps_run": len(probe.loss_steps), "loss_from": runner.source or "none"}
+    if probe.norms_from:
+        extra["grad_norm_from"] = f"{probe.norms_from} (the first of several optimizers)"
     if per_epoch:
         extra["points"] = f"epoch means ({per_epoch} batches each)"
     if baseline:

@@ -9,6 +9,7 @@ that differs is the finding, named with the parameters it holds; a later one tha
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pandas as pd
@@ -74,11 +75,28 @@ def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progr
     if carried:  # restored before the rerun, so not the leak; named so a reader sees what was carried
         result.metrics["carried_state"] = ", ".join(carried)
     if state.carried.attached:
+        result = _attached_cause(result, state.carried.attached, t)
         result.metrics["carried_state_attached"] = (
             f"{', '.join(state.carried.attached)} still held step {t - 1}'s autograd graph when step {t} began (not "
             "detached): a step that computes from it backpropagates into earlier steps; detach it between batches "
             "(hidden = hidden.detach(), repackage_hidden)")
     return defer_multi_step(result, calls + calls_a + calls_b)
+
+
+def _attached_cause(result: CheckResult, attached: list[str], t: int) -> CheckResult:
+    """A difference the leftover gradient does not explain, with carried state that still held the previous step's
+    graph when step ``t`` began: that state is the cause the summary names (a step computing from it backpropagates
+    into earlier steps). Any other result is returned as it is."""
+    if result.status is not Status.WARN or result.metrics.get("leak_equals_leftover_gradient") is not False:
+        return result
+    names = ", ".join(attached)
+    state = f"the hidden state {names} is" if len(attached) == 1 else f"the carried states {names} are"
+    summary = (f"{state} not detached between steps (it held step {t - 1}'s autograd graph when step {t} began): "
+               + result.summary.replace("; cause not isolated: ", "; "))
+    advice = [f"Detach {names} between batches (hidden = hidden.detach(), repackage_hidden in pytorch/examples): "
+              f"step {t}'s backward reaches into step {t - 1}'s graph, so its update depends on the earlier steps; "
+              "backward(retain_graph=True) only hides the error PyTorch raises for it.", *result.advice]
+    return dataclasses.replace(result, summary=summary, advice=advice)
 
 
 def _held_parameters(ctx: Any) -> dict[str, list[str]]:

@@ -37,7 +37,9 @@ import torch
 from torch import nn
 
 from ..core.capture import group_lr
+from ..core.own_hooks import norm_view, owned_hook
 from ..errors import TroptError
+from ._monitor_unfreeze import watch_unfrozen
 from .gradient_verdict import judge_gradient_flow, parameter_summary
 from .update_norms import flat_copies, sgd_update_rules
 
@@ -63,8 +65,8 @@ class GradientMonitor:
     Parameters
     ----------
     model
-        The module whose parameters to watch (those with ``requires_grad`` when the monitor is entered; frozen
-        ones are listed in :attr:`frozen`).
+        The module whose parameters to watch (those with ``requires_grad``; one frozen when the monitor is entered
+        is listed in :attr:`frozen` until it becomes trainable, then watched from that step on).
     every
         Record one optimizer step in ``every``; the others cost nothing.
     optimizer
@@ -148,6 +150,8 @@ class GradientMonitor:
             raise TroptError("GradientMonitor: the model has no parameters, so there are no gradients to watch",
                              "pass the module that holds the weights")
         self.frozen = [n for n, p in named if not p.requires_grad]
+        # Frozen now, watched from the step they become trainable (gradual unfreezing): see _watch_unfrozen.
+        self._late = [(n, p) for n, p in named if not p.requires_grad]
         watched = [(n, p) for n, p in named if p.requires_grad]
         self.names = [n for n, _ in watched]
         self._params: list[torch.Tensor] = [p for _, p in watched]
@@ -232,7 +236,14 @@ class GradientMonitor:
         self._layouts[id(optimizer)] = (key, mine, per_group)
         return mine, per_group
 
+    def _watch_unfrozen(self) -> None:
+        """Start watching the parameters frozen at entry that are trainable now (see :func:`._monitor_unfreeze`)."""
+        if self._late and any(p.requires_grad for _, p in self._late):
+            watch_unfrozen(self)
+
+    @owned_hook("gradient monitor (its optimizer-step pre-hook)")
     def _pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._watch_unfrozen()
         idx, per_group = self._layout(optimizer)
         if not idx:
             return
@@ -278,7 +289,8 @@ class GradientMonitor:
         have = [i for i, p in enumerate(self._params) if p.grad is not None]
         self.grad_seen[have] += 1
         if have:
-            grads = cast("list[torch.Tensor]", [self._params[i].grad for i in have])  # `have`: only those with a .grad
+            # `have`: only those with a .grad; a sparse one is read through its values (same norms and counts).
+            grads = [norm_view(cast("torch.Tensor", self._params[i].grad)) for i in have]
             # With every parameter holding a gradient (the usual case) the row's columns are written directly.
             idx = None if len(have) == len(self._params) else self._index(tuple(have))
 
@@ -330,6 +342,7 @@ class GradientMonitor:
         self._pending = (self._rows, copy_idx, rules, full)
         self._rows += 1
 
+    @owned_hook("gradient monitor (its optimizer-step post-hook)")
     def _post_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._layout(optimizer)[0]:
             return
@@ -389,6 +402,7 @@ class GradientMonitor:
         if not self._active:
             raise TroptError("GradientMonitor.record() called outside the monitor",
                              "use it inside: with GradientMonitor(model) as mon: ...")
+        self._watch_unfrozen()
         step = self.steps_seen
         self.steps_seen += 1
         if step % self.every:
