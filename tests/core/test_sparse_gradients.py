@@ -12,7 +12,7 @@ import tropt
 from tropt.result import Status
 
 CHECKS = ["model.gradient_flow", "model.overfit_batch", "loop.zero_grad", "dynamics.loss_curve"]
-# loop.accumulation still ERRORs: loop/accumulation_causes.py loss_grads copies p.grad without densifying (H2)
+# loop.accumulation's cause predictions densify too: see the last test.
 
 
 class Bag(nn.Module):
@@ -93,3 +93,20 @@ def test_a_failure_inside_tropts_hook_is_not_blamed_on_the_step(monkeypatch: pyt
     assert r.status is Status.ERROR
     assert "your step function" not in r.summary and "synthetic failure" in r.summary
     assert "tropt" in r.summary and "inside optimizer.step()" in r.summary
+
+
+def test_accumulation_names_a_missing_division_by_k_with_sparse_gradients():
+    """The cause predictions copy each parameter's gradient: a sparse one is made dense first (it raised before)."""
+    from ports.tabular import dlrm_setup
+
+    from tropt.loop import check_accumulation
+
+    def summed(ctx, micro_batches):
+        ctx.optimizer.zero_grad()
+        for mb in micro_batches:
+            ctx.loss_fn(ctx.model, mb).backward()  # the planted bug: no / K
+        ctx.optimizer.step()
+
+    r = check_accumulation(dlrm_setup(sparse=True).replace(accumulation_steps=2, step=summed), progress=False)
+    assert r.status is Status.FAIL, r.summary
+    assert "micro-batch losses are summed" in r.summary, r.summary

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..core.compare import global_rel_error
 from ..core.modes import quiet_randomness
 from ..core.noise_floor import reseed
+from ..core.own_hooks import dense
 from ..setup import Setup
 from ._invariance_common import cosine, norm_of
 
@@ -40,7 +41,9 @@ def loss_grads(setup: Setup, micro_batches: list, weights: list[float], freeze: 
             with ctx.autocast() if autocast else contextlib.nullcontext():
                 loss = ctx.loss_fn(ctx.model, mb)
             (loss.float() * w).backward()
-    return {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in ctx.model.named_parameters()}
+    # A sparse gradient (nn.Embedding(sparse=True)) is made dense: the predictions are compared entry by entry.
+    return {n: (None if p.grad is None else dense(p.grad.detach()).float().clone())
+            for n, p in ctx.model.named_parameters()}
 
 
 @dataclass
