@@ -11,9 +11,11 @@ import numpy as np
 import torch
 
 from ..core.batch import get_leaf
+from ..core.carried_state import CarriedState, find_slots
 from ..core.grad_mode import loss_grad_mode
 from ..core.modes import dropout_off
 from ..core.objective import Capture
+from ..core.own_hooks import norm_view, owned_hook
 from ._common import zeroed_arguments
 
 if TYPE_CHECKING:
@@ -60,16 +62,21 @@ def _train_ctx(ctx: Any, setup: Setup, batch: Any, objective: Any, steps: int, t
     got_grad = torch.zeros(len(params), dtype=torch.bool)
     opt_steps = [0]
 
+    @owned_hook("fixed-batch probe (its optimizer-step hook)")
     def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         opt_steps[0] += 1
-        for i, p in enumerate(params):
-            if p.grad is not None and not got_grad[i] and bool((p.grad != 0).any()):
+        for i, p in enumerate(params):  # norm_view: a sparse gradient's values
+            if p.grad is not None and not got_grad[i] and bool((norm_view(p.grad) != 0).any()):
                 got_grad[i] = True
 
     # A step without an optimizer (or one it never steps) updates by hand: judged from the parameter change.
     handle = ctx.optimizer.register_step_pre_hook(pre_hook) if ctx.optimizer is not None else None
     hand_updates = [0]
     losses, accs = [], []
+    # Every repetition of the fixed batch starts from the state the step carries in from before the first: the
+    # batch repeats, so what it ends with is no continuation (a hidden state on the model, a trainer object, a
+    # closure). Put back after every call and at the end (the user's own objects are left as they were).
+    carried = CarriedState.take(ctx, setup.step)
     loss0, acc0, _out0 = _evaluate(setup, ctx, batch, objective)
     losses.append(loss0)
     accs.append(acc0)
@@ -86,7 +93,7 @@ def _train_ctx(ctx: Any, setup: Setup, batch: Any, objective: Any, steps: int, t
             watch = ctx.optimizer is None or opt_steps[0] == 0
             seen, before = opt_steps[0], ([p.detach().clone() for p in params] if watch else None)
             setup.run_step(ctx, micro)
-            _forget_batch_state(ctx)
+            _forget_batch_state(ctx, carried)
             if watch and opt_steps[0] == seen:
                 assert before is not None  # copied whenever watch is set
                 _hand_update(params, before, got_grad, hand_updates)
@@ -98,12 +105,15 @@ def _train_ctx(ctx: Any, setup: Setup, batch: Any, objective: Any, steps: int, t
             if not math.isfinite(loss):
                 nonfinite_at = t
                 break
-            if stop_early and loss <= target_fraction * loss0 and (acc is None or acc >= min_accuracy):
+            # Only a loss with a floor at zero falls to a fraction of its start (a negative one is below it at once).
+            if (stop_early and loss0 > 0 and min(losses) >= 0 and loss <= target_fraction * loss0
+                    and (acc is None or acc >= min_accuracy)):
                 reached = True
                 break
     finally:
         if handle is not None:
             handle.remove()
+        _restore(carried)
     changed = [names[i] for i, (p, v) in enumerate(zip(params, start_values))
                if p.shape != v.shape or not torch.equal(p.detach(), v)]
     _, _, out_final = _evaluate(setup, ctx, batch, objective) if nonfinite_at is None else (None, None, None)
@@ -113,8 +123,10 @@ def _train_ctx(ctx: Any, setup: Setup, batch: Any, objective: Any, steps: int, t
             "optimizer_steps": opt_steps[0], "hand_updates": hand_updates[0], "out": out_final}
 
 
-def _forget_batch_state(ctx: Any) -> None:
-    """Drop the tensors the step carries on ctx from one batch to the next (a recurrent hidden state).
+def _forget_batch_state(ctx: Any, carried: CarriedState | None = None) -> None:
+    """Drop the tensors the step carries on ctx from one batch to the next (a recurrent hidden state), and put the
+    state carried elsewhere (``carried``: tensor attributes of the model or of objects on ctx, the step's closure or
+    bound object) back to what it was before the first repetition.
 
     The batch repeats here, so state carried from its own end is not a continuation: every step starts from the
     state the loss is evaluated with, as the first did. Counters and other plain numbers stay (a learning-rate
@@ -123,6 +135,28 @@ def _forget_batch_state(ctx: Any) -> None:
     for name, value in list(ctx._user_attrs().items()):
         if _tensors_only(value):
             delattr(ctx, name)
+    if carried is not None:
+        _restore(carried)
+
+
+def _restore(carried: CarriedState) -> None:
+    """Put back what each piece of carried state held at the snapshot (None included: a hidden state not set yet).
+    State that appeared since (an EMA object the step builds at its first call) is left alone: it is no part of the
+    batch's repetition, and dropping its attributes would break the object."""
+    for slot in find_slots(carried.ctx, carried.step):
+        if slot.name in carried.values:
+            slot.put(_clone(carried.values[slot.name]))
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        items = [_clone(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    return value
 
 
 def _tensors_only(value: Any) -> bool:

@@ -7,13 +7,13 @@ input-independent baseline. A model that learns reaches a loss far below both it
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import torch
 from torch import nn
 
 from ..core.objective import probe
@@ -30,6 +30,7 @@ from ._common import (
     target_scale,
     zero_inputs,
 )
+from ._overfit_causes import bounded_output_cause, spectral_norm_layers
 from .composition import loss_findings
 from .fixed_batch import train_on_batch
 
@@ -85,48 +86,6 @@ def _steps_to_target(losses: np.ndarray, target: float, window: float = 0.25) ->
         return 0.0 if a >= 1.01 * b else math.inf
     rate = math.log(a / b) / (w - 1 - half)
     return math.log(b / target) / rate
-
-
-def _bounded_output_cause(out: torch.Tensor | None, objective: Any, squashes: bool = True) -> str | None:
-    """A specific reason when the outputs are probabilities fed to a loss that expects logits.
-
-    Rows that sum to 1 are softmax outputs whatever the model; outputs merely inside [0, 1] are blamed on a squashing
-    layer only when the model has one (``squashes``): small logits of a model that has not learned look the same."""
-    if out is None or objective is None:
-        return None
-    o = out.float()
-    in_unit = bool(((o >= 0) & (o <= 1)).all())
-    if objective.kind == "cross_entropy" and in_unit and o.ndim >= 2:
-        sums = o.sum(-1) if objective.layout == 0 else o.sum(1)
-        if torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
-            return ("the model's outputs are probabilities (each row sums to 1) but the loss is cross entropy, "
-                    "which applies log_softmax itself: softmax is applied twice, bounding the logits to [0, 1]")
-        if not squashes:
-            return None
-        return ("the model's outputs all lie in [0, 1] but the loss is cross entropy, which expects unbounded "
-                "logits: a sigmoid/softmax before the loss bounds them")
-    if objective.kind == "bce_logits" and in_unit and squashes:
-        return ("the model's outputs all lie in [0, 1] but the loss is binary cross entropy *with logits*, which "
-                "applies the sigmoid itself: the sigmoid is applied twice")
-    return None
-
-
-def _spectral_norm_layers(model: nn.Module) -> list[tuple[str, str]]:
-    """(module, kind) of each spectrally normalised module: ``torch.nn.utils.spectral_norm``'s hook (``weight_orig``
-    and a ``SpectralNorm`` forward pre-hook) or ``torch.nn.utils.parametrizations.spectral_norm``'s parametrization
-    (a ``_SpectralNorm`` in the module's parametrizations). Weight norm is not one: its gain is free."""
-    from torch.nn.utils import parametrize
-    from torch.nn.utils.spectral_norm import SpectralNorm
-
-    found = []
-    for name, module in model.named_modules():
-        hooks = getattr(module, "_forward_pre_hooks", {}).values()
-        if hasattr(module, "weight_orig") and any(isinstance(h, SpectralNorm) for h in hooks):
-            found.append((name or "(model)", "torch.nn.utils.spectral_norm"))
-        elif parametrize.is_parametrized(module) and any(
-                type(p).__name__ == "_SpectralNorm" for plist in module.parametrizations.values() for p in plist):
-            found.append((name or "(model)", "torch.nn.utils.parametrizations.spectral_norm"))
-    return found
 
 
 @dataclass(frozen=True)
@@ -238,7 +197,7 @@ def _case(setup: Setup, opts: _Options, batch: Any, n: int, objective: Any, posi
                  metrics, tables, {"loss": losses, "baseline_loss": base_losses},
                  frozen=[name for name, p in setup.model.named_parameters() if not p.requires_grad],
                  squashes=any(isinstance(m, (nn.Sigmoid, nn.Softmax)) for m in setup.model.modules()),
-                 spectral=_spectral_norm_layers(setup.model))
+                 spectral=spectral_norm_layers(setup.model))
 
 
 def _broken(c: _Case) -> CheckResult | None:
@@ -322,7 +281,7 @@ def _memorised(c: _Case) -> CheckResult | None:
 def _named_cause(c: _Case) -> CheckResult | None:
     """A stall with a named cause: bounded outputs, how loss_fn composes the loss, or a far-off regression target."""
     start, final = c.start, c.final
-    cause = None if c.scale_notes else _bounded_output_cause(c.real["out"], c.objective, c.squashes)
+    cause = None if c.scale_notes else bounded_output_cause(c.real["out"], c.objective, c.squashes)
     if cause is not None:
         return c.fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start): {cause}",
                       ["Return raw logits from the model and let the loss apply softmax/sigmoid (remove the final "
@@ -348,7 +307,47 @@ def _named_cause(c: _Case) -> CheckResult | None:
                    f"to its mean ({fmt(c.metrics['target_mean'])}); then rerun.", *c.scale_notes])
 
 
+def _signed(c: _Case) -> CheckResult | None:
+    """SKIP the memorisation rule for a loss that takes negative values (a Wasserstein critic's D(fake) - D(real)):
+    "a fraction of its start" has no meaning without a floor at zero (a negative start is below any such target
+    at once), and the zeroed-input baseline is not judged on that scale either."""
+    lows = [float(np.nanmin(x)) for x in (c.losses, c.base["losses"]) if np.isfinite(x).any()]
+    low = min(lows) if lows else math.nan
+    if not low < 0:
+        return None
+    c.metrics.update(signed_loss=True, lowest_loss=low)
+    where = (f"starts at {fmt(c.start)}" if c.start <= 0 else f"reaches {fmt(low)}")
+    summary = (f"memorisation not judged: the loss {where}, below zero, so it has no floor at zero (a Wasserstein "
+               f"critic's D(fake) - D(real)) and 'falls to {c.opts.target_fraction:.0%} of its start' cannot be "
+               f"judged; it went {fmt(c.start)} -> {fmt(c.final)} in {c.ran} steps (zeroed-input baseline: "
+               f"{fmt(c.base_final)}); gradients reached the parameters and nothing diverged")
+    advice = ["To let tropt judge memorisation, give the Setup a loss_fn with a floor at zero (e.g. the "
+              "discriminator's binary cross entropy); the loss curve is in the series."]
+    return CheckResult(CHECK, Status.SKIP, summary, c.metrics, c.tables, advice, c.series)
+
+
+def _zeroing_changes_target(c: _Case) -> bool:
+    """Whether zeroing the input zeroes the loss's target too (a masked autoencoder rebuilds its input): at the
+    same initial weights the zeroed-input loss starts below half of the model's. A model that ignores its input
+    starts the two at the same loss when its target does not depend on the input, so this is never met by one."""
+    base_start = float(c.base["losses"][0])
+    return c.start > 0 and math.isfinite(base_start) and 0 <= base_start < 0.5 * c.start
+
+
 def _not_memorised(c: _Case) -> CheckResult:
+    """The verdict without memorisation; "ignores its input" is not judged when the input is also the target."""
+    if not _zeroing_changes_target(c):
+        return _not_memorised_verdict(c, True)
+    base_start = float(c.base["losses"][0])
+    c.metrics["baseline_start_fraction"] = base_start / c.start
+    r = _not_memorised_verdict(c, False)
+    why = (" (whether the model ignores its input is not judged: on zeroed inputs the loss starts at "
+           f"{fmt(base_start)}, {base_start / c.start:.0%} of the model's {fmt(c.start)}, at the same weights: the "
+           "loss's target is derived from the input, so zeroing the input zeroes the target too)")
+    return dataclasses.replace(r, summary=r.summary + why)
+
+
+def _not_memorised_verdict(c: _Case, judge_input: bool) -> CheckResult:
     """No named cause: an ignored input, a plateau (of a loss tropt knows or not), or still falling."""
     losses, start, final, base_final, acc, n = c.losses, c.start, c.final, c.base_final, c.acc, c.n
     notes, ratio = c.scale_notes, c.opts.baseline_ratio
@@ -357,7 +356,7 @@ def _not_memorised(c: _Case) -> CheckResult:
     # needs the model to have stopped improving, or the baseline to have learned what it can.
     plateaued = c.plateaued()
     decided = plateaued or base_final <= 0.8 * base_start
-    if base_final > 0 and final >= ratio * base_final and math.isfinite(base_final) and decided:
+    if judge_input and base_final > 0 and final >= ratio * base_final and math.isfinite(base_final) and decided:
         return c.fail(f"the model ignores its input: after {c.ran} steps its loss {fmt(final)} does not beat "
                       f"the {fmt(base_final)} of the same model trained on zeroed inputs",
                       [
@@ -469,7 +468,7 @@ def check_overfit_batch(setup: Setup, *, samples: int = 32, steps: int = 200, ta
     with preserved(setup.model):
         evidence = _train_both(setup, samples, opts, seed, progress, callback)
     c = _case(setup, opts, *evidence)
-    for judge in (_broken, _diverged, _memorised, _named_cause):
+    for judge in (_broken, _diverged, _signed, _memorised, _named_cause):
         result = judge(c)
         if result is not None:
             return result
