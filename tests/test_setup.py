@@ -240,3 +240,13 @@ def test_metric_is_validated_with_its_direction():
     for bad, words in ((torch.ones(2), "shape (2,)"), ("high", "a str"), (math.nan, "not a finite number")):
         with pytest.raises(StepError, match=words.replace("(", r"\(").replace(")", r"\)")):
             tropt.Metric(lambda m, d, v=bad: v)(model, data)
+
+
+def test_a_model_on_the_meta_device_is_refused_naming_its_tensors_and_the_fix():
+    """Issue 31: a model built under torch.device("meta") raised a raw NotImplementedError from the copy."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    with pytest.raises(SetupError) as info:
+        _setup(model=model)
+    msg = str(info.value)
+    assert "0.weight" in msg and "meta device" in msg and "to_empty" in msg and "load_state_dict" in msg, msg

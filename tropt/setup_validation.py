@@ -96,6 +96,13 @@ class SetupValidation:
         if not any(True for _ in self.model.parameters()):
             raise err("Setup: the model has no parameters, so there is nothing to train",
                       "pass the model that holds the weights")
+        meta = [n for n, t in [*self.model.named_parameters(), *self.model.named_buffers()] if t.is_meta]
+        if meta:  # shapes without data (built under torch.device("meta")): nothing can be copied, run or compared
+            shown = ", ".join(meta[:5]) + (f" and {len(meta) - 5} more" if len(meta) > 5 else "")
+            raise err(f"Setup: the model's tensors {shown} are on the meta device: they have shapes but no data, "
+                      "so the model cannot be copied or trained",
+                      "materialise it first: model.to_empty(device='cpu') then load its weights "
+                      "(model.load_state_dict(...)) or initialise them (e.g. model.reset_parameters())")
         if not callable(self.loss_fn):
             raise err(f"Setup: loss_fn is a {type(self.loss_fn).__name__}, not callable",
                       "pass a function loss_fn(model, batch) -> scalar tensor, e.g. "
