@@ -4,6 +4,8 @@ nuisance hyperparameters re-tuned per scientific choice."""
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 from support.compare_setups import adam, make_setup
 
@@ -49,3 +51,29 @@ def test_a_bad_space_fails_before_any_trial(tmp_path):
         tune(make_setup(), {"loss_fn": [1]}, storage=str(tmp_path / "x.journal"), **KW)
     with pytest.raises(TroptError, match="the range of 'lr'"):
         tune(make_setup(), {"lr": (1.0, 0.1)}, storage=str(tmp_path / "x.journal"), **KW)
+
+
+def test_trials_run_on_an_executor_give_the_sequential_search(tmp_path):
+    """The trials go to the executor's workers through ask/tell (the study stays here): with the quasi-random
+    sampler the suggestions and the runs are deterministic, so the study equals the sequential one."""
+    import concurrent.futures as cf
+    import multiprocessing
+    import pickle
+
+    class Counting(cf.ProcessPoolExecutor):
+        """A process pool that notes the name of every run submitted to it."""
+
+        names: typing.ClassVar[list] = []
+
+        def submit(self, fn, /, *args, **kwargs):
+            Counting.names.append(pickle.loads(args[0]).candidate)
+            return super().submit(fn, *args, **kwargs)
+
+    kw = {**KW, "n_trials": 4}
+    seq = tune(make_setup(lr=1e-3), SPACE, storage=str(tmp_path / "a.journal"), **kw)
+    with Counting(2, mp_context=multiprocessing.get_context("fork")) as ex:
+        par = tune(make_setup(lr=1e-3), SPACE, storage=str(tmp_path / "b.journal"), executor=ex, **kw)
+    assert sorted(n for n in Counting.names if n.startswith("trial")) == [f"trial {i}" for i in range(4)]
+    values = lambda out: [(t.params["lr"], t.value) for t in out.studies["tuned"].trials]  # noqa: E731
+    assert len(values(par)) == 4 and values(par) == values(seq)
+    assert par.best == seq.best

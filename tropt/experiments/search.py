@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TroptError, require
@@ -114,23 +115,55 @@ def _sampler(sampler: Any, seed: int) -> Any:
     raise TroptError(f"tune: sampler={sampler!r}", f"use one of {SAMPLERS} or an optuna.samplers sampler")
 
 
-def _objective(setup: Setup, base: Mapping[str, Any], space: Mapping[str, Any], budget: Budget, search_seed: int,
-               metric: Any, every: int, reinit: bool) -> Any:
+def _spec(setup: Setup, base: Mapping[str, Any], space: Mapping[str, Any], trial: Any, budget: Budget,
+          search_seed: int, metric: Any, every: int, reinit: bool, threads: int) -> Any:
+    """The run of one trial: its suggested values over the choice's ``base``, as a picklable RunSpec."""
+    from .runner import RunSpec
+
+    cand, factory = candidate_setup(setup, f"trial {trial.number}", {**base, **_suggest(trial, space)})
+    return RunSpec(cand, f"trial {trial.number}", search_seed, budget, metric, every, model_factory=factory,
+                   reinit=reinit, threads=threads)
+
+
+def _score(rec: Mapping[str, Any]) -> float | None:
+    score = rec["score"]
+    return None if rec["status"] != "ok" or score is None or not math.isfinite(score) else float(score)
+
+
+def _run_trials(study: Any, n: int, executor: Any, spec: Any) -> None:
+    """Run ``n`` trials of ``study``: one after another, or on ``executor`` (any ``concurrent.futures`` executor,
+    ``tropt.experiments.dask_executor()`` included) in rounds of its worker count through Optuna's ask/tell, the
+    study and its sampler staying in this process. A run that fails or scores non-finite is a pruned trial."""
     from ..budgets import tropt_threads
-    from .runner import RunSpec, run_one
+    from .executors import check_executor
+    from .runner import run_one, run_pickled
 
-    def objective(trial: Any) -> float:
-        overrides = {**base, **_suggest(trial, space)}
-        cand, factory = candidate_setup(setup, f"trial {trial.number}", overrides)
-        with tropt_threads(None) as used:
-            rec = run_one(RunSpec(cand, f"trial {trial.number}", search_seed, budget, metric, every,
-                                  model_factory=factory, reinit=reinit, threads=used))
-        score = rec["score"]
-        if rec["status"] != "ok" or score is None or not math.isfinite(score):
-            raise require("optuna", "tune").TrialPruned(rec["reason"] or "non-finite score")
-        return float(score)
+    optuna = require("optuna", "tune")
+    check_executor(executor)  # processes or Dask: threads would share torch's global RNG
+    with tropt_threads(None) as used:
+        if executor is None:
+            def objective(trial: Any) -> float:
+                rec = run_one(spec(trial, threads=used))
+                score = _score(rec)
+                if score is None:
+                    raise optuna.TrialPruned(rec["reason"] or "non-finite score")
+                return score
 
-    return objective
+            study.optimize(objective, n_trials=n)
+            return
+        width = max(1, int(getattr(executor, "_max_workers", 0) or 2))
+        while n > 0:
+            trials = [study.ask() for _ in range(min(width, n))]
+            # Specs travel as cloudpickle bytes, as compare's do: lambdas and closures in a Setup work everywhere.
+            cloudpickle = require("cloudpickle", "experiments")
+            futures = [executor.submit(run_pickled, cloudpickle.dumps(spec(t, threads=used))) for t in trials]
+            for trial, fut in zip(trials, futures, strict=True):
+                score = _score(fut.result())
+                if score is None:
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                else:
+                    study.tell(trial, score)
+            n -= len(trials)
 
 
 def tune(setup: Setup, space: Mapping[str, Any], *, budget: Budget, n_trials: int = 16, sampler: Any = "qmc",
@@ -140,7 +173,9 @@ def tune(setup: Setup, space: Mapping[str, Any], *, budget: Budget, n_trials: in
     """Search ``space`` (per scientific choice), then compare each choice's best with the baseline and decide.
 
     ``n_trials``: the trials each study should have; a resumed study runs only the missing ones. Other keywords
-    (``guardrails``, ``confirm``, ``threads``, ``executor``, ``select``, ...) go to :func:`tropt.compare`.
+    (``guardrails``, ``confirm``, ``threads``, ``executor``, ``select``, ...) go to :func:`tropt.compare`; an
+    ``executor`` runs the trials too (in rounds of its worker count, through Optuna's ask/tell: the study stays
+    here, the runs go to the workers, ``dask_executor()`` included).
     """
     from .orchestration import _default_eval_every, compare
 
@@ -162,8 +197,9 @@ def tune(setup: Setup, space: Mapping[str, Any], *, budget: Budget, n_trials: in
                                     sampler=_sampler(sampler, search_seed), load_if_exists=True)
         done = sum(t.state.is_finished() for t in study.trials)
         if done < n_trials:
-            study.optimize(_objective(setup, base, space, budget, search_seed, metric, every, reinit),
-                           n_trials=n_trials - done)
+            _run_trials(study, n_trials - done, compare_kw.get("executor"),
+                        partial(_spec, setup, base, space, budget=budget, search_seed=search_seed, metric=metric,
+                                every=every, reinit=reinit))
         counts[name] = n_trials - done if done < n_trials else 0
         if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
             raise TroptError(f"tune: every trial of {name!r} failed", "look at the runs' reasons: tropt.compare the "
