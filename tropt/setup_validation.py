@@ -97,7 +97,9 @@ class SetupValidation:
             raise err("Setup: the model has no parameters, so there is nothing to train",
                       "pass the model that holds the weights")
         meta = [n for n, t in [*self.model.named_parameters(), *self.model.named_buffers()] if t.is_meta]
-        if meta:  # shapes without data (built under torch.device("meta")): nothing can be copied, run or compared
+        # Built under torch.device("meta"): shapes without data, nothing to copy, run or compare. (A model with some
+        # tensors elsewhere spans devices: perf.memory explains that layout, so it is not refused here.)
+        if meta and all(p.is_meta for p in self.model.parameters()):
             shown = ", ".join(meta[:5]) + (f" and {len(meta) - 5} more" if len(meta) > 5 else "")
             raise err(f"Setup: the model's tensors {shown} are on the meta device: they have shapes but no data, "
                       "so the model cannot be copied or trained",

@@ -216,3 +216,69 @@ def test_hand_written_updates_with_accumulation_count_one_micro_batch_of_activat
     assert r.status == Status.PASS
     t = r.tables["strategies"]
     assert not (t["option"] == "optimizer-state sharding").any()  # nothing to shard
+
+
+def summing_step(ctx, micro_batches):
+    """The standard update, then `ctx.total_loss = ctx.total_loss + loss` on the undetached loss: backward freed its
+    saved tensors, so hardly a byte is kept, but every step's graph nodes stay linked to the next."""
+    n = sum(len(mb[1]) for mb in micro_batches)
+    ctx.optimizer.zero_grad()
+    total = 0.0
+    for mb in micro_batches:
+        loss = ctx.loss_fn(ctx.model, mb) * len(mb[1]) / n
+        loss.backward()
+        total = total + loss
+    ctx.optimizer.step()
+    ctx.total_loss = getattr(ctx, "total_loss", 0.0) + total
+    return total.detach()
+
+
+def detaching_step(ctx, micro_batches):
+    """The healthy version: `ctx.total_loss += loss.item()`."""
+    loss = tropt.standard_step(ctx, micro_batches)
+    ctx.total_loss = getattr(ctx, "total_loss", 0.0) + float(loss)
+    return loss
+
+
+def test_a_running_total_of_undetached_losses_warns_and_names_where_the_graph_is_held():
+    s = mlp_setup(step=summing_step)
+    with untouched(s):
+        r = check_memory(s, progress=False)
+    assert r.status == Status.WARN, r.summary
+    # the tensor bytes do not grow (saved tensors are freed by backward): only the autograd nodes do
+    assert abs(r.metrics["growth_per_step_mib"]) * 2**20 < 4096, r.metrics
+    t = r.tables["graphs"]
+    held = t[t["held_by"] == "ctx.total_loss"].sort_values("step")
+    # one step's graph: MulBackward, DivBackward, NllLoss, LogSoftmax, Addmm x2, Relu, Tbackward x2, 4 AccumulateGrad
+    # nodes shared by all steps, and one AddBackward per running sum; each step adds the same number of new nodes
+    per_step = held["nodes"].diff().dropna()
+    assert len(held) >= 3 and (per_step == per_step.iloc[0]).all() and per_step.iloc[0] > 5, held
+    assert r.metrics["graph_held_by"] == "ctx.total_loss"
+    assert r.metrics["graph_nodes_per_step"] == pytest.approx(per_step.iloc[0]), r.metrics
+    assert "ctx.total_loss holds an autograd graph" in r.summary, r.summary
+    assert any("ctx.total_loss" in a and "loss.item()" in a for a in r.advice), r.advice
+
+
+def test_a_running_total_of_detached_losses_passes():
+    r = check_memory(mlp_setup(step=detaching_step), progress=False)
+    assert r.status == Status.PASS, r.summary
+    assert r.tables["graphs"].empty and "autograd graph" not in r.summary
+
+
+def test_a_list_of_undetached_losses_on_a_carrier_is_named():
+    class Log:
+        pass
+
+    def step(ctx, micro_batches):
+        loss = ctx.loss_fn(ctx.model, micro_batches[0])
+        ctx.optimizer.zero_grad()
+        loss.backward()
+        ctx.optimizer.step()
+        if not hasattr(ctx, "log"):
+            ctx.log = Log()
+            ctx.log.losses = []
+        ctx.log.losses.append(loss)
+        return loss.detach()
+
+    r = check_memory(mlp_setup(step=step), progress=False)
+    assert r.status == Status.WARN and "ctx.log.losses holds an autograd graph" in r.summary, r.summary

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..core.batch import leaves
+from .graphs import held_graphs
 from .meters import CudaMeter, Meter, ProfilerMeter, StepMemory, Tracker, ptr, unique_bytes
 
 if TYPE_CHECKING:
@@ -126,6 +127,7 @@ class Measurement:
     half_step: int | None
     bf16_step: int | None
     bf16_half_step: int | None
+    graphs: dict[int, dict[str, tuple[int, int]]]  # after each growth step: where a graph is held -> (nodes, bytes)
 
 
 def _attach(model: nn.Module, opt: Any, tracker: Tracker, meter: Meter) -> list[Any]:
@@ -154,6 +156,7 @@ def measure(setup: Setup, growth_steps: int, bf16: bool, progress: bool) -> Meas
         handles = _attach(model, opt, tracker, meter)
         blocks = find_blocks(model)
         grads_per_step: dict[int, int] = {}
+        graphs: dict[int, dict[str, tuple[int, int]]] = {}
 
         def run(i: int, batch: Any, hooks: bool) -> None:
             micro = setup.split(batch, k)
@@ -175,6 +178,8 @@ def measure(setup: Setup, growth_steps: int, bf16: bool, progress: bool) -> Meas
             rec.activations = tracker.act_peak
             rec.per_block, rec.block_inputs = dict(tracker.per_block), dict(tracker.block_inputs)
             grads_per_step[i] = tracker.grad_live
+            if i < growth_steps:  # what the step keeps on ctx, the model or its closure: graphs alive between steps
+                graphs[i] = held_graphs(ctx, setup.step_fn)  # noqa: F821 - deleted below, after the last run
 
         bar = tqdm(total=growth_steps + 2, desc="perf.memory", disable=not progress, leave=False)
         try:
@@ -211,4 +216,4 @@ def measure(setup: Setup, growth_steps: int, bf16: bool, progress: bool) -> Meas
         del ctx, model, opt
     return Measurement(meter.ground_truth, meter.steps, params, n_params, state, elements, scalars, per_param,
                        grads_per_step.get(1, 0), factored, block_params, setup.size(batches[1]),
-                       smaller[1] if smaller is not None else None, 1, half_step, bf16_step, bf16_half)
+                       smaller[1] if smaller is not None else None, 1, half_step, bf16_step, bf16_half, graphs)

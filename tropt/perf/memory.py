@@ -15,7 +15,11 @@ Activations and the forward/backward peak are measured at two batch sizes (the S
 linearly, which gives the largest batch that fits ``memory_limit`` and the estimated peak of each strategy
 (micro-batching, activation checkpointing, bf16 autocast, 8-bit or factored optimizer state, optimizer-state
 sharding and full FSDP over N devices). A 10-step run fits the trend of memory left allocated after each step:
-growth means something keeps every step's graph alive.
+growth means something keeps every step's graph alive. After each of those steps the autograd graph reachable from
+what the step keeps (tensors on ``ctx``, on its objects, the model or the step's closure) is walked
+(:mod:`tropt.perf.graphs`): backward frees a graph's saved tensors but not its nodes, so a running
+``ctx.total_loss = ctx.total_loss + loss`` leaks nodes the allocator hardly sees; a node count that grows step over step
+is a WARN naming where the graph is held.
 
 On CUDA the peak counts what the check's copy allocates from the moment it is built (the batches are on the device
 before that); memory already in use (your original model, the CUDA context, other processes) is not in it.
@@ -41,6 +45,7 @@ from torch import nn
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
+from .graphs import graph_table, growing_graph
 from .measurement import Measurement, measure
 from .meters import GIB, MIB, StepMemory
 from .strategies import SHARDS, Plan, plan
@@ -190,6 +195,7 @@ class _Evidence:
     slope: float
     rising: float
     held: float  # bytes alive when the steady step starts beyond parameters, state and gradients
+    graph: tuple[str, float, int] | None  # where an autograd graph grows step over step, nodes per step, nodes
 
 
 def _evidence(meas: Measurement, growth_steps: int, no_optimizer: bool) -> _Evidence:
@@ -197,7 +203,8 @@ def _evidence(meas: Measurement, growth_steps: int, no_optimizer: bool) -> _Evid
     peak, in_opt, breakdown = _breakdown(meas, steady, no_optimizer)
     ends, slope, rising = _growth(meas, growth_steps)
     held = steady.start - meas.params - meas.state - steady.grads_start
-    return _Evidence(meas, steady, peak, in_opt, breakdown, ends, slope, rising, held)
+    graph = growing_graph(meas.graphs, growth_steps)
+    return _Evidence(meas, steady, peak, in_opt, breakdown, ends, slope, rising, held, graph)
 
 
 def _metrics(ev: _Evidence, options: Plan, growth_steps: int, limit: float | None, limit_from: str,
@@ -226,6 +233,8 @@ def _metrics(ev: _Evidence, options: Plan, growth_steps: int, limit: float | Non
                                  else math.nan),
         "max_batch": max_batch if max_batch is not None else math.nan,
         "headroom": (1 - peak / limit) if limit else math.nan, "parameters": meas.n_params,
+        "graph_held_by": ev.graph[0] if ev.graph else "none",
+        "graph_nodes_per_step": ev.graph[1] if ev.graph else 0.0, "graph_nodes": ev.graph[2] if ev.graph else 0,
     }
 
 
@@ -234,6 +243,8 @@ def _findings(ev: _Evidence, options: Plan, metrics: dict[str, Any], growth_step
     """The leak findings and the fit verdict; the verdict's metrics go into ``metrics``."""
     findings = _leak_findings(ev.held - min(ev.held, ev.steady.batch), ev.steady.activations, ev.peak, ev.slope,
                               ev.rising, growth_steps, held_threshold, growth_threshold)
+    if ev.graph is not None:
+        findings.append(_graph_finding(*ev.graph, growth_steps))
     if limit is None:
         findings.append((Status.PASS, "no memory_limit on CPU: no fit verdict (pass memory_limit= in GiB to plan for a "
                                       "device)", None))
@@ -255,7 +266,7 @@ def _result(ev: _Evidence, options: Plan, metrics: dict[str, Any], findings: lis
     advice = [a for _, _, a in findings if a]
     curve = options.curve
     tables = {"breakdown": ev.breakdown, "strategies": options.strategies, "batch_curve": curve,
-              "steps": _steps_table(ev.meas, growth_steps)}
+              "steps": _steps_table(ev.meas, growth_steps), "graphs": graph_table(ev.meas.graphs)}
     series = {"growth_end_mib": ev.ends / MIB, "curve_batch": curve["batch_size"].to_numpy(dtype=float),
               "curve_peak_mib": curve["peak_mib"].to_numpy()}
     return CheckResult(CHECK_ID, status, summary, metrics, tables, advice, series)
@@ -321,6 +332,16 @@ def _leak_findings(held: float, activations: float, peak: float, slope: float, r
                     f"that is {_mib(1000 * slope)} more. Something keeps every step's autograd graph alive (a list of "
                     "losses, a running `total += loss`): store loss.item() / loss.detach()."))
     return out
+
+
+def _graph_finding(where: str, per_step: float, nodes: int, growth_steps: int) -> Finding:
+    """A WARN naming where an autograd graph that grows step over step is held (the graphs table is the evidence)."""
+    text = (f"{where} holds an autograd graph of {nodes:,} nodes that grows by ~{per_step:,.0f} per step "
+            f"over {growth_steps} steps")
+    return (Status.WARN, text,
+            f"{text}: every step's graph stays alive, linked to the next (a running `total += loss`, a list of "
+            f"losses). Backward freed its saved tensors, so the allocator barely sees it, but the nodes pile up in "
+            f"host memory for the whole run (see the graphs table). Keep loss.item() or loss.detach() in {where}.")
 
 
 def _fit_verdict(peak: float, limit: float, limit_from: str, headroom: float, max_batch: int | None,
