@@ -32,7 +32,7 @@ class TroptTrainerCallback(_TrainerCallback):
 
     Parameters
     ----------
-    checks, every, sample_every, stop_on, warn, thresholds, curve_thresholds, budget
+    checks, every, sample_every, stop_on, warn, thresholds, curve_thresholds, budget, sync_every
         As :class:`tropt.integrations.lightning.TroptCallback`; ``stop_on`` sets ``control.should_training_stop``.
     out_dir
         Where ``report.html`` and ``findings.json`` go; default ``<args.output_dir>/tropt``.
@@ -52,7 +52,8 @@ class TroptTrainerCallback(_TrainerCallback):
     def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 10,
                  stop_on: Iterable[str] | str | None = None, out_dir: str | os.PathLike | None = None,
                  log_to: Any = None, log_figures: bool = True, warn: bool = True, thresholds: dict | None = None,
-                 curve_thresholds: Any = None, budget: float = 0.01, loss_from: str = "model") -> None:
+                 curve_thresholds: Any = None, budget: float = 0.01, loss_from: str = "model",
+                 sync_every: int | None = 200) -> None:
         from ._frameworks import supported
         from ._hf_setup import HIGH, LOW
 
@@ -62,6 +63,7 @@ class TroptTrainerCallback(_TrainerCallback):
         self.loss_from = loss_from
         self._options = dict(checks=checks, every=every, sample_every=sample_every, stop_on=stop_on, warn=warn,
                              thresholds=thresholds, curve_thresholds=curve_thresholds, budget=budget,
+                             sync_every=sync_every,
                              logger=logging.getLogger("transformers.trainer"))
         LiveMonitor(**self._options)  # validate now
         self.out_dir = out_dir

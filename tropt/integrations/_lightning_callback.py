@@ -43,8 +43,9 @@ class TroptCallback(_Callback):
         Where ``report.html`` and ``findings.json`` go; default ``<trainer.log_dir or default_root_dir>/tropt``.
     log_figures
         Also log the report's figures to the trainer's loggers at the end of fit (where the logger takes images).
-    warn, thresholds, curve_thresholds, budget
-        As :class:`tropt.integrations.live.LiveMonitor`.
+    warn, thresholds, curve_thresholds, budget, sync_every
+        As :class:`tropt.integrations.live.LiveMonitor` (``sync_every``: compare the replicas across the processes of
+        a multi-process run every this many optimizer steps; a difference is a ``"replicas_out_of_sync"`` problem).
 
     After fit, ``callback.report`` is the :class:`tropt.Report`, ``callback.paths`` its files and
     ``callback.events`` the problems warned about.
@@ -53,7 +54,7 @@ class TroptCallback(_Callback):
     def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 10,
                  stop_on: Iterable[str] | str | None = None, out_dir: str | os.PathLike | None = None,
                  log_figures: bool = True, warn: bool = True, thresholds: dict | None = None,
-                 curve_thresholds: Any = None, budget: float = 0.01) -> None:
+                 curve_thresholds: Any = None, budget: float = 0.01, sync_every: int | None = 200) -> None:
         super().__init__()
         from ._frameworks import supported
         from ._lightning_setup import HIGH, LOW
@@ -63,6 +64,7 @@ class TroptCallback(_Callback):
                   "lightning")
         self._options = dict(checks=checks, every=every, sample_every=sample_every, stop_on=stop_on, warn=warn,
                              thresholds=thresholds, curve_thresholds=curve_thresholds, budget=budget,
+                             sync_every=sync_every,
                              logger=logging.getLogger("lightning.pytorch"))
         LiveMonitor(**self._options)  # validate the arguments now, not when fit starts
         self.out_dir = out_dir

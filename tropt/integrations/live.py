@@ -5,8 +5,10 @@
 and every ``every`` optimizer steps the record is judged with tropt's own rules (``model.gradient_flow``'s
 non-finite/vanishing/exploding findings, ``dynamics.loss_curve``'s classifier). A new problem is warned about once
 (a :class:`TroptLiveWarning`, the framework's logger, and the trainer's loggers as text); training stops only for
-the kinds listed in ``stop_on``. At the end, :meth:`LiveMonitor.report` builds a :class:`tropt.Report` of what was
-seen and :meth:`LiveMonitor.write` writes ``report.html`` and ``findings.json``.
+the kinds listed in ``stop_on``. On a multi-process run, every ``sync_every`` steps the ranks' parameter checksums are
+compared (one collective) and replicas that drifted apart are a problem too. At the end, :meth:`LiveMonitor.report`
+builds a :class:`tropt.Report` of what was seen and :meth:`LiveMonitor.write` writes ``report.html`` and
+``findings.json``.
 
 Losses arrive as tensors and are kept on their device until a check reads them, so the per-step cost is one list
 append (no host synchronisation per step on an accelerator).
@@ -30,7 +32,7 @@ from ..errors import TroptError
 
 GRADIENT_FLOW, LOSS_CURVE = "model.gradient_flow", "dynamics.loss_curve"
 CHECKS = (GRADIENT_FLOW, LOSS_CURVE)
-KINDS = ("nonfinite", "diverging", "vanishing", "exploding")
+KINDS = ("nonfinite", "diverging", "vanishing", "exploding", "replicas_out_of_sync")
 _ALIASES = {"gradient_flow": GRADIENT_FLOW, "gradflow": GRADIENT_FLOW, "loss_curve": LOSS_CURVE, "loss": LOSS_CURVE}
 # model.gradient_flow's problem names -> the live warning kind
 _PROBLEM_KIND = {"non-finite gradient": "nonfinite", "vanishing gradient": "vanishing",
@@ -100,7 +102,8 @@ class LiveMonitor:
         each one. Losses are read at every step regardless.
     stop_on
         Kinds of problems that should stop training (any of ``"nonfinite"``, ``"diverging"``, ``"vanishing"``,
-        ``"exploding"``); by default nothing stops training, problems are only warned about.
+        ``"exploding"``, ``"replicas_out_of_sync"``); by default nothing stops training, problems are only warned
+        about.
     warn
         Emit a :class:`TroptLiveWarning` for each new problem (the framework logger gets it either way).
     thresholds
@@ -113,12 +116,21 @@ class LiveMonitor:
         the ``model.gradient_flow`` judgement (vanishing, exploding), whose costs grow with the record, run at a
         check only while their total time stays within this share (on very fast steps they run less often than
         ``every``); the end of training always judges everything. ``budget=1``: no limit, every check judges.
+    sync_every
+        On a real multi-process run (``torch.distributed`` initialised, world size > 1), every this many optimizer
+        steps compare the replicas: each rank's float64 sum and sum of squares of each trainable parameter (one pass
+        over the parameters) are exchanged with one ``all_gather``, and a parameter that differs from rank 0's by
+        more than a relative 1e-5 is a ``"replicas_out_of_sync"`` problem naming the parameters and ranks. Every
+        rank must call :meth:`step_end` with the same steps (the callbacks do). Sharded models (FSDP, DTensor,
+        DeepSpeed ZeRO-3) are not compared; ``None`` turns the check off. No effect in a single process.
     """
 
     def __init__(self, checks: Iterable[str] | str = CHECKS, every: int = 50, *, sample_every: int = 10,
                  stop_on: Iterable[str] | str | None = None, warn: bool = True, thresholds: dict | None = None,
-                 curve_thresholds: Any = None, logger: logging.Logger | None = None, budget: float = 0.01) -> None:
-        for name, v in (("every", every), ("sample_every", sample_every)):
+                 curve_thresholds: Any = None, logger: logging.Logger | None = None, budget: float = 0.01,
+                 sync_every: int | None = 200) -> None:
+        for name, v in (("every", every), ("sample_every", sample_every)) + \
+                ((("sync_every", sync_every),) if sync_every is not None else ()):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise TroptError(f"live monitoring: {name}={v!r}; it must be an integer >= 1", f"use {name}=50")
         self.checks = _checks(checks)
@@ -152,6 +164,10 @@ class LiveMonitor:
         self.spent = 0.0  # seconds spent in those parts so far
         self._started = time.perf_counter()
         self.judgements = 0
+        self.sync_every = sync_every
+        self._sync_params: list[tuple[str, torch.Tensor]] = []
+        self._last_sync = 0
+        self.syncs = 0  # replica comparisons run
 
     # ------------------------------------------------------------------ lifecycle
     def attach(self, model: torch.nn.Module) -> LiveMonitor:
@@ -167,7 +183,20 @@ class LiveMonitor:
             from ..model.monitor import GradientMonitor
 
             self.monitor = GradientMonitor(model, every=self.sample_every).__enter__()
+        self._sync_params = self._replicas(model)
         return self
+
+    def _replicas(self, model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+        """The parameters the replica-sync check compares (none: not distributed, off, or a sharded model)."""
+        from . import _replicas
+
+        if self.sync_every is None or _replicas.distributed_world() < 2:
+            return []
+        why = _replicas.sharded(model)
+        if why is not None:
+            self.logger.info("tropt: replicas are not compared: %s", why)
+            return []
+        return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
     def detach(self) -> None:
         """Remove every hook (idempotent); what was recorded stays readable."""
@@ -211,11 +240,30 @@ class LiveMonitor:
         """Call after each optimizer step; every ``every`` steps (or when ``force``) judge the record.
 
         Returns the new problems found (each is also warned about and logged)."""
+        synced = self._sync(step) if self._sync_params else []
         # Judge when the step crosses a multiple of ``every`` (once per step: Lightning calls per micro-batch).
         if not force and step // self.every <= self._last_check // self.every:
-            return []
+            return self._record(synced)
         self._last_check = step
-        return self.check(step, force=force)
+        return self._record(synced) + self.check(step, force=force)
+
+    def _sync(self, step: int) -> list[LiveEvent]:
+        """Every ``sync_every`` steps, compare the parameters' checksums across the ranks (one collective)."""
+        from . import _replicas
+
+        assert self.sync_every is not None
+        if step // self.sync_every <= self._last_sync // self.sync_every:
+            return []
+        self._last_sync = step
+        t = time.perf_counter()
+        every = _replicas.gather(_replicas.checksums(self._sync_params))
+        message, layout = _replicas.compare([n for n, _ in self._sync_params], every)
+        self.syncs += 1
+        self.spent += time.perf_counter() - t
+        if layout is not None:
+            self.logger.info("tropt: replicas are no longer compared: %s", layout)
+            self._sync_params = []
+        return [LiveEvent("replicas_out_of_sync", step, message)] if message else []
 
     def check(self, step: int, force: bool = False) -> list[LiveEvent]:
         """Judge what was recorded so far; returns the new problems.
@@ -233,6 +281,10 @@ class LiveMonitor:
             found += self._timed("curve", self._diverging, step)
         if self.monitor is not None and self.monitor.rows >= 2 and self._afford("judge", force):
             found += self._timed("judge", self._judged, step)
+        return self._record(found)
+
+    def _record(self, found: list[LiveEvent]) -> list[LiveEvent]:
+        """Keep, warn about and log the problems not seen before; set ``should_stop`` for a ``stop_on`` kind."""
         new = []
         for ev in found:
             key = (ev.kind, ev.message.split(":")[0])
