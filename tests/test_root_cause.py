@@ -35,15 +35,18 @@ def test_planted_zero_grad_inside_the_micro_loop_puts_accumulation_first(planted
     assert planted["loop.accumulation"].status is Status.FAIL
     assert planted["loop.accumulation"].metrics["cause"] not in (None, "unnamed")
     overfit = planted["model.overfit_batch"]
-    assert overfit.status is Status.FAIL  # the symptom stays a FAIL: only its rank and advice change
     v = verdict(planted)
     ids = _ids(v)
     assert ids[0] == "loop.accumulation", ids
-    assert overfit.metrics["symptom_of"] == "loop.accumulation"
-    assert ids.index("model.overfit_batch") > ids.index("loop.accumulation")
-    assert "loop.accumulation" in overfit.summary
-    assert overfit.advice and "loop.accumulation" in overfit.advice[0]
-    assert not any(HYPERPARAMETER.search(a) for a in overfit.advice), overfit.advice
+    # Under the projected-tail plateau rule (issue 31) this step's overfit run is "still falling", a WARN, on some
+    # machines' numerics; when it FAILs, the FAIL is the symptom: ranked after the root, advice says fix the step.
+    assert overfit.status in (Status.FAIL, Status.WARN), overfit.summary
+    if overfit.status is Status.FAIL:
+        assert overfit.metrics["symptom_of"] == "loop.accumulation"
+        assert ids.index("model.overfit_batch") > ids.index("loop.accumulation")
+        assert "loop.accumulation" in overfit.summary
+        assert overfit.advice and "loop.accumulation" in overfit.advice[0]
+        assert not any(HYPERPARAMETER.search(a) for a in overfit.advice), overfit.advice
     # loop.ddp runs the same micro-batch loop under DDP and names no cause of its own: a consequence too
     ddp = planted["loop.ddp"]
     if ddp.status is Status.FAIL:
@@ -59,7 +62,8 @@ def test_planted_zero_grad_inside_the_micro_loop_plan_fixes_the_root_cause_first
     assert "zero_grad" in blocking[0]["fix"]
     assert plan.bottlenecks[0]["check"] == "loop.accumulation"
     first_fixes = [iv["fix"] for iv in blocking if iv["finding"] == "model.overfit_batch"]
-    assert first_fixes and not HYPERPARAMETER.search(first_fixes[0]), first_fixes
+    if planted["model.overfit_batch"].status is Status.FAIL:  # see the test above: a WARN is no blocking fix
+        assert first_fixes and not HYPERPARAMETER.search(first_fixes[0]), first_fixes
     assert "learning rate" not in plan.to_markdown().split("loop.accumulation", 1)[0].lower()
 
 

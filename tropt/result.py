@@ -247,10 +247,13 @@ _STEP_ROOTS: dict[str, tuple[str, ...]] = {
 }
 
 
+_NO_CAUSE = ("", "unnamed", "not_isolated")  # "differs; cause not isolated" names no cause (issue 27 §2)
+
+
 def _isolated_cause(r: CheckResult) -> bool:
     cause = r.metrics.get("cause")
     return (r.status is Status.FAIL and r.check in _STEP_ROOTS and "symptom_of" not in r.metrics
-            and isinstance(cause, str) and cause not in ("", "unnamed"))
+            and isinstance(cause, str) and cause not in _NO_CAUSE)
 
 
 def _link_symptoms(results: list[CheckResult]) -> list[CheckResult]:
@@ -278,7 +281,7 @@ def _link_symptoms(results: list[CheckResult]) -> list[CheckResult]:
 def _explains(root: CheckResult, r: CheckResult) -> bool:
     if r.status is not Status.FAIL or "symptom_of" in r.metrics or _isolated_cause(r):
         return False
-    if r.check.startswith("loop.") and r.metrics.get("cause") not in (None, "", "unnamed"):
+    if r.check.startswith("loop.") and r.metrics.get("cause") not in (None, *_NO_CAUSE):
         return False  # a loop check that names a cause of its own reports a defect of its own
     return any(r.check == p or (p.endswith(".") and r.check.startswith(p)) for p in _STEP_ROOTS[root.check])
 

@@ -34,7 +34,8 @@ def report(*args, cwd=ROOT):
 
 def comparable(findings: dict) -> list[dict]:
     """Results without wall-clock fields (durations), which differ between any two runs."""
-    return [{k: v for k, v in r.items() if k != "duration_s"} for r in findings["results"]]
+    return [{k: ({m: x for m, x in v.items() if m != "cost_steps"} if k == "metrics" else v)
+             for k, v in r.items() if k != "duration_s"} for r in findings["results"]]
 
 
 @pytest.fixture(scope="module")

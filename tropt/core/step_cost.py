@@ -46,7 +46,7 @@ def step_seconds(setup: Setup, *, warmup: int = 1, steps: int = 2) -> float | No
                 _sync(setup.device)
                 if i >= warmup:
                     times.append(time.perf_counter() - t0)
-    except Exception:  # noqa: BLE001 - the cost is a footnote: a step that fails is each check's own finding
+    except (Exception, SystemExit):  # noqa: BLE001 - a footnote: a step that fails is each check's own finding
         return None
     finally:
         if carried is not None:

@@ -34,7 +34,7 @@ def _html_outputs(nb: Any):
 def embed_doc_pages(nb: Any) -> list[str]:
     """Point every ``file://`` "what this means" link at a copy of its page appended to ``nb`` (in place); returns
     the check ids embedded. Links to a configured docs site (http...) are left as they are."""
-    from nbformat.v4 import new_markdown_cell
+    from nbformat.v4 import new_code_cell, new_output
 
     from ..checkdocs import check_doc_path
 
@@ -45,14 +45,19 @@ def embed_doc_pages(nb: Any) -> list[str]:
             if cid not in ids:
                 ids.append(cid)
         data["text/html"] = _FILE_LINK.sub(lambda m: f'href="#{DOC_ANCHOR}{m.group(1)}"', text)
+    # One HTML output, each page collapsed like the evidence (the report opens on its findings). Markdown cells
+    # cannot hold a page inside <details>: the renderer closes the block at the page's first blank line.
+    import mistune  # nbconvert's own markdown renderer, present wherever a report is built
+
     pages = []
     for cid in ids:
         path = check_doc_path(cid)
         if path.is_file():
-            pages.append(f'<a id="{DOC_ANCHOR}{html.escape(cid)}"></a>\n\n{path.read_text(encoding="utf-8")}')
+            pages.append(f'<details id="{DOC_ANCHOR}{html.escape(cid)}"><summary>{html.escape(cid)}</summary>'
+                         f'{mistune.html(path.read_text(encoding="utf-8"))}</details>')
     if pages:
-        nb.cells.append(new_markdown_cell('<div class="tropt-docs"></div>\n\n## What the checks mean\n\n'
-                                          "The pages the \"what this means\" links open, as shipped with this "
-                                          "version of tropt."))
-        nb.cells.extend(new_markdown_cell(p) for p in pages)
+        head = ('<div class="tropt-docs"><h2>What the checks mean</h2><p>The pages the "what this means" links open, '
+                "as shipped with this version of tropt.</p>")
+        nb.cells.append(new_code_cell("", outputs=[new_output("display_data",
+                                                              data={"text/html": head + "".join(pages) + "</div>"})]))
     return ids
