@@ -110,7 +110,7 @@ def test_same_inputs_and_seed_give_the_same_findings(demo, tmp_path):
     assert proc.returncode == 0, proc.stderr  # --fail-on never
     first, second = (json.loads((d / "findings.json").read_text()) for d in (out, tmp_path))
     assert comparable(first) == comparable(second)
-    moving = ("created_at", "git_commit", "threads")  # the clock, commits between the runs, the machine's load
+    moving = ("created_at", "git_commit", "threads", "step_seconds", "cost_steps")  # clock, commits, load, timing
     ident = {k: v for k, v in first["identity"].items() if k not in moving}
     assert ident == {k: v for k, v in second["identity"].items() if k not in moving}
     assert first["identity"]["config_hash"] and first["identity"]["data_fingerprint"]
