@@ -65,6 +65,21 @@ def _specs() -> dict[Callable, _Spec]:
 _SPECS = _specs()
 
 
+def active_dropout(func: Any, args: tuple, kwargs: dict) -> tuple[Any, float]:
+    """The functional dropout spec of ``func`` and its rate when this call drops (p > 0, training); else (None, 0)."""
+    try:
+        spec = _SPECS.get(func)
+    except TypeError:  # an unhashable callable
+        return None, 0.0
+    if spec is None:
+        return None, 0.0
+    try:
+        p, training = spec.read(args, kwargs)
+    except (TypeError, ValueError):  # an unusual call: not ours to judge
+        return None, 0.0
+    return (spec, p) if p > 0 and training else (None, 0.0)
+
+
 class DropoutSpy(TorchFunctionMode):
     """Counts the dropout calls that apply (p > 0 and training) while it is active, by the module making them."""
 
@@ -95,17 +110,9 @@ class DropoutSpy(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        try:
-            spec = _SPECS.get(func)
-        except TypeError:  # an unhashable callable
-            spec = None
+        spec, p = active_dropout(func, args, kwargs)
         if spec is not None:
-            try:
-                p, training = spec.read(args, kwargs)
-            except (TypeError, ValueError):  # an unusual call: not ours to judge
-                p, training = 0.0, False
-            if p > 0 and training:
-                self.calls[(self._stack[-1] if self._stack else "(outside the model)", spec.name, p)] += 1
+            self.calls[(self._stack[-1] if self._stack else "(outside the model)", spec.name, p)] += 1
         return func(*args, **kwargs)
 
     def table(self) -> pd.DataFrame:

@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..core.compare import flatten_state
 from ..core.noise_floor import rng_advanced
-from ._eval_determinism import _SPECS, DropoutSpy
+from ._eval_determinism import DropoutSpy, active_dropout
 
 T = TypeVar("T")
 
@@ -35,24 +35,16 @@ class QuietFunctionalDropout(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        try:
-            spec = _SPECS.get(func)
-        except TypeError:  # an unhashable callable
-            spec = None
+        spec, _ = active_dropout(func, args, kwargs)
         if spec is not None:
-            try:
-                p, training = spec.read(args, kwargs)
-            except (TypeError, ValueError):
-                p, training = 0.0, False
-            if p > 0 and training:
-                self.calls[spec.name] += 1
-                if spec.training is None:  # attention: the same call without dropout
-                    if len(args) > 4:
-                        args = (*args[:4], 0.0, *args[5:])
-                    else:
-                        kwargs = {**kwargs, "dropout_p": 0.0}
+            self.calls[spec.name] += 1
+            if spec.training is None:  # attention: the same call without dropout
+                if len(args) > 4:
+                    args = (*args[:4], 0.0, *args[5:])
                 else:
-                    return args[0] if args else kwargs.get("input")
+                    kwargs = {**kwargs, "dropout_p": 0.0}
+            else:
+                return args[0] if args else kwargs.get("input")
         return func(*args, **kwargs)
 
 
