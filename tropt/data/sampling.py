@@ -5,7 +5,8 @@ sampler and collate are what is tested.
   label distribution would give (simulated with the same batch sizes). FAIL when most batches hold one class while
   shuffled batches of that data would rarely do so.
 - *The same order every pass*: two passes over the loader, compared batch by batch. WARN (a ``DistributedSampler``
-  whose ``set_epoch`` is never called, an unshuffled loader).
+  whose ``set_epoch`` is never called, an unshuffled loader). A missing ``set_epoch`` is named only when calling it on
+  a copy of the sampler changes the order (confirmed); otherwise the sampler that never reshuffles is named.
 - *A tiny last batch* (<= 3 samples) with batch-dependent layers (BatchNorm): WARN with ``drop_last`` advice.
 - *Sampler weights* that change the class balance: information, with the effective class distribution.
 
@@ -16,6 +17,8 @@ Labels follow the rule in :mod:`tropt.data.pipeline`.
 
 from __future__ import annotations
 
+import copy
+import itertools
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -171,15 +174,66 @@ def _same_order(found: _Found, first: list, second: list, owner: Any, is_list: b
                                           "same": [x == y for x, y in zip(a[:m], b[:m])]})
     if same:
         if owner is not None:
-            advice = (f"Call {type(owner).__name__}.set_epoch(epoch) at the start of every epoch: it reshuffles only "
-                      "when its epoch changes. If your loop already does, pass set_epoch=True to check_sampling.")
-            why = f"the {type(owner).__name__}'s set_epoch is never called between passes"
+            why, advice = _set_epoch_cause(found, owner)
         else:
             advice = ("Shuffle every epoch: DataLoader(..., shuffle=True), "
                       "or a sampler that draws a new order each pass.")
             why = "the loader does not reshuffle"
         found.findings.append((Status.WARN, f"the same batches in the same order in two passes ({m} batches compared): "
                                f"{why}", advice))
+
+
+def _epoch_orders_differ(owner: Any, limit: int = 100_000) -> bool | None:
+    """Call ``set_epoch`` on a copy of the sampler for two consecutive epochs: do its orders (the first ``limit``
+    indices) differ? None when the copy cannot be made or iterated. The user's sampler, its generator and the global
+    RNG are untouched: a shallow copy with its generators cloned, inside :func:`tropt.snapshot.preserved`."""
+    try:
+        with preserved():
+            twin = copy.copy(owner)
+            for name, value in vars(twin).items():
+                if isinstance(value, torch.Generator):  # shared by a shallow copy: iterating would advance the user's
+                    clone = torch.Generator(device=value.device)
+                    clone.set_state(value.get_state())
+                    setattr(twin, name, clone)
+            epoch = int(getattr(owner, "epoch", 0) or 0)
+            orders = []
+            for e in (epoch, epoch + 1):
+                twin.set_epoch(e)
+                orders.append(list(itertools.islice(iter(twin), limit)))
+    except Exception:  # noqa: BLE001 - a sampler that cannot be copied or iterated alone: not confirmed
+        return None
+    return orders[0] != orders[1]
+
+
+def _set_epoch_cause(found: _Found, owner: Any) -> tuple[str, str]:
+    """(why, advice) for the same order every pass with a sampler that has ``set_epoch``: the missing call is named
+    only when calling it on a copy of the sampler changes the order (confirmed)."""
+    name = type(owner).__name__
+    differs = _epoch_orders_differ(owner)
+    found.metrics["confirmed"] = bool(differs)
+    if differs:
+        found.metrics.update(cause="set_epoch_not_called",
+                             confirmation=f"confirmed: with {name}.set_epoch(epoch + 1) on a copy of the sampler the "
+                                          "order changes between epochs")
+        return (f"the {name}'s set_epoch is never called between passes; {found.metrics['confirmation']}",
+                f"Call {name}.set_epoch(epoch) at the start of every epoch: it reshuffles only when its epoch changes. "
+                "If your loop already does, pass set_epoch=True to check_sampling.")
+    if differs is None:
+        found.metrics.update(cause="unnamed", confirmation="not confirmed: a copy of the sampler could not be made "
+                                                            "to call set_epoch on")
+        return (f"the order never changes, cause not isolated: {name}.set_epoch may never be called between passes "
+                f"({found.metrics['confirmation']})",
+                f"Call {name}.set_epoch(epoch) at the start of every epoch, and make sure the sampler shuffles.")
+    shuffle = getattr(owner, "shuffle", None)
+    found.metrics.update(cause="no_shuffle", confirmation=f"not confirmed: with {name}.set_epoch(epoch + 1) on a copy "
+                                                          "of the sampler the order stays the same")
+    return (f"the {name} gives the same order in every epoch"
+            + (" (shuffle=False)" if shuffle is False else "") + f"; a missing set_epoch is not the cause "
+            f"({found.metrics['confirmation']})",
+            f"Shuffle the training order: {name}(..., shuffle=True)" + (", and call set_epoch(epoch) every epoch"
+                                                                       if shuffle is False else
+                                                                       "; a sampler whose order ignores its epoch "
+                                                                       "never reshuffles"))
 
 
 def _tiny_last_batch(found: _Found, model: Any, last: int | None, full: int | None, drop_last: bool,

@@ -27,6 +27,7 @@ from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
 from ._clip_probe import ClipProbe, probe_clip
+from ._confirm import Confirmation, confirm_clip_before_unscale, confirm_value_clip_before_unscale
 from ._invariance_common import STANDARD_STEP_ADVICE
 from ._verdicts import defer_multi_step, require_steps, tolerance_for
 
@@ -146,6 +147,16 @@ def _step_scaler(setup: Setup, batch: Any) -> str | None:
     return f"the step's own {type(used[-1]).__name__}" if used else None
 
 
+def _named(evidence: str, cause: str, conf: Confirmation, metrics: dict, tag: str, joint: str = ": ") -> str:
+    """The summary for a clip-order cause: named as certain only when replaying its fix confirms it."""
+    metrics.update(conf.metrics())
+    if conf.confirmed:
+        metrics["cause"] = tag
+        return f"{evidence}{joint}{cause}; {conf.sentence()}"
+    metrics.update(cause="unnamed", closest_cause=tag)
+    return f"{evidence}: cause not isolated (closest explanation: {cause}; {conf.sentence()})"
+
+
 def _loss_scaling_verdict(setup: Setup, rec_a: list, rec_b: list, used: float, tol: float, owner: str) -> CheckResult:
     a, b = rec_a[0].grads, rec_b[0].grads
     table = compare_tensors(a, b, labels=("scale_1", f"scale_{int(used)}"))
@@ -174,9 +185,12 @@ def _loss_scaling_verdict(setup: Setup, rec_a: list, rec_b: list, used: float, t
         # Clipped to grad_clip while multiplied by the scale, then unscaled: norm grad_clip / scale. When the true norm
         # is itself clipped to grad_clip, unscaling twice gives the same number: say both.
         twice = abs(ratio * used - 1) < 0.05
-        summary = (f"the gradients depend on the loss scale ({err:.1%}; clipped norm {norm_a:.3g} vs {norm_b:.3g} = "
-                   f"grad_clip {setup.grad_clip:g} / scale {used:g}): clip_grad_norm_ ran on still-scaled gradients"
-                   + (" (or they are unscaled twice: here both give this norm)" if twice else ""))
+        conf = confirm_clip_before_unscale(rec_b[0].pre_clip, a, b, used, float(setup.grad_clip), tol)
+        summary = _named(f"the gradients depend on the loss scale ({err:.1%}; clipped norm {norm_a:.3g} vs "
+                         f"{norm_b:.3g} = grad_clip {setup.grad_clip:g} / scale {used:g})",
+                         "clip_grad_norm_ ran on still-scaled gradients"
+                         + (" (or they are unscaled twice: here both give this norm)" if twice else ""),
+                         conf, metrics, "clip_norm_before_unscale")
         advice = ["Call scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer) and "
                   "scaler.update()."]
     elif norm_a > 0 and abs(ratio * used - 1) < 0.05:
@@ -186,9 +200,10 @@ def _loss_scaling_verdict(setup: Setup, rec_a: list, rec_b: list, used: float, t
         advice = ["Unscale once: let scaler.unscale_(optimizer) or scaler.step(optimizer) do it; do not also divide "
                   "the gradients by the scale yourself."]
     elif clip_share >= 0.5:
-        summary = (f"the gradients depend on the loss scale ({err:.1%}): {clip_share:.0%} of the entries sit "
-                   f"exactly at ±{clip_at:.3g} in scaled units, so clip_grad_value_ (or a clamp) ran on still-scaled "
-                   "gradients")
+        conf = confirm_value_clip_before_unscale(rec_b[0].pre_clip, a, b, used, clip_at, tol)
+        summary = _named(f"the gradients depend on the loss scale ({err:.1%}): {clip_share:.0%} of the entries sit "
+                         f"exactly at ±{clip_at:.3g} in scaled units", "clip_grad_value_ (or a clamp) ran on "
+                         "still-scaled gradients", conf, metrics, "clip_value_before_unscale", joint=", so ")
         advice = [f"{unscale_first}: then clip_grad_value_, scaler.step(optimizer) and scaler.update()."]
     else:
         summary = (f"the gradients that reach optimizer.step() depend on the loss scale ({err:.1%} relative error; "
