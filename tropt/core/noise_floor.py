@@ -11,13 +11,18 @@ expectation, the means of R repeats of each configuration against the spread bet
 (:func:`in_expectation`, :func:`scale_fit`): a scale bug (a missing ``/K``, a doubled loss) is far outside that spread
 and still fails with its cause, a difference inside it is a PASS with a note giving the floor. The user's RNG state
 is restored afterwards (:func:`streams_restored`).
+
+Users: ``loop.accumulation`` and ``loop.ddp`` (K=1 against K micro-batches, one process against N), ``loop.zero_grad``
+(a rerun from one snapshot: exact while the snapshot restores the step's randomness, in expectation otherwise),
+``loop.resume`` (the resume on the straight run's streams against the one without them) and ``model.gradient_flow``
+(the model's initialisation against PyTorch's default, paired on two streams): each reports ``metrics["noise_floor"]``.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -88,7 +93,7 @@ class Repeats:
     runs: list[torch.Tensor] = field(default_factory=list)
 
     @classmethod
-    def of(cls, grads: list[Mapping[str, torch.Tensor | None]]) -> Repeats:
+    def of(cls, grads: Sequence[Mapping[str, torch.Tensor | None]]) -> Repeats:
         names = sorted({n for g in grads for n, t in g.items() if t is not None})
         sizes = {n: next(torch.as_tensor(g[n]).numel() for g in grads if g.get(n) is not None) for n in names}
         runs = []

@@ -7,10 +7,14 @@ checkpoint with the straight run's RNG streams, which tells whether the RNG alon
 
 - the RNG is named first only when restoring it alone reproduces the straight run; otherwise the components whose
   loss explains the divergence come first (a target network the step keeps on ctx), and the RNG after them;
-- when it is the only thing lost and the step draws its own randomness, the resumed run differs in expectation only:
-  a WARN (not bit-exact), unless the same RNG also drives something else a real resume would change: a DataLoader
-  whose sampler shuffles from the global RNG (the data order), or the model's dropout modules (kept a FAIL, as
-  ``loop.resume`` has always judged dropout masks).
+- when it is the only thing lost and all it changes is randomness the step draws while training (a diffusion step's
+  noise and timesteps, masks, the model's dropout masks alike), the resumed run differs in expectation only: a WARN
+  (not bit-exact) naming the RNG and what draws from it, unless the same RNG also drives something a real resume
+  would change beyond those draws: a DataLoader whose sampler shuffles from the global RNG (which samples come next),
+  a FAIL.
+
+The probe also gives the comparison's noise floor (``metrics["noise_floor"]``): the same resume on another RNG
+stream, against the resume without the RNG state.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class RngProbe:
     fixes: bool
     matters: bool
     param_error: float
+    floor: float = 0.0  # the parameters' max relative error between the two resumes: only the RNG streams differ
 
 
 def global_rng_sampler(setup: Any) -> bool:
@@ -71,13 +76,21 @@ RNG_ONLY_ADVICE = ("Resume is exact except for the RNG streams: not bit-exact; s
 
 
 def rng_only_kind(setup: Any, lost: list[str], probe: RngProbe | None) -> str | None:
-    """When the RNG is the only component lost and restoring it alone reproduces the straight run: ``"warn"`` for
-    the step's own draws, ``"data order"`` when a shuffling DataLoader draws from it too, ``"dropout"`` when the
-    model's dropout modules do; None otherwise."""
+    """When the RNG is the only component lost and restoring it alone reproduces the straight run: ``"warn"`` when
+    all it changes is the draws made while training (the step's noise, dropout masks), ``"data order"`` when a
+    shuffling DataLoader draws from it too; None otherwise."""
     if probe is None or lost != ["RNG"] or not (probe.fixes and probe.matters):
         return None
     if global_rng_sampler(setup):
         return "data order"
-    if dropout_modules(setup.model):
-        return "dropout"
     return "warn"
+
+
+def rng_draws(setup: Any) -> str:
+    """What draws from the RNG while training, for the WARN's summary: the model's dropout modules when it has any,
+    else the step's own random draws (noise, timesteps, masks)."""
+    drops = dropout_modules(setup.model)
+    if drops:
+        names = ", ".join(drops[:4]) + (f" and {len(drops) - 4} more" if len(drops) > 4 else "")
+        return f"the dropout masks of {names} differ after the resume"
+    return "the step's own random draws differ after the resume"

@@ -1,5 +1,5 @@
-"""What makes a step stochastic, and the state the step keeps on ctx: shared by ``loop.accumulation`` and
-``loop.ddp`` for the noise floor (:mod:`tropt.core.noise_floor`).
+"""What makes a step stochastic, and the state the step keeps on ctx: shared by ``loop.accumulation``,
+``loop.ddp`` and ``loop.zero_grad`` for the noise floor (:mod:`tropt.core.noise_floor`).
 
 Sources are named from one instrumented run: the global generators the step drew from (their state advanced),
 functional dropout seen by a ``TorchFunctionMode`` (:class:`._eval_determinism.DropoutSpy`: ``F.dropout``, attention

@@ -27,7 +27,7 @@ from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import RngState, preserved
 from ..training import StepContext, user_state_is_plain
-from ._resume_rng import RNG_ONLY_ADVICE, RngProbe, first_divergence, order_lost, rng_only_kind
+from ._resume_rng import RNG_ONLY_ADVICE, RngProbe, first_divergence, order_lost, rng_draws, rng_only_kind
 from ._resume_state import extra_advice, extra_components, load_extra, save_extra
 from ._verdicts import defer_multi_step, nonfinite_result, require_steps, tolerance_for
 
@@ -203,7 +203,7 @@ def _rng_probe(setup: Setup, load: Callable, state_file: bytes, initial: Carried
     fixed = {c: max_rel_error(final_a[c], final_c.get(c, {})) for c in compared}
     changed = {c: max_rel_error(final_b.get(c, {}), final_c.get(c, {})) for c in compared}
     return RngProbe(fixes=all(e <= tol for e in fixed.values()), matters=any(e > tol for e in changed.values()),
-                    param_error=fixed.get("model weights", 0.0)), calls_c
+                    param_error=fixed.get("model weights", 0.0), floor=changed.get("model weights", 0.0)), calls_c
 
 
 @register(
@@ -322,7 +322,10 @@ def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: 
     metrics = {"steps_before_save": steps, "steps_after_load": steps,
                "checkpoint": "user save_state/load_state" if custom else "tropt full checkpoint",
                "final_param_max_rel_error": final_err, "tolerance": tol, "not_restored": ", ".join(lost) or "none",
-               "observed_at": observed_at(rec_a + rec_b)}
+               "observed_at": observed_at(rec_a + rec_b),
+               # How exact the comparison is: 0.0 when both runs draw from the same RNG streams (restored, or nothing
+               # random reached training); else the same resume on the straight run's streams against this one.
+               "noise_floor": probe.floor if probe is not None else 0.0}
     if probe is not None:
         metrics["with_rng_restored_param_max_rel_error"] = probe.param_error
         metrics["rng_reaches_training"] = probe.matters
@@ -336,7 +339,7 @@ def _resume_verdict(setup: Setup, steps: int, tol: float, custom: bool, loaded: 
                            metrics, tables, series=series)
     rng_only = rng_only_kind(setup, lost, probe)
     if rng_only is not None and final_err > tol:
-        return _rng_only_result(rng_only, steps, final_err, probe, metrics, tables, series)
+        return _rng_only_result(rng_only, steps, final_err, probe, metrics, tables, series, rng_draws(setup))
     advice = [_ADVICE.get(c) or extra_advice(c) for c in lost] or [
         "Something outside the checkpoint carries state: a module attribute that is not in state_dict(), or state "
         "kept by loss_fn or the step function. Save it too."]
@@ -381,15 +384,17 @@ def _first(lost: list[str], probe: RngProbe | None) -> str:
 
 
 def _rng_only_result(kind: str, steps: int, final_err: float, probe: RngProbe | None, metrics: dict, tables: dict,
-                     series: dict) -> CheckResult:
-    """Only the RNG streams are lost, and restoring them alone reproduces the straight run."""
+                     series: dict, draws: str = "the step's own random draws differ after the resume") -> CheckResult:
+    """Only the RNG streams are lost, and restoring them alone reproduces the straight run. A WARN when what they
+    change is only randomness drawn while training (noise, dropout masks: the same run in expectation), a FAIL when
+    a shuffling DataLoader draws from them too (the data order changes)."""
     with_rng = f"with the straight run's RNG streams the resumed run matches it (parameter error " \
                f"{probe.param_error:.1e})" if probe is not None else ""
     if kind == "warn":
         return CheckResult("loop.resume", Status.WARN,
-                           f"resume is exact except for the RNG streams: not bit-exact (the step's own random draws "
-                           f"differ after the resume: parameter error {final_err:.1e} after {steps} step(s); "
-                           f"{with_rng}); save torch/numpy/python RNG states for bit-exact resume",
+                           f"resume is exact except for the RNG streams: not bit-exact ({draws}: parameter error "
+                           f"{final_err:.1e} after {steps} step(s); {with_rng}); save torch/numpy/python RNG states "
+                           "for bit-exact resume",
                            metrics, tables, [RNG_ONLY_ADVICE], series)
     also = ("; the data order also draws from the global RNG (the DataLoader's sampler has no generator of its own): "
             "a resume without it changes which samples come next" if kind == "data order" else "")

@@ -26,7 +26,9 @@ from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
 from ._invariance_common import STANDARD_STEP_ADVICE, norm_of
+from ._stochastic import QuietFunctionalDropout
 from ._verdicts import defer_multi_step, nonfinite_result, require_steps, tolerance_for
+from ._zero_grad_floor import LEAK_FIX, Rerun, judge_in_expectation, measure_floor
 
 CHECK = "loop.zero_grad"
 
@@ -51,7 +53,7 @@ def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progr
     setup.validate()
     tol = tolerance_for(setup, tol)
     k = setup.accumulation_steps
-    with preserved(setup.model):
+    with preserved(setup.model), QuietFunctionalDropout():
         ctx = setup.build()
         quiet_randomness(ctx.model)
         steps = [setup.split(b, k) for b in setup.batches(t)]
@@ -60,6 +62,7 @@ def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progr
         # The step's own attributes on ctx (counters, hidden state) too, and the state it carries on the model, on
         # objects on ctx and in its closure: step t reruns from the same hidden state (core/carried_state.py).
         state = TrainingState(ctx, setup.step)
+        rerun = Rerun(setup, ctx, state, steps[-1])  # keeps the leftover gradients for run A's repeats
         leftover = {n: (None if p.grad is None else dense(p.grad.detach()).float().clone())
                     for n, p in ctx.model.named_parameters()}
         rec_a, calls_a = run_steps(setup, ctx, [steps[-1]])
@@ -68,10 +71,15 @@ def check_zero_grad(setup: Setup, *, t: int = 2, tol: float | None = None, progr
         for p in ctx.model.parameters():
             p.grad = None
         rec_b, calls_b = run_steps(setup, ctx, [steps[-1]])
+        floor = measure_floor(rerun, rec_b, tol)
+        judged = (judge_in_expectation(t, tol, rerun, leftover, floor,
+                                       observed_at(rec_a + rec_b) == PARAMETER_CHANGE)
+                  if floor.in_expectation else None)
         frozen = frozen_optimizer(ctx.model, ctx.optimizer)
         held = _held_parameters(ctx)
     require_steps(setup, calls_a + calls_b, f"step {t}")
-    result = _zero_grad_verdict(t, tol, earlier, rec_a, rec_b, leftover, frozen, held)
+    result = judged or _zero_grad_verdict(t, tol, earlier, rec_a, rec_b, leftover, frozen, held)
+    result.metrics.update(floor.metrics(tol))
     if carried:  # restored before the rerun, so not the leak; named so a reader sees what was carried
         result.metrics["carried_state"] = ", ".join(carried)
     if state.carried.attached:
@@ -188,8 +196,7 @@ def _zero_grad_verdict(t: int, tol: float, earlier: list, rec_a: list, rec_b: li
                    f"step: {pairs[first_bad][1].optimizer}.zero_grad(set_to_none=True) (or the zero_grad() of the "
                    "module holding its parameters, e.g. netD.zero_grad() first in the discriminator's update).")
         else:
-            fix = ("Call optimizer.zero_grad(set_to_none=True) once per optimizer step: right after optimizer.step() "
-                   "(or before the first backward of the next step).")
+            fix = LEAK_FIX
         advice = [fix, STANDARD_STEP_ADVICE]
         summary = f"step {t}'s {what} differs from a fresh one by {worst:.1%} (max over parameters){whose}: {why}"
         return CheckResult(CHECK, Status.FAIL, summary, metrics, tables, advice)

@@ -30,12 +30,19 @@ __all__ = ["check_gradient_flow", "init_reference", "judge_gradient_flow"]
 CHECK = "model.gradient_flow"
 
 
-def init_reference(setup: Setup, ctx: Any, batch: Any) -> tuple[float, float] | None:
+def init_reference(setup: Setup, ctx: Any, batch: Any) -> tuple[float, float, float, float] | None:
     """(global gradient norm at the model's own initialisation, at PyTorch's default initialisation of the same
-    architecture) on one batch: every module with ``reset_parameters`` re-initialised on a copy. None when no module
-    can be re-initialised or a norm is not finite. The model's gradients are cleared afterwards; RNGs are restored."""
+    architecture, the noise floor, the lower of the two paired ratios) on one batch: every module with
+    ``reset_parameters`` re-initialised on a copy. None when no module can be re-initialised or a norm is not
+    finite. The model's gradients are cleared afterwards; RNGs are restored.
+
+    Both models are evaluated on the same RNG stream (a loss that draws noise, timesteps or masks draws the same
+    numbers for both: a paired comparison), on two streams (:func:`tropt.core.noise_floor.reseed`): the norms'
+    relative change between streams is the floor (0.0 for a deterministic loss). The norms are their means over the
+    streams, and an explosion at initialisation needs both paired ratios above the limit."""
+    from ..core.noise_floor import reseed
+
     ref = copy_module(ctx.model)
-    norms = []
     with preserved():
         torch.manual_seed(setup.seed)
         resettable = [m for m in ref.modules() if callable(getattr(m, "reset_parameters", None))]
@@ -46,18 +53,32 @@ def init_reference(setup: Setup, ctx: Any, batch: Any) -> tuple[float, float] | 
                 m.reset_parameters()
         except Exception:  # noqa: BLE001 - a custom reset_parameters with its own arguments: no reference
             return None
-        for model in (ctx.model, ref):
-            model.zero_grad(set_to_none=True)
-            # The backward pass runs in the forward's modes: activation checkpointing recomputes the forward inside
-            # it, and a block recomputed with dropout back on raises torch's CheckpointError.
-            with dropout_off(model):
-                with ctx.autocast():
-                    loss = setup.loss(model, batch)
-                loss.float().backward()
-            grads = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
-            norms.append(float(torch.stack(grads).norm()) if grads else math.nan)
-            model.zero_grad(set_to_none=True)
-    return (norms[0], norms[1]) if all(math.isfinite(n) and n > 0 for n in norms) else None
+        pairs = []
+        for stream in (0, 1):
+            norms = []
+            for model in (ctx.model, ref):
+                reseed(setup.seed, stream)
+                norms.append(_grad_norm(setup, ctx, model, batch))
+            pairs.append(norms)
+    if not all(math.isfinite(n) and n > 0 for pair in pairs for n in pair):
+        return None
+    own, default = (pairs[0][0] + pairs[1][0]) / 2, (pairs[0][1] + pairs[1][1]) / 2
+    floor = max(abs(pairs[0][i] - pairs[1][i]) / max(pairs[0][i], pairs[1][i]) for i in (0, 1))
+    return own, default, floor, min(a / b for a, b in pairs)
+
+
+def _grad_norm(setup: Setup, ctx: Any, model: torch.nn.Module, batch: Any) -> float:
+    """The global gradient norm of ``setup``'s loss on ``batch`` for ``model`` (its gradients cleared after)."""
+    model.zero_grad(set_to_none=True)
+    # The backward pass runs in the forward's modes: activation checkpointing recomputes the forward inside it, and a
+    # block recomputed with dropout back on raises torch's CheckpointError.
+    with dropout_off(model):
+        with ctx.autocast():
+            loss = setup.loss(model, batch)
+        loss.float().backward()
+    grads = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return float(torch.stack(grads).norm()) if grads else math.nan
 
 
 def _cancelling(setup: Setup, ctx: Any, mon: GradientMonitor) -> dict[str, dict[str, Any]]:

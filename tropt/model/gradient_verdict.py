@@ -137,7 +137,7 @@ def layer_heatmap(mon: GradientMonitor, layers: list[str]) -> np.ndarray:
 
 
 def _explosion(mon: GradientMonitor, gnorm: np.ndarray, max_ratio: float, max_growth: float,
-               max_norm: float | None, init: tuple[float, float] | None = None, max_init_ratio: float = 1e3) -> dict:
+               max_norm: float | None, init: tuple[float, ...] | None = None, max_init_ratio: float = 1e3) -> dict:
     """Explosion judged against the model's own scale, not an absolute norm.
 
     A gradient norm means nothing alone: MSE on targets around 100 gives norms in the thousands on a healthy MLP,
@@ -181,9 +181,12 @@ def _explosion(mon: GradientMonitor, gnorm: np.ndarray, max_ratio: float, max_gr
     if init is not None:
         # The same architecture at PyTorch's default initialisation, on the same batch and loss: a gradient far above
         # it comes from the initial weight scale, whatever the optimizer then does with it.
+        # (own, default[, noise floor, lower paired ratio]): with a stochastic loss both paired ratios must exceed
+        # the limit, so the loss's own noise cannot make an explosion.
+        floor, lowest = (init[2], init[3]) if len(init) >= 4 else (0.0, init[0] / init[1])
         metrics.update(init_grad_norm=init[0], default_init_grad_norm=init[1], init_grad_ratio=init[0] / init[1],
-                       explode_init_ratio=max_init_ratio)
-        if init[0] / init[1] > max_init_ratio:
+                       explode_init_ratio=max_init_ratio, noise_floor=floor)
+        if init[0] / init[1] > max_init_ratio and lowest > max_init_ratio:
             reasons.append(f"gradients at initialisation: the global gradient norm {fmt(init[0])} is "
                            f"{fmt(init[0] / init[1])}x that of the same architecture at PyTorch's default "
                            f"initialisation ({fmt(init[1])}; > {fmt(max_init_ratio)}x): the initial weights are far "
@@ -323,7 +326,7 @@ def _vanishing(layers: pd.DataFrame, metrics: dict[str, Any], vanish_ratio: floa
 def judge_gradient_flow(mon: GradientMonitor, *, vanish_ratio: float = 1e-3, vanish_rms: float = 1e-5,
                         explode_update_ratio: float = 1.0, explode_growth: float = 1e3,
                         explode_norm: float | None = None, grad_clip: float | None = None,
-                        init_reference: tuple[float, float] | None = None, explode_init_ratio: float = 1e3,
+                        init_reference: tuple[float, ...] | None = None, explode_init_ratio: float = 1e3,
                         check: str = CHECK, cancelled: dict[str, dict[str, Any]] | None = None) -> CheckResult:
     """The ``model.gradient_flow`` verdict on a monitor's record.
 
