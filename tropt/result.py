@@ -7,7 +7,6 @@ plain text formats of the same data, while drawing lives in :mod:`tropt.plots`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import html
 import math
 from collections.abc import Iterator, Mapping
@@ -223,67 +222,11 @@ class CheckResult:
 
 
 def link_findings(results: list[CheckResult]) -> list[CheckResult]:
-    """Resolve cross-references between results: a result that defers to another check (``metrics["see_also"]``)
-    says "<id> reports this defect" only when that check did report it (FAIL or WARN) in the same run.
+    """Resolve cross-references between results (``see_also``, root causes and their symptoms); defined in
+    :mod:`tropt.linking`, kept here for the callers that import it from the result model."""
+    from .linking import link_findings as link
 
-    A check cannot know what another one found, so it never claims it in its own summary; this is decided here,
-    once every result is in.
-    """
-    found = {r.check: r.status for r in results}
-    out = []
-    for r in results:
-        other = r.metrics.get("see_also")
-        if isinstance(other, str) and found.get(other) in (Status.FAIL, Status.WARN):
-            r = dataclasses.replace(r, summary=f"{r.summary}; {other} reports this defect")
-        out.append(r)
-    return _link_symptoms(out)
-
-
-# A loop.* FAIL that names its cause (``metrics["cause"]``) isolates a defect in the user's step; the FAILs it explains
-# are those of checks that ran that same step (never a data check, never a forward-only one like model.init_loss).
-# Conservative on purpose: a root cause and the FAILs it may explain are listed, not inferred.
-_STEP_ROOTS: dict[str, tuple[str, ...]] = {
-    "loop.accumulation": ("model.overfit_batch", "model.gradient_flow", "dynamics.", "perf.", "loop.ddp"),
-}
-
-
-_NO_CAUSE = ("", "unnamed", "not_isolated")  # "differs; cause not isolated" names no cause (issue 27 §2)
-
-
-def _isolated_cause(r: CheckResult) -> bool:
-    cause = r.metrics.get("cause")
-    return (r.status is Status.FAIL and r.check in _STEP_ROOTS and "symptom_of" not in r.metrics
-            and isinstance(cause, str) and cause not in _NO_CAUSE)
-
-
-def _link_symptoms(results: list[CheckResult]) -> list[CheckResult]:
-    """FAILs that a broken step explains, marked ``metrics["symptom_of"] = <root id>``: a sentence in the summary,
-    and advice to fix the step first instead of the result's own (a learning rate or a clip tuned against a broken
-    step tunes the bug). A loop.* FAIL that names a cause of its own is a root, not a symptom."""
-    roots = [r for r in results if _isolated_cause(r)]
-    if not roots:
-        return results
-    out = []
-    for r in results:
-        root = next((x for x in roots if x.check != r.check and _explains(x, r)), None)
-        if root is not None:
-            fix = f" ({root.advice[0].rstrip('.')})" if root.advice else ""
-            r = dataclasses.replace(
-                r, metrics={**r.metrics, "symptom_of": root.check},
-                summary=f"{r.summary}; a symptom of the broken step that {root.check} isolates",
-                advice=[f"Fix the step first: {root.check} FAILs{fix}; this check ran that step, so its FAIL follows "
-                        "from it. Change no hyperparameter until the step is fixed, then diagnose again; if this "
-                        "check still FAILs, its own advice applies then."])
-        out.append(r)
-    return out
-
-
-def _explains(root: CheckResult, r: CheckResult) -> bool:
-    if r.status is not Status.FAIL or "symptom_of" in r.metrics or _isolated_cause(r):
-        return False
-    if r.check.startswith("loop.") and r.metrics.get("cause") not in (None, *_NO_CAUSE):
-        return False  # a loop check that names a cause of its own reports a defect of its own
-    return any(r.check == p or (p.endswith(".") and r.check.startswith(p)) for p in _STEP_ROOTS[root.check])
+    return link(results)
 
 
 def _badge(status: Status) -> str:

@@ -211,7 +211,7 @@ def verdict_order(results: Iterable[CheckResult]) -> list[Finding]:
 
 def rank_stage(result: CheckResult) -> tuple[int, int]:
     """(stage, 0 or 1) a finding is ranked at: its contract stage, or, for a symptom of a broken step
-    (``metrics["symptom_of"]``, see :func:`tropt.result.link_findings`), right after the root cause it follows from."""
+    (``metrics["symptom_of"]``, see :func:`tropt.linking.link_findings`), right after the root cause it follows from."""
     root = result.metrics.get("symptom_of")
     if isinstance(root, str) and root != result.check:
         return max(_stage(result.check), _stage(root)), 1
