@@ -61,27 +61,21 @@ def _train_ctx(ctx: Any, setup: Setup, batch: Any, objective: Any, steps: int, t
     start_values = [p.detach().clone() for p in params]
     got_grad = torch.zeros(len(params), dtype=torch.bool)
     opt_steps = [0]
-
-    @owned_hook("fixed-batch probe (its optimizer-step hook)")
-    def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-        opt_steps[0] += 1
-        for i, p in enumerate(params):  # norm_view: a sparse gradient's values
-            if p.grad is not None and not got_grad[i] and bool((norm_view(p.grad) != 0).any()):
-                got_grad[i] = True
-
+    counter = StepCounter(params, got_grad)
     # A step without an optimizer (or one it never steps) updates by hand: judged from the parameter change.
-    handle = ctx.optimizer.register_step_pre_hook(pre_hook) if ctx.optimizer is not None else None
+    handle = counter.hook()
     hand_updates = [0]
     losses, accs = [], []
     # Every repetition of the fixed batch starts from the state the step carries in from before the first: the
     # batch repeats, so what it ends with is no continuation (a hidden state on the model, a trainer object, a
     # closure). Put back after every call and at the end (the user's own objects are left as they were).
     carried = CarriedState.take(ctx, setup.step)
-    loss0, acc0, _out0 = _evaluate(setup, ctx, batch, objective)
+    loss0, acc0, out = _evaluate(setup, ctx, batch, objective)
     losses.append(loss0)
     accs.append(acc0)
     nonfinite_at = None if math.isfinite(loss0) else 0
     reached = False
+    stopped = "non-finite loss" if nonfinite_at is not None else "step limit"
     n = fixed_steps if fixed_steps is not None else steps
     if callback is not None:
         callback({"check": CHECK, "phase": phase, "step": 0, "total": n, "loss": loss0})
@@ -90,37 +84,75 @@ def _train_ctx(ctx: Any, setup: Setup, batch: Any, objective: Any, steps: int, t
             if nonfinite_at is not None:
                 break
             # Until an optimizer step is seen, keep the values to observe a hand-written update.
-            watch = ctx.optimizer is None or opt_steps[0] == 0
+            watch = not ctx.optimizers or opt_steps[0] == 0
             seen, before = opt_steps[0], ([p.detach().clone() for p in params] if watch else None)
+            counter.calls.clear()
             setup.run_step(ctx, micro)
+            opt_steps[0] += counter.updates()
             _forget_batch_state(ctx, carried)
             if watch and opt_steps[0] == seen:
                 assert before is not None  # copied whenever watch is set
                 _hand_update(params, before, got_grad, hand_updates)
-            loss, acc, _out = _evaluate(setup, ctx, batch, objective)
+            loss, acc, out = _evaluate(setup, ctx, batch, objective)
             losses.append(loss)
             accs.append(acc)
             if callback is not None:
                 callback({"check": CHECK, "phase": phase, "step": t, "total": n, "loss": loss})
             if not math.isfinite(loss):
-                nonfinite_at = t
+                nonfinite_at, stopped = t, "non-finite loss"
                 break
             # Only a loss with a floor at zero falls to a fraction of its start (a negative one is below it at once).
             if (stop_early and loss0 > 0 and min(losses) >= 0 and loss <= target_fraction * loss0
                     and (acc is None or acc >= min_accuracy)):
-                reached = True
+                reached, stopped = True, "target reached"
                 break
     finally:
-        if handle is not None:
-            handle.remove()
+        handle.remove()
         _restore(carried)
     changed = [names[i] for i, (p, v) in enumerate(zip(params, start_values))
                if p.shape != v.shape or not torch.equal(p.detach(), v)]
-    _, _, out_final = _evaluate(setup, ctx, batch, objective) if nonfinite_at is None else (None, None, None)
+    # The outputs of the last evaluation are those of the final weights (nothing changes after it): no extra pass.
+    out_final = out if nonfinite_at is None else None
     return {"losses": np.asarray(losses, dtype=float), "accs": accs, "reached": reached, "nonfinite_at": nonfinite_at,
             "got_grad": [names[i] for i in range(len(params)) if got_grad[i]], "names": names,
             "trainable": [names[i] for i, p in enumerate(params) if p.requires_grad], "changed": changed,
-            "optimizer_steps": opt_steps[0], "hand_updates": hand_updates[0], "out": out_final}
+            "optimizer_steps": opt_steps[0], "hand_updates": hand_updates[0], "out": out_final, "stopped": stopped}
+
+
+class StepCounter:
+    """Counts the optimizer steps of one call of the user's step, whichever optimizer makes them: every optimizer
+    holding a parameter of the model (``ctx.optimizers``, one the step keeps on ``ctx`` or builds itself), through
+    the global step hook. One call is one training step: a GAN's D then G is 1, one optimizer stepped twice is 2
+    (the count of the optimizer that stepped most, as ``tropt.core.capture.run_steps`` counts them); a wrapper and
+    the optimizer it wraps (Lookahead, SAM) step together and count once. At each step, the parameters holding a
+    non-zero gradient are marked in ``got_grad``."""
+
+    def __init__(self, params: list, got_grad: torch.Tensor) -> None:
+        self.params, self.got_grad = params, got_grad
+        self.ids = {id(p) for p in params}
+        self.calls: dict[int, int] = {}  # id(optimizer) -> its steps in the current call
+
+    def _holds_model(self, optimizer: Any) -> bool:
+        return any(id(p) in self.ids for g in getattr(optimizer, "param_groups", ()) for p in g["params"])
+
+    def hook(self) -> Any:
+        """Register the global pre-step hook; returns its handle."""
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        @owned_hook("fixed-batch probe (its optimizer-step hook)")
+        def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if not self._holds_model(optimizer):
+                return
+            self.calls[id(optimizer)] = self.calls.get(id(optimizer), 0) + 1
+            for i, p in enumerate(self.params):  # norm_view: a sparse gradient's values
+                if p.grad is not None and not self.got_grad[i] and bool((norm_view(p.grad) != 0).any()):
+                    self.got_grad[i] = True
+
+        return register_optimizer_step_pre_hook(pre_hook)
+
+    def updates(self) -> int:
+        """The optimizer steps of the call just made."""
+        return max(self.calls.values(), default=0)
 
 
 def _forget_batch_state(ctx: Any, carried: CarriedState | None = None) -> None:
