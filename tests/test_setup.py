@@ -99,7 +99,8 @@ def test_optimizer_instance_becomes_factory_with_groups():
         ({"optimizer": lambda m: "sgd"}, SetupError, "returned a str, expected a torch.optim.Optimizer",
          "return the optimizer"),
         ({"scheduler": lambda opt: 5}, SetupError, "expected an LR scheduler", "StepLR"),
-        ({"accumulation_steps": 64}, SetupError, "only 32 samples", "fewer accumulation steps"),
+        ({"accumulation_steps": 64, "accumulation": "split"}, SetupError, "only 32 samples",
+         "fewer accumulation steps"),
     ],
 )
 def test_bad_input_at_first_use(changes, exc, what, fix):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .core.accelerate import accelerate_told
-from .core.batch import BatchLayout, to_device
+from .core.batch import BatchLayout, join_batches, remember_parts, to_device
 from .errors import SetupError, StepError, TroptError
 from .setup_validation import (
     OptimizerFactories,
@@ -65,7 +65,17 @@ class Setup(SetupValidation):
     step
         The user's own step ``step(ctx, micro_batches) -> loss or None``; None means :func:`standard_step`.
     accumulation_steps
-        Micro-batches per optimizer step (>= 1).
+        Micro-batches per optimizer step (>= 1): the K of your loop.
+    accumulation
+        What one optimizer step reads when ``accumulation_steps=K > 1``. ``"batches"`` (the default, what Hugging
+        Face's ``gradient_accumulation_steps``, Lightning's ``accumulate_grad_batches`` and most hand-written loops
+        do): each optimizer step takes K consecutive loader batches, each one micro-batch, so the effective batch is
+        K times the loader's; checks see the step's batch as those K batches joined (:meth:`batches`), and
+        :meth:`split` into K gives the loader's own batches back. ``"split"``: each loader batch is cut into K
+        micro-batches, so the effective batch is the loader's.
+    steps_per_epoch
+        Optimizer steps in one epoch of your training, or None to read it from the data: ``len(train_data) // K``
+        with ``accumulation="batches"``, ``len(train_data)`` with ``"split"``. A schedule's horizon is set beside it.
     grad_clip
         Max global gradient norm, or None.
     precision
@@ -98,6 +108,10 @@ class Setup(SetupValidation):
     split_fn, size_fn
         For layouts tropt cannot infer: ``split_fn(batch, sizes) -> list of micro-batches`` (contiguous, holding
         ``sizes[i]`` samples each) and ``size_fn(batch) -> number of samples``; given together.
+    join_fn
+        ``join_fn(list of loader batches) -> one batch`` for ``accumulation="batches"`` when tropt cannot join them
+        (batches padded to different lengths, a ``split_fn`` layout); the loader's batches themselves are still
+        what the step receives.
     """
 
     model: nn.Module
@@ -109,6 +123,8 @@ class Setup(SetupValidation):
     step: Callable[[StepContext, list], Any] | None = None
     _: KW_ONLY
     accumulation_steps: int = 1
+    accumulation: str = "batches"
+    steps_per_epoch: int | None = None
     grad_clip: float | None = None
     precision: str = "fp32"
     use_scaler: bool = False
@@ -124,6 +140,7 @@ class Setup(SetupValidation):
     batch_dim: int = 0
     split_fn: Callable[[Any, list[int]], list] | None = None
     size_fn: Callable[[Any], int] | None = None
+    join_fn: Callable[[list], Any] | None = None
     _validated: dict = field(default_factory=dict, init=False, repr=False)
 
     # ------------------------------------------------------------------ construction-time validation
@@ -153,6 +170,23 @@ class Setup(SetupValidation):
     def split(self, batch: Any, k: int | None = None, *, sizes: list[int] | None = None) -> list:
         """Split ``batch`` into ``k`` (or ``sizes``) contiguous micro-batches, by the Setup's layout."""
         return self.layout.split(batch, k, sizes=sizes)
+
+    @property
+    def loader_batches_per_step(self) -> int:
+        """Loader batches one optimizer step reads: K with ``accumulation="batches"``, else 1."""
+        return self.accumulation_steps if self.accumulation == "batches" else 1
+
+    def epoch_steps(self) -> tuple[int | None, str]:
+        """Optimizer steps per epoch and where the number comes from: ``steps_per_epoch`` when given, else the
+        training data's length over :attr:`loader_batches_per_step`; ``(None, "unknown")`` without a length."""
+        if self.steps_per_epoch is not None:
+            return self.steps_per_epoch, "Setup(steps_per_epoch=)"
+        try:
+            n = len(self.loader("train"))
+        except (TypeError, AttributeError, NotImplementedError, TroptError):  # an iterable without length, no data
+            return None, "unknown"
+        per = self.loader_batches_per_step
+        return (max(1, n // per) if n else None), "len(train_data)" + (f" // {per}" if per > 1 else "")
 
     @property
     def step_fn(self) -> Callable[[StepContext, list], Any]:
@@ -200,10 +234,36 @@ class Setup(SetupValidation):
                 cycle: bool = True) -> Iterator[Any]:
         """Yield ``n`` batches (all of one pass when None) on the Setup's device, in a seeded order.
 
+        Training data with ``accumulation="batches"`` and K > 1 yields one batch per optimizer step: K consecutive
+        loader batches joined (:func:`tropt.core.batch.join_batches`), which ``split(batch, K)`` gives back as they
+        came. Groups run on across passes when cycling; one pass (``n`` None or ``cycle=False``) ends with the
+        remainder, a shorter group.
+
         Reading a shuffling DataLoader draws from the global torch RNG; callers that must not disturb it run
         inside :func:`tropt.snapshot.preserved` (every check does). A shuffling generator the user gave the
         DataLoader or its sampler is seeded for the read and put back when the iteration ends.
         """
+        per = self.loader_batches_per_step if which == "train" else 1
+        if per > 1:
+            source = self._read(n if n is None else n * per, which, seed, cycle)
+            try:
+                yield from self._groups(source, per)
+            finally:  # the read's own cleanup (the user's generators put back) runs now, not when collected
+                source.close()
+            return
+        yield from self._read(n, which, seed, cycle)
+
+    def _groups(self, source: Iterator[Any], per: int) -> Iterator[Any]:
+        """``per`` consecutive batches of ``source`` at a time, joined into one (the last group may be shorter)."""
+        while True:
+            parts = list(itertools.islice(source, per))
+            if not parts:
+                return
+            yield remember_parts(join_batches(parts, self.layout, self.join_fn), [self.size(p) for p in parts],
+                                 parts if self.join_fn is not None and len(parts) > 1 else None)
+
+    def _read(self, n: int | None, which: str, seed: int | None, cycle: bool) -> Generator[Any, None, None]:
+        """The loader's own batches: ``n`` of them (one pass when None), seeded as :meth:`batches` says."""
         data = self.loader(which)
         seed = self.seed if seed is None else seed
         own = [g for g in (getattr(data, "generator", None), getattr(getattr(data, "sampler", None), "generator", None))
@@ -358,7 +418,7 @@ class Setup(SetupValidation):
             ctx = self.build()
             batch = self.sample_batch()
             n = self.size(batch)
-            if self.accumulation_steps > n:
+            if self.accumulation_steps > n and self.loader_batches_per_step == 1:
                 raise SetupError(
                     f"Setup: accumulation_steps={self.accumulation_steps} but a batch holds only {n} samples",
                     "use bigger batches or fewer accumulation steps",
@@ -398,6 +458,7 @@ class Setup(SetupValidation):
             "parameters": n_params,
             "step": "standard_step" if self.uses_standard_step else describe_callable(self.step),
             "accumulation_steps": self.accumulation_steps,
+            **({"accumulation": self.accumulation} if self.accumulation_steps > 1 else {}),
             "grad_clip": self.grad_clip,
             "precision": self.precision,
             "use_scaler": self.use_scaler,

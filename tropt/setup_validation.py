@@ -225,6 +225,14 @@ class SetupValidation:
         k = self.accumulation_steps
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise err(f"Setup: accumulation_steps={k!r}; it must be an integer >= 1", "use 1 for no accumulation")
+        if self.accumulation not in ("batches", "split"):
+            raise err(f"Setup: accumulation={self.accumulation!r}; it must be 'batches' or 'split'",
+                      "'batches' (the default, as Hugging Face and Lightning do): each optimizer step takes K "
+                      "consecutive loader batches; 'split': each loader batch is cut into K micro-batches")
+        spe = self.steps_per_epoch
+        if spe is not None and (isinstance(spe, bool) or not isinstance(spe, int) or spe < 1):
+            raise err(f"Setup: steps_per_epoch={spe!r}; it must be an integer >= 1 or None",
+                      "pass the optimizer steps in one epoch of your training, or None to read it from the DataLoader")
         clip = self.grad_clip
         if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
                                  or not (math.isfinite(clip) and clip > 0)):
@@ -240,10 +248,11 @@ class SetupValidation:
             raise err("Setup: split_fn and size_fn must be given together",
                       "pass both: split_fn(batch, sizes) -> list of micro-batches and size_fn(batch) -> number of "
                       "samples")
-        for name in ("split_fn", "size_fn"):
+        for name in ("split_fn", "size_fn", "join_fn"):
             fn = getattr(self, name)
             if fn is not None and (not callable(fn) or not positional_arity_ok(fn, 2 if name == "split_fn" else 1)):
-                sig = "split_fn(batch, sizes) -> list" if name == "split_fn" else "size_fn(batch) -> int"
+                sig = {"split_fn": "split_fn(batch, sizes) -> list", "size_fn": "size_fn(batch) -> int",
+                       "join_fn": "join_fn(batches) -> batch"}[name]
                 raise err(f"Setup: {name} cannot be called as {sig}", f"define it as {sig}")
 
     def _validate_device(self: Any) -> None:  # self: the Setup (its fields are declared there)

@@ -39,13 +39,14 @@ def test_step_budget_is_exact():
 def test_sample_budget_is_exact_to_the_sample_with_accumulation():
     seen: list[int] = []
     setup = make_setup(step=_counting_step(seen), accumulation_steps=4)
-    # 1000 samples is not a multiple of the 32-sample batch: the last batch is cut to 8 samples (4 micro-batches of 2).
+    # A step takes 4 loader batches of 32 (128 samples); 1000 is not a multiple of it: the last step is cut to 104
+    # samples (4 micro-batches of 26).
     comp = tropt.compare(setup, {"lr2": {"lr": 0.1}}, budget=tropt.Budget(samples=1000), seeds=(0,), progress=False)
     runs = comp.runs
-    assert (runs["samples"] == 1000).all() and (runs["steps"] == 32).all()  # 31 full batches + one of 8
+    assert (runs["samples"] == 1000).all() and (runs["steps"] == 8).all()  # 7 full steps + one of 104
     assert (runs["stopped_by"] == "samples").all()
     assert sum(seen) == 2 * 1000  # what the user's step received, both runs together
-    assert seen[-4:] == [2, 2, 2, 2]
+    assert seen[-4:] == [26, 26, 26, 26]
 
 
 def test_steps_and_samples_end_at_whichever_comes_first():

@@ -96,11 +96,11 @@ def test_divide_by_k_is_exact_only_for_equal_micro_batches(k, sizes):
         ctx.optimizer.zero_grad()
 
     # Every batch holds 24 samples, a multiple of K: this data never gives unequal micro-batches (a latent note).
-    r = check_accumulation(mlp_setup(step, k=k, scheduler=False))
+    r = check_accumulation(mlp_setup(step, k=k, scheduler=False).replace(accumulation="split"))
     assert r.status is Status.PASS and r.metrics["latent"] and "unequal sizes" in r.summary, r.summary
     assert r.metrics["uneven_sizes"] == sizes and r.metrics["train_batch_sizes"] == "24"
     # A short last batch (24, 24, 24, 21): unequal micro-batches happen, so the WARN stays.
-    setup = mlp_setup(step, k=k, scheduler=False)
+    setup = mlp_setup(step, k=k, scheduler=False).replace(accumulation="split")
     short = setup.replace(train_data=[*setup.train_data[:3], tuple(t[:21] for t in setup.train_data[3])])
     r = check_accumulation(short)
     assert (r.status is Status.WARN and "unequal sizes" in r.summary
@@ -356,7 +356,7 @@ def readme_step(ctx, micro_batches):
 
 
 def _loader_setup(loader, k):
-    return mlp_setup(readme_step, k=k, scheduler=False).replace(train_data=loader)
+    return mlp_setup(readme_step, k=k, scheduler=False).replace(train_data=loader, accumulation="split")
 
 
 def _dataset(n=91):
@@ -493,7 +493,7 @@ def test_a_batch_dependent_loss_does_not_excuse_dropped_micro_batches():
         ctx.optimizer.zero_grad()
 
     r = check_accumulation(two_tower_setup(step))
-    assert r.status is Status.FAIL and r.metrics["cause"] == "not_isolated", r.summary
+    assert r.status is Status.WARN and r.metrics["cause"] == "not_isolated", r.summary
     assert "cause not isolated" in r.summary and "batch-dependent" in r.summary
 
 

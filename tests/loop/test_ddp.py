@@ -24,7 +24,7 @@ def test_standard_step_passes_with_and_without_accumulation():
         with untouched(setup):
             r = check_ddp(setup)
         assert r.status is Status.PASS, r.summary
-        assert r.metrics["synchronised_backward_passes"] == 1 and r.metrics["samples_per_process"] == 16
+        assert r.metrics["synchronised_backward_passes"] == 1 and r.metrics["samples_per_process"] == 16 * k
         assert list(r.tables["ranks"]["optimizer_steps"]) == [1, 1]
 
 
@@ -110,7 +110,7 @@ def test_an_unused_parameter_is_named_with_find_unused_parameters_advice_not_ave
                         lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(x[:32], y[:32]), (x[32:], y[32:])],
                         accumulation_steps=k)
     with untouched(setup):
-        r = check_ddp(setup)
+        r = check_ddp(setup.replace(distributed=True))
     assert r.status is Status.FAIL
     assert r.metrics["cause"] == "unused parameters" and r.metrics["unused_parameters"] == 2
     assert "dec.weight, dec.bias" in r.summary and "find_unused_parameters=True" in r.summary
@@ -119,6 +119,13 @@ def test_an_unused_parameter_is_named_with_find_unused_parameters_advice_not_ave
     text = " ".join(r.advice)
     assert "find_unused_parameters=True" in text and "dec.weight" in text
     assert "world size" not in text and "averag" not in r.summary
+    # Not meant for DDP (distributed=False, the default): nothing is wrong on one process, so a latent WARN with the
+    # same cause and evidence (issue 27, lead's decision b: this test asserted a FAIL before).
+    plain = check_ddp(setup)
+    assert plain.status is Status.WARN and plain.metrics["latent"], plain.summary
+    assert plain.summary.startswith("latent (Setup(distributed=False)): if you wrap this in DDP, "
+                                    "find_unused_parameters=True is needed"), plain.summary
+    assert plain.metrics["cause"] == "unused parameters" and plain.advice == r.advice
 
 
 def test_batchnorm_differs_by_design_and_warns_but_a_real_bug_still_fails():
@@ -217,7 +224,7 @@ def lm_setup(step, k=2):
     torch.manual_seed(0)
     return tropt.Setup(TinyLM(), lm_loss, lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
                        [{"input_ids": ids * mask, "attention_mask": mask}],
-                       step=step, accumulation_steps=k)
+                       step=step, accumulation_steps=k, accumulation="split")  # one batch of unequal shares
 
 
 def step_global_token_mean(ctx, micro_batches):  # the fix: all-reduce the token count

@@ -313,7 +313,8 @@ def diabetes_setup(*, scheduler_per_micro_batch: bool = False, epoch_schedule_pe
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
     return tropt.Setup(model, regression_loss, lambda m: torch.optim.Adam(m.parameters(), lr=0.01),
-                       diabetes_batches(), scheduler=scheduler, step=step, accumulation_steps=2)
+                       diabetes_batches(), scheduler=scheduler, step=step, accumulation_steps=2,
+                       accumulation="split")  # each 64-row batch in 2 micro-batches: 4 optimizer steps per epoch
 
 
 PORTS = [

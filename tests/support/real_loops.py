@@ -248,8 +248,8 @@ def word_lm_setup(*, layout: str = "batch_dim", k: int = 1) -> tropt.Setup:
         for p in model.parameters():
             p.data.add_(p.grad, alpha=-LR_WORD)
 
-    extra = {"batch_dim": 1} if layout == "batch_dim" else {"split_fn": split_time_major,
-                                                            "size_fn": lambda b: b[0].size(1)}
+    extra = {"batch_dim": 1} if layout == "batch_dim" else {"split_fn": split_time_major,  # batches cut in K columns
+                                                            "size_fn": lambda b: b[0].size(1), "accumulation": "split"}
     torch.manual_seed(0)
     return tropt.Setup(RNNModel(), word_lm_loss, None, word_batches(), step=step, accumulation_steps=k,
                        grad_clip=CLIP_WORD, num_classes=WORDS, **extra)

@@ -14,6 +14,7 @@ size holds one value per sample (sequence lengths) and is split along it. Layout
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -211,7 +212,10 @@ def split_batch(batch: Any, k: int | None = None, *, sizes: Sequence[int] | None
     if sizes is None:
         if k is None:
             raise TroptError("split_batch needs k or sizes", "pass k=4 or sizes=[...]")
-        sizes = split_sizes(n, k)
+        joined = remembered_sizes(batch)  # K loader batches joined into one step: give back the loader's batches
+        if joined is not None and len(joined) == k and (parts := remembered_parts(batch)) is not None:
+            return parts
+        sizes = list(joined) if joined is not None and len(joined) == k else split_sizes(n, k)
     else:
         sizes = [int(s) for s in sizes]
         if any(s < 1 for s in sizes) or sum(sizes) != n:
@@ -270,6 +274,9 @@ class BatchLayout:
         """Split ``batch`` into ``k`` (or ``sizes``) contiguous micro-batches."""
         if self.split_fn is None:
             return split_batch(batch, k, sizes=sizes, layout=self)
+        joined = remembered_sizes(batch) if sizes is None else None
+        if joined is not None and len(joined) == k and (kept := remembered_parts(batch)) is not None:
+            return kept
         sizes = _check_sizes(sizes, k, self.size(batch))
         try:
             parts = list(self.split_fn(batch, list(sizes)))
@@ -330,3 +337,149 @@ def map_leaves(batch: Any, fn: Callable[[Path, torch.Tensor], torch.Tensor], pat
     if isinstance(batch, (list, tuple)) and not is_plain_sequence(batch):
         return rebuild(batch, [map_leaves(v, fn, (*path, i)) for i, v in enumerate(batch)])
     return batch
+
+
+# ------------------------------------------------------------------------------------ joining loader batches
+def _join(parts: list, dim: int, path: str, lead: list[tuple[int, ...] | None], sizes: list[int]) -> Any:
+    """``parts`` (the same node of each loader batch) joined along the batch dimension."""
+    first = parts[0]
+    if _is_array(first):
+        if all(p.ndim > dim and int(p.shape[dim]) == s for p, s in zip(parts, sizes, strict=True)):
+            if len({tuple(p.shape[:dim]) + tuple(p.shape[dim + 1:]) for p in parts}) > 1:
+                raise _JoinError(path, f"its shapes differ beyond the batch dimension "
+                                       f"({', '.join(str(tuple(p.shape)) for p in parts[:4])})")
+            if isinstance(first, torch.Tensor):
+                return torch.cat(list(parts), dim=dim)
+            return np.concatenate(list(parts), axis=dim)
+        elif first.ndim > dim:
+            pass  # not one value per sample (a per-batch table): kept once when every batch holds the same
+        elif all(_is_flat(p, ld, dim) for p, ld in zip(parts, lead, strict=True)):  # flattened (seq, batch) targets
+            shaped = [p.reshape(*(ld or ()), *p.shape[1:]) for p, ld in zip(parts, lead, strict=True)]
+            joined = torch.cat(shaped, dim=dim) if isinstance(first, torch.Tensor) else np.concatenate(shaped, dim)
+            return joined.reshape(-1, *first.shape[1:])
+        elif all(_is_per_sample(p, ld) for p, ld in zip(parts, lead, strict=True)):
+            return torch.cat(list(parts)) if isinstance(first, torch.Tensor) else np.concatenate(list(parts))
+    elif isinstance(first, Mapping):
+        keys = list(first.keys())
+        if any(list(p.keys()) != keys for p in parts):
+            raise _JoinError(path, "the loader batches hold different keys")
+        return rebuild(first, {k: _join([p[k] for p in parts], dim, f"{path}[{k!r}]", lead, sizes) for k in keys})
+    elif is_plain_sequence(first) and all(is_plain_sequence(p) and len(p) == s
+                                          for p, s in zip(parts, sizes, strict=True)):
+        return rebuild(first, [v for p in parts for v in p])
+    elif isinstance(first, (list, tuple)) and not is_plain_sequence(first):
+        if any(not isinstance(p, (list, tuple)) or len(p) != len(first) for p in parts):
+            raise _JoinError(path, "the loader batches hold different numbers of items")
+        return rebuild(first, [_join([p[i] for p in parts], dim, f"{path}[{i}]", lead, sizes)
+                               for i in range(len(first))])
+    if all(_same(p, first) for p in parts[1:]):  # a per-batch constant (metadata, a 0-d tensor): kept once
+        return first
+    raise _JoinError(path, "it is a per-batch value that differs between the loader batches")
+
+
+def _user_join(parts: list, layout: BatchLayout, join_fn: Callable[[list], Any]) -> Any:
+    """``join_fn(parts)``, checked: it must hold every sample of the parts."""
+    try:
+        group = join_fn(list(parts))
+    except TroptError:
+        raise
+    except Exception as exc:
+        raise TroptError(f"join_fn raised {type(exc).__name__}: {exc}",
+                         "fix join_fn; tropt calls it as join_fn(list of loader batches) -> one batch") from exc
+    want, got = sum(layout.size(p) for p in parts), layout.size(group)
+    if got != want:
+        raise TroptError(f"join_fn joined {len(parts)} loader batches of {want} samples into a batch of {got}",
+                         "return one batch holding every sample of the batches it is given, in order")
+    return group
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        if isinstance(a, (torch.Tensor, np.ndarray)) or isinstance(b, (torch.Tensor, np.ndarray)):
+            return bool(type(a) is type(b) and a.shape == b.shape and (a == b).all())
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values that cannot be compared are not the same
+        return False
+
+
+class _JoinError(Exception):
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path or 'the batch'}: {why}")
+
+
+def join_batches(parts: Sequence[Any], layout: BatchLayout | None = None,
+                 join_fn: Callable[[list], Any] | None = None) -> Any:
+    """Concatenate loader batches into one batch of the same structure (the samples of ``parts``, in order).
+
+    Tensors and arrays are joined along the layout's batch dimension (flattened ``(seq, batch)`` targets as that
+    shape), plain value lists whose length is the batch size are chained, and any other value must be the same in
+    every part (it is kept once). :meth:`remember_parts` records the sizes, so :func:`split_batch` with ``k`` equal
+    to the number of parts gives the parts back. ``join_fn(parts) -> batch`` joins layouts tropt cannot (batches
+    padded to different lengths, a ``split_fn`` layout); its result must hold the parts' samples. Raises
+    :class:`TroptError` for batches it cannot join.
+    """
+    parts = list(parts)
+    layout = layout or BatchLayout()
+    if len(parts) == 1:
+        return parts[0]
+    split = ("pass Setup(join_fn=...) (join_fn(list of loader batches) -> one batch), or "
+             "Setup(accumulation='split') to split each loader batch into the K micro-batches instead of taking K "
+             "loader batches per step")
+    if join_fn is not None:
+        return _user_join(parts, layout, join_fn)
+    if layout.split_fn is not None:
+        raise TroptError("Setup(accumulation='batches') takes K loader batches per optimizer step, but tropt cannot "
+                         "join batches of a layout given by split_fn/size_fn", split)
+    dim = layout.batch_dim
+    sizes = [layout.size(p) for p in parts]
+    lead = [_reference_lead(_arrays(p, []), dim) if dim else None for p in parts]
+    try:
+        return _join(parts, dim, "", lead, sizes)
+    except _JoinError as exc:
+        raise TroptError(f"Setup(accumulation='batches') joins K={len(parts)} consecutive loader batches into one "
+                         f"optimizer step, but cannot join them at {exc}",
+                         f"pad every loader batch to the same shape (a fixed max_length), or {split}") from None
+
+
+# The loader-batch sizes of each joined group, so that splitting a group into its K parts gives the user's own
+# micro-batches. Keyed by the group's id and guarded by a weak reference to its first array: an entry dies with the
+# group, and an id reused by another object never matches (its first array is another object).
+_GROUPS: dict[int, tuple[Any, tuple[int, ...], list | None]] = {}
+
+
+def remember_parts(group: Any, sizes: Sequence[int], parts: list | None = None) -> Any:
+    """Record that ``group`` joins loader batches of ``sizes`` samples (and keep ``parts`` themselves when slicing
+    the group would not give them back: a ``join_fn`` that pads); returns ``group``."""
+    arrays = _arrays(group, [])
+    if not arrays or len(sizes) < 2:
+        return group
+    key = id(group)
+
+    def forget(r: Any) -> None:  # the group is gone: drop its entry, unless a new group took the id already
+        entry = _GROUPS.get(key)
+        if entry is not None and entry[0] is r:
+            del _GROUPS[key]
+
+    try:
+        ref = weakref.ref(arrays[0], forget)
+    except TypeError:  # an array type without weak references: not remembered (split evenly)
+        return group
+    _GROUPS[key] = (ref, tuple(int(s) for s in sizes), parts)
+    return group
+
+
+def remembered_sizes(group: Any) -> tuple[int, ...] | None:
+    """The loader-batch sizes ``group`` was joined from (:func:`join_batches`), or None."""
+    entry = _GROUPS.get(id(group))
+    if entry is None:
+        return None
+    arrays = _arrays(group, [])
+    return entry[1] if arrays and entry[0]() is arrays[0] else None
+
+
+def remembered_parts(group: Any) -> list | None:
+    """The loader batches ``group`` was joined from, when they were kept (fresh containers, the same tensors)."""
+    if remembered_sizes(group) is None:
+        return None
+    parts = _GROUPS[id(group)][2]
+    return None if parts is None else [map_leaves(p, lambda _, t: t) for p in parts]

@@ -78,9 +78,52 @@ def _update_steps(args: Any, batches_per_epoch: int | None) -> int:
         raise SetupError("setup_from_trainer: the train dataloader has no length and TrainingArguments.max_steps is "
                          "not set, so the scheduler's number of training steps is unknown",
                          "set max_steps in TrainingArguments")
+    return math.ceil(args.num_train_epochs * _steps_per_epoch(args, batches_per_epoch))
+
+
+def _steps_per_epoch(args: Any, batches_per_epoch: int) -> int:
+    """The Trainer's ``num_update_steps_per_epoch``: ``gradient_accumulation_steps`` loader batches per update,
+    the last, shorter cycle of an epoch counted too."""
     ga = args.gradient_accumulation_steps
-    per_epoch = max(batches_per_epoch // ga + int(batches_per_epoch % ga > 0), 1)
-    return math.ceil(args.num_train_epochs * per_epoch)
+    return max(batches_per_epoch // ga + int(batches_per_epoch % ga > 0), 1)
+
+
+def _padding_join(trainer: Any) -> Any:
+    """A ``join_fn`` for the Trainer's batches: a collator that pads to the longest sequence of each batch gives
+    batches of different lengths, so they are padded to the longest of the step's batches first, as the collator
+    would have (``labels`` with -100, masks with 0, token ids with the tokenizer's pad id, on its padding side)."""
+    from ..core.batch import join_batches, rebuild
+
+    tok = getattr(getattr(trainer, "data_collator", None), "tokenizer", None) or getattr(trainer, "processing_class",
+                                                                                         None)
+    pad_id = getattr(tok, "pad_token_id", None)
+    if pad_id is None:
+        pad_id = getattr(getattr(trainer.model, "config", None), "pad_token_id", None)
+    left = getattr(tok, "padding_side", "right") == "left"
+
+    def value(key: Any) -> int:
+        name = str(key)
+        return -100 if "labels" in name else 0 if "mask" in name or "type_ids" in name else int(pad_id or 0)
+
+    def pad(batch: Any, widest: dict) -> Any:
+        out = dict(batch)
+        for key, shape in widest.items():
+            t = out[key]
+            widths = [(w - n, 0) if left else (0, w - n) for n, w in zip(t.shape[1:], shape, strict=True)]
+            if any(a or b for a, b in widths):  # torch's pad lists the last dimension first
+                out[key] = torch.nn.functional.pad(t, [x for ab in reversed(widths) for x in ab], value=value(key))
+        return rebuild(batch, out)
+
+    def join_padded(batches: list) -> Any:
+        if not all(hasattr(b, "keys") for b in batches):
+            return join_batches(batches)
+        widest = {k: tuple(max(int(b[k].shape[d]) for b in batches) for d in range(1, batches[0][k].ndim))
+                  for k in batches[0]
+                  if all(isinstance(b.get(k), torch.Tensor) and b[k].ndim == batches[0][k].ndim > 1 for b in batches)}
+        return join_batches([pad(b, widest) for b in batches])
+
+    join_padded.__qualname__ = "pad to the longest, as the Trainer's collator"
+    return join_padded
 
 
 def _make_step(trainer: Any) -> Any:
@@ -230,6 +273,10 @@ def setup_from_trainer(trainer: Any, *, seed: int | None = None) -> Setup:
         precision, use_scaler = "fp32", False
     clip = float(args.max_grad_norm) if args.max_grad_norm and args.max_grad_norm > 0 else None
     return Setup(cast(nn.Module, trainer.model), loss_fn, optimizer, train, val_data=val, scheduler=scheduler,
-                 step=_make_step(trainer), accumulation_steps=int(args.gradient_accumulation_steps), grad_clip=clip,
+                 step=_make_step(trainer), accumulation_steps=int(args.gradient_accumulation_steps),
+                 accumulation="batches",  # the Trainer's gradient_accumulation_steps: K loader batches per update
+                 join_fn=_padding_join(trainer),
+                 steps_per_epoch=_steps_per_epoch(args, batches_per_epoch) if batches_per_epoch else None,
+                 grad_clip=clip,
                  precision=precision, use_scaler=use_scaler, device=str(args.device),
                  seed=int(args.seed if seed is None else seed))

@@ -428,5 +428,7 @@ def setup_from_lightning(module: Any, datamodule: Any = None, *, train_dataloade
 
     loss_fn.__qualname__ = f"{name}.training_step"
     return Setup(module, loss_fn, optimizer, train, val_data=val, scheduler=scheduler if has_scheduler else None,
-                 step=_make_step(spec, pass_idx), accumulation_steps=acc, grad_clip=clip if algo == "norm" else None,
+                 step=_make_step(spec, pass_idx), accumulation_steps=acc,
+                 accumulation="batches",  # accumulate_grad_batches: K loader batches per optimizer step
+                 steps_per_epoch=spec.steps_per_epoch, grad_clip=clip if algo == "norm" else None,
                  precision=precision, use_scaler=use_scaler, device=device, seed=seed)

@@ -39,11 +39,26 @@ def _loader_sizes(data: torch.utils.data.DataLoader) -> list[int] | None:
 
 
 def train_batch_sizes(setup: Setup) -> list[int] | None:
-    """The batch sizes one pass over the training data gives, when they can be known without guessing; else None.
+    """The batch sizes one optimizer step's data has over one pass of the training data, when they can be known
+    without guessing; else None.
 
     A DataLoader with a plain batch sampler (and a sized sampler) is computed, a list of batches is measured, and a
-    Dataset is batched by the Setup's ``batch_size``, as :meth:`tropt.Setup.loader` does (the remainder kept).
+    Dataset is batched by the Setup's ``batch_size``, as :meth:`tropt.Setup.loader` does (the remainder kept). With
+    ``accumulation="batches"`` a step reads K loader batches: equal loader batches give equal micro-batches (one
+    step of K x the size), and otherwise each step's total is returned (a stand-in: the check then splits that
+    total, not the loader's own sizes).
     """
+    sizes = _loader_batch_sizes(setup)
+    per = setup.loader_batches_per_step
+    if sizes is None or per <= 1:
+        return sizes
+    if len(set(sizes)) == 1:
+        return [per * sizes[0]]
+    return [sum(sizes[i:i + per]) for i in range(0, len(sizes), per)]
+
+
+def _loader_batch_sizes(setup: Setup) -> list[int] | None:
+    """The loader's batch sizes over one pass, or None."""
     data = setup.train_data
     try:
         if isinstance(data, torch.utils.data.DataLoader):

@@ -4,8 +4,9 @@ reverse (issue 28, "Schedules sized in epochs but stepped per iteration").
 A comparison of K=1 against K=4 cannot see this: both runs step the schedule alike. What shows it is the
 schedule's own length (``CosineAnnealingLR``'s ``T_max``, ``OneCycleLR``'s ``total_steps``, ``StepLR``'s
 ``step_size``, ``MultiStepLR``'s last milestone, ``LinearLR``/``PolynomialLR``'s ``total_iters``, a Hugging Face
-``LambdaLR``'s ``num_training_steps``) set beside the optimizer steps in one epoch (``len(train_data)``, or a
-``steps_per_epoch`` the Setup declares) and, when the Setup declares it, the planned length of the run.
+``LambdaLR``'s ``num_training_steps``) set beside the optimizer steps in one epoch (``Setup(steps_per_epoch=)``, or
+``len(train_data)`` over the loader batches one step reads: :meth:`tropt.Setup.epoch_steps`) and, when the Setup
+declares it, the planned length of the run.
 """
 
 from __future__ import annotations
@@ -57,19 +58,20 @@ def schedule_horizon(scheduler: Any) -> Horizon | None:
 
 
 def steps_per_epoch(setup: Any) -> tuple[int | None, str]:
-    """Optimizer steps per epoch and where the number comes from: ``Setup.steps_per_epoch`` when the Setup has and
-    sets one, else ``len(train_data)`` (each loader batch is one optimizer step; a Setup that reads K loader batches
-    per step, ``loader_batches_per_step``, divides by it)."""
-    declared = getattr(setup, "steps_per_epoch", None)
+    """Optimizer steps per epoch and where the number comes from: ``Setup(steps_per_epoch=)`` when given, else
+    ``len(train_data)`` over the loader batches one step reads (K with ``accumulation="batches"``, 1 with
+    ``"split"``): :meth:`tropt.Setup.epoch_steps`."""
+    if callable(getattr(setup, "epoch_steps", None)):
+        n, source = setup.epoch_steps()
+        return (n if n is not None and n > 0 else None), source
+    declared = getattr(setup, "steps_per_epoch", None)  # a Setup-like object without epoch_steps
     if isinstance(declared, int) and declared > 0:
         return declared, "Setup(steps_per_epoch=)"
     try:
         n = len(setup.loader("train"))
     except (TypeError, AttributeError, NotImplementedError, TroptError):  # no length (an iterable), or no data
         return None, "unknown"
-    per = getattr(setup, "loader_batches_per_step", 1)
-    per = per if isinstance(per, int) and per > 0 else 1
-    return (n // per if n >= per else None), "len(train_data)" + (f" / {per}" if per > 1 else "")
+    return (n or None), "len(train_data)"
 
 
 def planned_steps(setup: Any, per_epoch: int | None) -> tuple[int | None, int | None]:
