@@ -174,7 +174,7 @@ def diagnose(
     from contextlib import nullcontext
 
     from .budgets import budget_options, tropt_threads
-    from .core.step_cost import add_costs, step_seconds
+    from .core.step_cost import add_costs
     from .data.cache import scan_needs, session
     from .identity import run_identity
 
@@ -202,17 +202,37 @@ def diagnose(
     data_ids = [s.id for s in specs if s.needs == "splits"]
     setup_ids = {s.id for s in specs if s.needs == "setup"}
     with tropt_threads(threads) as used_threads, session(scan_needs(data_ids)) if splits is not None else nullcontext():
-        # One step of the user's own, timed at the checks' thread count: the unit of each check's cost (issue 32).
-        step_s = step_seconds(setup) if setup is not None and setup_error is None and setup_ids else None
         _run_specs(specs, setup, splits, setup_error, {**common, "budget": budget, "per_check": per_check}, results,
                    progress, callback, on_result, splits_error)
+        step_s = _step_unit(setup, setup_error, setup_ids, results)
         # Inside the session: the identity's data fingerprint reuses the scan the data checks made.
         identity = run_identity(setup if setup_error is None else None, splits if splits_error is None else None,
                                 checks=[s.id for s in specs], label=label, group=group, time=time)
     identity.update(budget=budget, threads=used_threads, **add_costs(results, step_s, setup_ids))
+    if setup is not None and setup_ids:
+        identity.update(_precision_note(setup))
     if splits_error is not None:
         identity["data_fingerprint_error"] = str(splits_error)
     return Report(link_findings(results), identity)
+
+
+def _step_unit(setup: Setup | None, setup_error: Any, setup_ids: set[str], results: list[CheckResult]) -> float | None:
+    """One step of the user's own, timed at the checks' thread count: the unit of each check's cost (issue 32).
+    perf.throughput's own timing when it ran, else timed here (after the checks: the same copy, the same unit)."""
+    from .core.step_cost import measured_step_seconds, step_seconds
+
+    if setup is None or setup_error is not None or not setup_ids:
+        return None
+    return measured_step_seconds(results) or step_seconds(setup)
+
+
+def _precision_note(setup: Setup) -> dict[str, str]:
+    """The report's one word on fp16 autocast on a CPU (each loop result notes it compared in fp32)."""
+    from .core.cpu_fp16 import NOTE, fp16_on_cpu
+
+    if not fp16_on_cpu(setup):
+        return {}
+    return {"precision_note": f"{NOTE}; the loop checks compared in fp32, loop.loss_scaling and perf.precision in fp16"}
 
 
 def _refuse_bad_inputs(setup: Setup | None, splits: Any, task: str | None) -> None:
@@ -256,10 +276,25 @@ def _run_specs(specs, setup, splits, setup_error, options, results, progress, ca
         elif spec.needs == "splits" and splits_error is not None:
             results.append(error_result(spec.id, splits_error))
         else:
-            results.append(run_check(spec, setup if spec.needs == "setup" else splits,
-                                     {**options, **budget_options(budget, spec.id), **per_check.get(spec.id, {})}))
+            results.append(_run_one(spec, setup, splits, {**options, **budget_options(budget, spec.id),
+                                                          **per_check.get(spec.id, {})}))
         if on_result is not None:
             on_result(results[-1])
+
+
+def _run_one(spec: CheckSpec, setup: Setup | None, splits: Any, options: Mapping[str, Any]) -> CheckResult:
+    """One check on its subject; a loop check of an fp16 Setup on a CPU compares in fp32 and says so
+    (:mod:`tropt.core.cpu_fp16`: fp16 autocast there is ~30x slower and does not change those verdicts)."""
+    if spec.needs != "setup":
+        return run_check(spec, splits, options)
+    from .core.cpu_fp16 import fp32_setup, mark_result, runs_in_fp32
+
+    if setup is not None and runs_in_fp32(spec.id, setup):
+        fp32 = fp32_setup(setup)
+        result = run_check(spec, fp32, options)
+        # A SKIP compared nothing; the Setup itself (its fp32 copy could not be made) ran as it is.
+        return result if result.status is Status.SKIP or fp32 is setup else mark_result(result)
+    return run_check(spec, setup, options)
 
 
 def _check_options(options: Mapping[str, Mapping[str, Any]] | None, specs: list[CheckSpec]) -> dict[str, dict]:

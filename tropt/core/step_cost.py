@@ -55,6 +55,19 @@ def step_seconds(setup: Setup, *, warmup: int = 1, steps: int = 2) -> float | No
     return seconds if seconds > 0 else None
 
 
+def measured_step_seconds(results: list) -> float | None:
+    """The step time ``perf.throughput`` already measured in this diagnosis (the median of its timed steps, the
+    Setup's own step on tropt's copy at the checks' thread count), or None when it did not run or measured nothing:
+    :func:`diagnose` then times the step itself, so a full diagnosis pays for one timing, not two."""
+    for r in results:
+        if r.check != "perf.throughput" or getattr(r.status, "value", r.status) not in ("pass", "warn"):
+            continue
+        ms = r.metrics.get("compute_ms")
+        if isinstance(ms, (int, float)) and ms > 0:
+            return float(ms) / 1e3
+    return None
+
+
 def add_costs(results: list, step_s: float | None, setup_checks: set[str]) -> dict[str, Any]:
     """Put ``metrics["cost_steps"]`` (the check's seconds over one step's) on each model-side result; returns the
     totals for the report's identity (``step_seconds``, ``cost_steps``)."""

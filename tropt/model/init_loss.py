@@ -54,7 +54,7 @@ class _Probed:
     calls: list[str] = field(default_factory=list)
     out0: torch.Tensor | None = None
     first_batch: Any = None
-    inputs: set = field(default_factory=set)
+    find_inputs: Any = None  # () -> the batch paths the model reads: run only for a loss too high (its advice)
     findings: list[LossFinding] = field(default_factory=list)
 
 
@@ -69,13 +69,22 @@ def _probe_batches(setup: Setup, n_batches: int) -> _Probed:
             value, out, obj, order = probe(setup, model, batch, ctx)
             if i == 0:
                 got.objective, got.calls, got.out0, got.first_batch = obj, order, out, batch
-                got.inputs = input_paths(setup, model, batch, ctx)
+                got.find_inputs = _input_finder(setup, model, batch, ctx)
                 got.findings = loss_findings(setup, model, batch, ctx)
             got.losses.append(value)
             if got.objective is not None and out is not None:
                 got.outputs.append(out.float().cpu())
                 got.targets.append(_target(batch, got.objective))
     return got
+
+
+def _input_finder(setup: Setup, model: Any, batch: Any, ctx: Any) -> Any:
+    """A call that finds which batch tensors the model reads (one forward per tensor, on the copy at init), made
+    only when the input-scale advice needs it: a loss at init close to chance level never pays for it."""
+    def find() -> set:
+        with preserved(setup.model):  # its seeded forwards must leave the caller's RNG as it was
+            return input_paths(setup, model, batch, ctx)
+    return find
 
 
 def _class_priors(objective: Any, y: torch.Tensor, metrics: dict, tables: dict) -> np.ndarray | None:
@@ -128,7 +137,7 @@ def _too_high(got: _Probed, y: torch.Tensor, out_all: torch.Tensor | None, measu
     summary = (f"loss at initialisation is {fmt(measured)}, {fmt(ratio)}x the {fmt(expected)} ({basis}) that "
                f"{objective.name} implies: {cause}")
     advice: list[str] = []
-    scale_table, scale_notes = input_scale(got.first_batch, got.inputs)
+    scale_table, scale_notes = input_scale(got.first_batch, got.find_inputs() if got.find_inputs else set())
     if scale_notes:
         advice.extend(scale_notes)
         tables["input_scale"] = scale_table

@@ -87,7 +87,7 @@ def _mib(x: float) -> str:
           description="Measure one optimizer step's peak (parameters, gradients, optimizer state, activations, "
                       "remainder), its growth over 10 steps, "
                       "and which precision/checkpointing/sharding fits the limit.",
-          budgets={'quick': {'growth_steps': 4}, 'thorough': {'growth_steps': 20}},
+          budgets={'quick': {'growth_steps': 4, 'bf16': False}, 'thorough': {'growth_steps': 20}},
           plot="tropt.plots.perf")
 def check_memory(
     setup: Setup,
@@ -98,6 +98,7 @@ def check_memory(
     growth_threshold: float = 1e-4,
     held_threshold: float = 0.5,
     precision_result: Any = None,
+    bf16: bool = True,
     progress: bool = True,
 ) -> CheckResult:
     """Measure the memory of the Setup's own optimizer step on a copy and plan what fits.
@@ -123,6 +124,9 @@ def check_memory(
         this share of the step's activations (a loss or output kept with its graph).
     precision_result
         A ``perf.precision`` result whose bf16 stability verdict is attached to the bf16 option.
+    bf16
+        Measure the bf16 option (two more steps under bf16 autocast, for an fp32 Setup); False (budget quick) leaves
+        the option out of the estimates, saying so.
     progress
         Show a progress bar.
     """
@@ -139,7 +143,9 @@ def check_memory(
 
     bf16_ok, bf16_why = support("bf16", device)
     with preserved(setup.model):
-        meas = measure(setup, growth_steps, setup.precision == "fp32" and bf16_ok, progress)
+        meas = measure(setup, growth_steps, setup.precision == "fp32" and bf16_ok and bf16, progress)
+    if not bf16 and setup.precision == "fp32" and bf16_ok:
+        bf16_why = "not measured (bf16=False, as at budget quick; pass bf16=True or the standard budget)"
     ev = _evidence(meas, growth_steps, getattr(setup, "optimizer", None) is None)
     options = plan(meas, ev.peak, limit, setup.accumulation_steps, _bf16_note(setup, meas, precision_result, bf16_why))
     metrics = _metrics(ev, options, growth_steps, limit, limit_from, device)

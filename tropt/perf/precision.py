@@ -66,13 +66,14 @@ def support(precision: str, device: torch.device) -> tuple[bool, str]:
 
 
 def _measure(setup: Setup, order: list[str], steps: int, warmup: int, seed: int,
-             clock: Any = time.perf_counter) -> tuple[dict[str, dict], dict[str, str], Any]:
+             clock: Any = time.perf_counter, decided: Any = None) -> tuple[dict[str, dict], dict[str, str], Any]:
     """Run every supported precision of ``order`` on the same seeded batches, timed steps interleaved.
 
     Each run's build and warm-up steps go one precision at a time (so its peak memory is its own); then the timed
     steps take turns, round by round, the order rotating each round, so a burst of machine noise lands on every
-    precision alike and step ``i`` of each precision forms a pair. Returns (results, reasons for those not
-    measured, the fp32 run for a thread probe)."""
+    precision alike and step ``i`` of each precision forms a pair. After each round ``decided(runs)`` may end the
+    timing early (a sequential test: the recommendation can no longer change). Returns (results, reasons for those
+    not measured, the fp32 run for a thread probe)."""
     reasons: dict[str, str] = {}
     live: dict[str, PrecisionRun] = {}
     source = list(setup.batches(warmup + steps, seed=seed))
@@ -103,7 +104,36 @@ def _measure(setup: Setup, order: list[str], steps: int, warmup: int, seed: int,
                     raise
                 reasons[p] = f"failed: {type(exc).__name__}: {exc}"
                 del live[p]
+        if decided is not None and decided(live):
+            break
     return {p: r.result() for p, r in live.items()}, reasons, live.get("fp32")
+
+
+def settled(live: dict[str, PrecisionRun], current: str, min_steps: int, speedup_threshold: float,
+            max_deviation: float = 0.05) -> bool:
+    """Whether the timed rounds so far settle the recommendation (a sequential test): at least ``min_steps`` of them,
+    every loss finite, no scaler skip, and every candidate's speed-up over the Setup's precision (fp32 when it is
+    not measured) decided: the 95% interval wholly under ``speedup_threshold`` (it cannot be recommended), or wholly
+    at or above it with the loss of the last fifth of the steps within half of ``max_deviation`` of the reference's
+    (clearly worth it, clearly stable). Anything in between keeps the comparison going to ``steps``."""
+    from ._timing import speedup
+
+    ref = current if current in live else "fp32"
+    if ref not in live or len(live[ref].times) < min_steps:
+        return False
+    if any(not np.all(np.isfinite(r.losses)) or r.skips for r in live.values()):
+        return False
+    ref_losses = np.asarray(live[ref].losses, dtype=float)
+    tail = max(1, len(ref_losses) // 5)
+    ref_tail = float(np.mean(ref_losses[-tail:]))
+    for p, r in live.items():
+        if p == ref:
+            continue
+        _, low, high = speedup(live[ref].times, r.times)
+        dev = abs(float(np.mean(np.asarray(r.losses, dtype=float)[-tail:])) - ref_tail) / max(abs(ref_tail), 1e-12)
+        if not (high < speedup_threshold or (low >= speedup_threshold and dev <= max_deviation / 2)):
+            return False
+    return True
 
 
 def choose(times: dict[str, np.ndarray], stable: dict[str, bool], current: str,
@@ -144,14 +174,16 @@ def choose(times: dict[str, np.ndarray], stable: dict[str, bool], current: str,
 @register(CHECK_ID, title="Precision: speed, memory and stability",
           description="Run the same steps in fp32, bf16 (and fp16/TF32 on CUDA); "
                       "recommend the fastest inside a stability guardrail.",
-          budgets={'quick': {'warmup': 1, 'steps': 6}, 'thorough': {'warmup': 5, 'steps': 50}},
+          budgets={'quick': {'warmup': 1, 'steps': 5, 'min_steps': 3},
+                   'thorough': {'warmup': 5, 'steps': 50, 'min_steps': 50}},
           plot="tropt.plots.perf")
 def check_precision(
     setup: Setup,
     *,
     precisions: tuple[str, ...] = PRECISIONS,
     steps: int = 20,
-    warmup: int = 3,
+    warmup: int = 2,
+    min_steps: int = 8,
     max_deviation: float = 0.05,
     max_skip_share: float = 0.1,
     speedup_threshold: float = 1.2,
@@ -170,7 +202,9 @@ def check_precision(
         Candidates among "fp32", "bf16", "fp16" (autocast + GradScaler) and "tf32" (fp32 with TF32 matmuls).
         fp32 is always run as the reference.
     steps, warmup
-        Timed steps after ``warmup`` untimed ones; the loss of every step is compared with fp32's.
+        Timed steps (at most) after ``warmup`` untimed ones; the loss of every step is compared with fp32's.
+    min_steps
+        Timed steps always run; then the comparison stops once the recommendation is settled (see :func:`settled`).
     max_deviation
         Stability guardrail: the mean loss over the last fifth of the steps may differ from fp32's by at most this
         share, and no loss may be non-finite ...
@@ -181,9 +215,6 @@ def check_precision(
         median reaches this; WARN only when the interval's low end reaches it too (else PASS with the advice). A
         median above it with an interval that includes 1 is "timings too noisy to decide" (see :func:`choose`).
 
-    The precisions' timed steps are interleaved round by round; each speed-up is the median of per-round ratios.
-    Oversubscription (torch's threads slower than one thread, repeats far apart, or the load average plus torch's
-    threads above the cores) is named in the summary and the advice.
     batch_size_search, max_doublings, memory_budget_mb
         Also double the batch in the recommended precision until out of memory, ``memory_budget_mb`` (on CPU the
         activation memory saved for backward) or ``max_doublings``; the curve is in ``tables['batch_size']``.
@@ -203,7 +234,8 @@ def check_precision(
     machine = machine_load()  # before the runs: the load other processes put on the cores
     with preserved(setup.model):
         bar = tqdm(total=1, desc=CHECK_ID, disable=not progress, leave=False)
-        runs, reasons, fp32_run = _measure(setup, order, steps, warmup, setup.seed)
+        runs, reasons, fp32_run = _measure(setup, order, steps, warmup, setup.seed, decided=lambda live: settled(
+            live, setup.precision, max(3, min(min_steps, steps)), speedup_threshold, max_deviation))
         probe = None
         if device.type == "cpu" and fp32_run is not None:  # after the losses are recorded: extra steps change nothing
             probe = thread_probe(lambda: fp32_run.step(len(fp32_run.source) - 1, timed=False))
@@ -217,11 +249,24 @@ def check_precision(
                                                 memory_budget_mb)
     over = oversubscription(runs["fp32"]["times"], machine, probe, device.type)
     metrics = _metrics(table, decision, setup, opts, machine, probe, over)
+    metrics["timed_steps"] = len(runs["fp32"]["times"])  # under ``steps`` when settled early
     series = {f"loss_{p}": r["losses"] for p, r in runs.items()}
     series.update({f"step_ms_{p}": r["times"] * 1e3 for p, r in runs.items()})
     summary = _summary(table, decision, setup.precision, order, reasons, opts, over)
     status, advice = _verdict(table, decision, setup, reasons, opts, over, machine)
+    summary = _fp16_cpu_note(setup, summary, metrics)
     return CheckResult(CHECK_ID, status, summary, metrics, tables, advice, series)
+
+
+def _fp16_cpu_note(setup: Setup, summary: str, metrics: dict[str, Any]) -> str:
+    """The summary headed by the report's one clear word on fp16 autocast on a CPU, when the Setup asks for it (the
+    loop checks compare in fp32 meanwhile, :mod:`tropt.core.cpu_fp16`)."""
+    from ..core.cpu_fp16 import NOTE, fp16_on_cpu
+
+    if not fp16_on_cpu(setup):
+        return summary
+    metrics["precision_note"] = NOTE
+    return f"{NOTE}; {summary}"
 
 
 @dataclass(frozen=True)
@@ -253,7 +298,7 @@ def _rows(order: list[str], runs: dict[str, dict], reasons: dict[str, str],
           opts: _Options) -> tuple[list[dict], dict[str, bool]]:
     """One row per precision (measured, skipped or failed) and whether each measured one is stable."""
     ref = runs["fp32"]
-    tail = max(1, (opts.warmup + opts.steps) // 5)
+    tail = max(1, len(ref["losses"]) // 5)  # the steps run (the comparison may have stopped when settled)
     ref_tail = float(np.nanmean(ref["losses"][-tail:]))
     stable: dict[str, bool] = {}
     rows: list[dict[str, Any]] = []

@@ -177,16 +177,18 @@ def profile_ops(setup: Setup, ctx: Any, batches: list, top: int = 15) -> pd.Data
 @register(CHECK_ID, title="Step time, data wait and memory",
           description="Time steady-state steps on a copy: data wait vs compute, samples/s, peak memory, "
                       "top profiler operators.",
-          budgets={'quick': {'warmup': 2, 'steps': 8, 'profile_steps': 1}, 'thorough': {'warmup': 10, 'steps': 100}},
+          budgets={'quick': {'warmup': 1, 'steps': 5, 'min_steps': 3, 'profile': False},
+                   'thorough': {'warmup': 10, 'steps': 100, 'min_steps': 30, 'profile_steps': 3}},
           plot="tropt.plots.perf")
 def check_throughput(
     setup: Setup,
     *,
-    warmup: int = 5,
+    warmup: int = 2,
     steps: int = 30,
+    min_steps: int = 8,
     data_threshold: float = 0.2,
     profile: bool = True,
-    profile_steps: int = 3,
+    profile_steps: int = 1,
     progress: bool = True,
 ) -> CheckResult:
     """Measure steady-state training steps of a copy of the Setup.
@@ -197,10 +199,10 @@ def check_throughput(
         The :class:`tropt.Setup` (never modified; the copy trains inside :func:`tropt.snapshot.preserved`).
     warmup
         Steps run first and not timed (allocator, caches, lazy initialisation, DataLoader worker start-up).
-    steps
-        Timed optimizer steps. Each step's time is split into waiting for its batch (reading the user's
-        DataLoader / Dataset and moving the batch to the device) and the step itself (forward, backward, optimizer,
-        scheduler: the Setup's step function), with device synchronisation on GPU.
+    steps, min_steps
+        Timed optimizer steps, at most and at least: after ``min_steps`` the timing stops once the wait share's 95%
+        interval is off ``data_threshold``. Each step's time is split into waiting for its batch (the user's
+        loader, the move to the device) and the step itself, with device synchronisation on GPU.
     data_threshold
         WARN when waiting for data takes more than this share of the step time, beyond noise: the 95% interval of
         the per-step share lies above it (a median above it with an interval that reaches below is "too noisy to
@@ -210,18 +212,15 @@ def check_throughput(
     progress
         Show a progress bar.
 
-    Step times are reported with their spread (min, p10, p90, max). On CPU a short probe alternates torch's
-    threads with one thread; oversubscription (one thread faster, repeats far apart, or the load average plus
-    torch's threads above the cores) is named in the summary and the advice.
-
-    Memory: on CUDA the allocator's peak (``torch.cuda.max_memory_allocated``); on CPU the process's resident
-    set size (current and lifetime peak) and the bytes of parameters, gradients and optimizer state.
+    Step times come with their spread; on CPU a short probe alternates torch's threads with one (oversubscription).
+    Memory: on CUDA the allocator's peak; on CPU the process's RSS and the bytes of parameters, grads, optimizer state.
     """
     from tqdm.auto import tqdm
 
     from ..snapshot import preserved
 
     _check_counts(warmup, steps, profile_steps)
+    floor = max(3, min(int(min_steps), steps))
     setup.validate()
     device = cast(torch.device, setup.device)  # Setup.__post_init__ makes it a torch.device
     cuda = device.type == "cuda"
@@ -236,7 +235,8 @@ def check_throughput(
         it = iter(setup.batches(total + (profile_steps if profile else 0)))
         bar = tqdm(total=total, desc=CHECK_ID, disable=not progress, leave=False)
         try:
-            waits, computes, sizes, micro = _timed_steps(setup, ctx, it, warmup, total, bar)
+            waits, computes, sizes, micro = _timed_steps(setup, ctx, it, warmup, total, bar,
+                                                         lambda w, c: _decided(w, c, floor, data_threshold))
             memory = _memory(ctx, device, rss_before)
             if device.type == "cpu":  # after the timed steps: the probe's extra steps change nothing measured
                 probe = thread_probe(lambda: setup.run_step(ctx, micro))
@@ -245,7 +245,8 @@ def check_throughput(
             bar.close()
     wait, comp = np.asarray(waits), np.asarray(computes)
     step = wait + comp
-    metrics = _metrics(wait, comp, sizes, warmup, steps, setup, memory)
+    metrics = _metrics(wait, comp, sizes, warmup, len(step), setup, memory)
+    metrics["max_steps"] = int(steps)
     tables = _tables(wait, comp, warmup, ops, metrics)
     series = {"data_wait_ms": wait * 1e3, "compute_ms": comp * 1e3}
     verdict = data_verdict(wait, step, data_threshold)
@@ -278,10 +279,20 @@ def _tables(wait: np.ndarray, comp: np.ndarray, warmup: int, ops: pd.DataFrame |
     return tables
 
 
-def _timed_steps(setup: Setup, ctx: Any, it: Iterator, warmup: int, total: int,
-                 bar: Any) -> tuple[list[float], list[float], list[int], Any]:
-    """Run ``total`` steps, timing the wait for each batch apart from the step (device synchronised around both);
-    the waits, step times and batch sizes of the steps after ``warmup``, and the last step's micro-batches."""
+def _decided(waits: list[float], computes: list[float], min_steps: int, threshold: float) -> bool:
+    """Whether the timed steps so far decide the data-wait verdict: at least ``min_steps`` of them, and the wait
+    share's 95% interval wholly above or below ``threshold``."""
+    if len(waits) < min_steps:
+        return False
+    v = data_verdict(np.asarray(waits), np.asarray(waits) + np.asarray(computes), threshold)
+    return bool(v["low"] > threshold or v["high"] < threshold)
+
+
+def _timed_steps(setup: Setup, ctx: Any, it: Iterator, warmup: int, total: int, bar: Any,
+                 decided: Any = None) -> tuple[list[float], list[float], list[int], Any]:
+    """Run up to ``total`` steps, timing the wait for each batch apart from the step (device synchronised around
+    both); the waits, step times and batch sizes of the steps after ``warmup``, and the last step's micro-batches.
+    Stops early once ``decided(waits, computes)`` says the verdict is settled."""
     from ..core.stepping import sync
 
     device = cast(torch.device, setup.device)  # Setup.__post_init__ makes it a torch.device
@@ -302,6 +313,8 @@ def _timed_steps(setup: Setup, ctx: Any, it: Iterator, warmup: int, total: int,
             waits.append(t1 - t0)
             computes.append(t2 - t1)
             sizes.append(ctx.batch_size(batch))
+            if decided is not None and decided(waits, computes):
+                break
     return waits, computes, sizes, micro
 
 
