@@ -21,7 +21,7 @@ def test_lr_range_brackets_the_lr_known_to_work_and_restores_the_setup():
     before = [p.detach().clone() for p in s.model.parameters()]
     rng = torch.get_rng_state()
     with untouched(s):
-        r = check_lr_range(s, progress=False)
+        r = check_lr_range(s, settle=False, progress=False)  # both seeds, each sweep to 4x its best
     assert all(torch.equal(a, b) for a, b in zip(before, s.model.parameters()))
     assert torch.equal(rng, torch.get_rng_state())
     low, high = r.metrics["suggested_low"], r.metrics["suggested_high"]
@@ -129,9 +129,9 @@ def test_suggestions_ignore_a_lucky_first_batch_and_noise_at_tiny_lrs():
 def test_identical_sweeps_report_no_seed_spread_and_shuffled_ones_do():
     fixed = linreg_setup(KNOWN_GOOD_LR)
     fixed = fixed.replace(train_data=list(fixed.batches(16)))  # a fixed list: every seed sees the same batches
-    r = check_lr_range(fixed, progress=False)
+    r = check_lr_range(fixed, settle=False, progress=False)
     assert np.isnan(r.metrics["seed_spread_x"]) and "identical" in r.metrics["seed_note"]
-    shuffled = check_lr_range(linreg_setup(KNOWN_GOOD_LR), progress=False)
+    shuffled = check_lr_range(linreg_setup(KNOWN_GOOD_LR), settle=False, progress=False)
     assert np.isfinite(shuffled.metrics["seed_spread_x"]) and "seed_note" not in shuffled.metrics
 
 

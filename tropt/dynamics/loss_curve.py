@@ -7,7 +7,6 @@ Works on a short run of a :class:`tropt.Setup` (:func:`check_loss_curve`) and on
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,13 +15,15 @@ import pandas as pd
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
-from .curves import FAIL_CLASSES, CurveDiagnosis, CurveThresholds, classify_curve
+from ._probe import _checkpoints, _epoch_length, _epoch_means, _Probe, _ProbePlan, _run_probe
+from .curves import FAIL_CLASSES, MIN_POINTS, CurveDiagnosis, CurveThresholds, classify_curve
 from .logs import read_curve
 
 if TYPE_CHECKING:
     from ..setup import Setup
 
 CHECK_ID = "dynamics.loss_curve"
+SETTLING_FAILS = frozenset({"diverging", "non_finite"})  # FAIL classes a checkpoint may settle (see _Settled)
 WARM_UP_RISE = 1.5  # a flat curve whose last LR is above this times the midpoint's LR is still warming up
 
 _LABEL = {
@@ -276,19 +277,6 @@ def diagnose_curves(
     return curve_result(diag, extra_metrics={"source": "logs"})
 
 
-@dataclass
-class _Probe:
-    """What the probe run recorded: the loss (and LR) of each optimizer step, validation losses, gradient norms."""
-
-    losses: list[Any] = field(default_factory=list)
-    loss_steps: list[int] = field(default_factory=list)
-    lrs: list[float] = field(default_factory=list)  # the LR of each loss's optimizer step (scheduled spikes)
-    val_losses: list[float] = field(default_factory=list)
-    val_at: list[int] = field(default_factory=list)
-    norms: list[float] = field(default_factory=list)
-    norms_from: str = ""  # with several optimizers, the one whose gradient norms ``norms`` holds
-
-
 def _horizon_skip(ctx: Any, steps: int) -> CheckResult | None:
     """A SKIP when the scheduler cannot be stepped ``steps`` times (OneCycleLR raises past its total_steps)."""
     horizon = getattr(ctx.scheduler, "total_steps", None)
@@ -305,57 +293,24 @@ def _horizon_skip(ctx: Any, steps: int) -> CheckResult | None:
                 f"(total_steps >= {steps}, e.g. the length of your real run)."])
 
 
-def _run_probe(setup: Setup, ctx: Any, runner: Any, probe: _Probe, steps: int, every: int, val_batches: int,
-               progress: bool, callback: Any) -> None:
-    """Step the copy ``steps`` times (stopping at the first non-finite loss), evaluating every ``every`` steps."""
-    from tqdm.auto import tqdm
-
-    from ..core.capture import StepRecorder
-    from ..core.stepping import evaluate
-
-    has_val = setup.val_data is not None
-    bar = tqdm(total=steps, desc=CHECK_ID, disable=not progress, leave=False)
-    with bar, StepRecorder(ctx, "norm") as hook:  # the gradient norm at each optimizer.step()
-        for i, batch in enumerate(setup.batches(steps)):
-            before = len(hook.records)
-            loss = runner.step(ctx.split(batch, ctx.accumulation_steps))
-            stepped = hook.records[before:]
-            bar.update(1)
-            if callback is not None:
-                callback({"check": CHECK_ID, "step": i + 1, "total": steps,
-                          "loss": None if loss is None else float(loss)})
-            if loss is not None:
-                probe.losses.append(loss)
-                probe.loss_steps.append(i)
-                probe.lrs.append(max(stepped[-1].lrs) if stepped and stepped[-1].lrs else math.nan)
-                if not math.isfinite(float(loss)):
-                    break
-            if has_val and ((i + 1) % every == 0 or i + 1 == steps):
-                probe.val_at.append(i + 1)
-                probe.val_losses.append(evaluate(setup, ctx, val_batches))
-    # Several optimizers (a GAN's D then G, actor-critic): one series, the first optimizer's (the Setup's first, or
-    # the first that stepped), so each step contributes one norm of one model part; see probe.norms_from.
-    names = list(dict.fromkeys(r.optimizer for r in hook.records))
-    probe.norms_from = names[0] if len(names) > 1 else ""
-    probe.norms = [r.grad_norm for r in hook.records if not probe.norms_from or r.optimizer == probe.norms_from]
-
-
 @register(CHECK_ID, title="Loss-curve diagnosis",
-          description="Run a few hundred steps on a copy and classify the curve: diverging, flat, unstable, noisy, "
-                      "overfitting, budget-bound or healthy.",
-          budgets={'quick': {'steps': 150}, 'thorough': {'steps': 1000}},
+          description="Run a short probe on a copy (up to a few hundred steps, stopping once the verdict is settled) "
+                      "and classify the curve: diverging, flat, unstable, noisy, overfitting, budget-bound or healthy.",
+          budgets={'quick': {'steps': 150, 'min_steps': 10, 'val_batches': 1},
+                   'thorough': {'steps': 1000, 'min_steps': None}},
           plot="tropt.plots.dynamics")
 def check_loss_curve(
     setup: Setup,
     *,
     steps: int = 300,
+    min_steps: int | None = 40,
     eval_every: int | None = None,
     val_batches: int = 4,
     thresholds: CurveThresholds | None = None,
     progress: bool = True,
     callback: Any = None,
 ) -> CheckResult:
-    """Train a copy of the Setup for ``steps`` optimizer steps with its own step, scheduler and data order, then
+    """Train a copy of the Setup for up to ``steps`` optimizer steps with its own step, scheduler and data order, then
     classify the training (and validation, when ``val_data`` is given) loss curve.
 
     Parameters
@@ -363,9 +318,16 @@ def check_loss_curve(
     setup
         The :class:`tropt.Setup`; never modified (the run works on a copy inside :func:`tropt.snapshot.preserved`).
     steps
-        Optimizer steps of the probe run (each takes ``accumulation_steps`` micro-batches of one batch).
+        Most optimizer steps of the probe run (each takes ``accumulation_steps`` micro-batches of one batch).
+    min_steps
+        The sequential test: the curve so far is classified at ``min_steps`` and then at every 1.5 times as many
+        steps; the probe stops at a checkpoint whose verdict (status and primary class) is the one of the checkpoint
+        before when that verdict is PASS or a diverging FAIL (a flat or not-generalising FAIL and the WARN classes
+        run every step, as does a curve whose learning rate is still warming up). None runs all ``steps``.
+        ``metrics["stopped"]`` says why the probe ended, ``["verdicts"]`` what each checkpoint found.
     eval_every
-        Evaluate ``val_data`` every this many steps (default: about 15 evaluations).
+        Evaluate ``val_data`` every this many steps (default: about 15 evaluations over the first checkpoint's
+        steps and the planned steps, whichever is finer), and at every checkpoint.
     val_batches
         Validation batches per evaluation.
     thresholds
@@ -386,9 +348,17 @@ def check_loss_curve(
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 10:
         raise TroptError(f"steps={steps!r}; the loss-curve probe needs an integer >= 10", "use e.g. steps=300")
+    if min_steps is not None and (isinstance(min_steps, bool) or not isinstance(min_steps, int) or min_steps < 1):
+        raise TroptError(f"min_steps={min_steps!r}; it must be a positive integer or None",
+                         "use e.g. min_steps=40, or None to run all the steps")
     setup.validate()
     has_val = setup.val_data is not None
-    every = eval_every or max(1, steps // 15)
+    marks = _checkpoints(steps, min_steps)
+    # About 15 evaluations over the planned steps, and at least 10 by the second checkpoint (where a healthy curve
+    # settles), so the validation curve has the points its classes need either way.
+    second = marks[1] if len(marks) > 1 else steps
+    plan = _ProbePlan(steps, eval_every or max(1, min(steps // 15, second // 10)), val_batches, marks, progress,
+                      callback)
     probe = _Probe()
     with preserved(setup.model):
         ctx = setup.build()
@@ -400,54 +370,69 @@ def check_loss_curve(
         if has_val:
             probe.val_at.append(0)
             probe.val_losses.append(evaluate(setup, ctx, val_batches))
-        _run_probe(setup, ctx, runner, probe, steps, every, val_batches, progress, callback)
+        settled = _Settled(setup, probe, runner, baseline, thresholds, steps)
+        _run_probe(setup, ctx, runner, probe, plan, settled)
+    result = settled.result()
+    if result is None:
+        raise TroptError(f"the probe produced {len(probe.losses)} losses in {probe.ran} steps; classifying needs at "
+                         f"least {MIN_POINTS}", "make the step return its loss, or run more steps")
+    result.metrics.update(planned_steps=steps, stopped=probe.stopped or f"ran the planned {steps} steps",
+                          verdicts="; ".join(probe.verdicts))
+    return result
+
+
+class _Settled:
+    """The sequential test of the probe: classifies the curve so far at a checkpoint and says whether the verdict is
+    settled (the same status and primary class as at the checkpoint before)."""
+
+    def __init__(self, setup: Setup, probe: _Probe, runner: Any, baseline: dict | None,
+                 thresholds: CurveThresholds | None, steps: int) -> None:
+        self.setup, self.probe, self.runner, self.baseline = setup, probe, runner, baseline
+        self.thresholds, self.steps = thresholds, steps
+        self.last: tuple | None = None
+
+    def __call__(self, n: int) -> bool:
+        r = self.result()
+        if r is None:
+            return False
+        key = (r.status.value, r.metrics.get("class"))
+        self.probe.verdicts.append(f"{n}: {key[0]} {key[1]}")
+        again, self.last = key == self.last, key
+        # Only what a longer run cannot undo settles early: a curve that falls without a finding (PASS) or one that
+        # diverged. A flat or not-generalising FAIL can still turn (a slow start, a small fall that becomes a clear
+        # one), and the WARN classes (noisy late, unstable, overfitting) are judged on the late part of the run, so
+        # those run every planned step; a curve under a rising learning rate is judged after the warm-up.
+        settles = key[0] == Status.PASS.value or key[1] in SETTLING_FAILS
+        if not (again and settles) or r.metrics.get("lr_warming_up"):
+            return False
+        self.probe.stopped = f"settled at step {n}: {key[0]} ({key[1]}) at two checkpoints in a row"
+        return True
+
+    def result(self) -> CheckResult | None:
+        """The ``dynamics.loss_curve`` result of the curve so far (None while it has too few points)."""
+        probe, setup = self.probe, self.setup
+        if len(probe.losses) < MIN_POINTS and all(math.isfinite(float(v)) for v in probe.losses):
+            return None
         values = np.array([float(v) for v in probe.losses])
-    x = np.asarray(probe.loss_steps, dtype=np.float64)
-    lrs: Any = probe.lrs
-    per_epoch = _epoch_length(setup, len(values))
-    if per_epoch:
-        values, x, lrs = _epoch_means(values, x, np.asarray(lrs, dtype=np.float64), per_epoch)
-    diag = classify_curve(values, x,
-                          np.asarray(probe.val_losses) if has_val else None,
-                          np.asarray(probe.val_at, dtype=np.float64) if has_val else None,
-                          probe.norms or None, thresholds, lrs=lrs,
-                          val_baseline=baseline["value"] if baseline else None)
-    extra = {"source": "setup run", "steps_run": len(probe.loss_steps), "loss_from": runner.source or "none"}
-    if probe.norms_from:
-        extra["grad_norm_from"] = f"{probe.norms_from} (the first of several optimizers)"
-    if per_epoch:
-        extra["points"] = f"epoch means ({per_epoch} batches each)"
-    if baseline:
-        extra["val_baseline_basis"] = f"the loss of predicting {baseline['basis']}"
-    if setup.scheduler is not None:
-        extra["scheduler"] = "the Setup's scheduler"
-    return curve_result(diag, probe_steps=steps, extra_metrics=extra)
-
-
-def _epoch_length(setup: Setup, n: int) -> int | None:
-    """Batches per pass over the training data when the probe cycles it many times (>= 20 passes), else None.
-
-    A probe that cycles a few fixed batches sees each batch's own difficulty as a periodic swing in the per-step loss
-    (one hard batch stays high while the others fall), which reads as noise larger than the fall. The mean over one
-    pass covers the same samples every time, so the trend of the data's loss is judged from those means instead.
-    """
-    try:
-        length = len(setup.loader("train"))
-    except TypeError:
-        return None
-    return int(length) if length >= 2 and n // length >= 20 else None
-
-
-def _epoch_means(values: np.ndarray, x: np.ndarray, lrs: np.ndarray, e: int) -> tuple[np.ndarray, np.ndarray, list]:
-    """Mean loss of each full pass of ``e`` steps, at the pass's last step (and its largest learning rate).
-
-    A non-finite loss stays visible: it makes its pass's mean non-finite, and the partial pass it ends is kept.
-    """
-    full = len(values) // e
-    cut = full * e
-    means = values[:cut].reshape(full, e).mean(axis=1)
-    at = x[:cut].reshape(full, e)[:, -1]
-    lr = lrs[:cut].reshape(full, e).max(axis=1) if lrs.size >= cut else np.full(full, np.nan)
-    if cut < len(values) and not np.isfinite(values[cut:]).all():
-        means, at, lr = np.r_[means, values[cut:].mean()], np.r_[at, x[-1]], np.r_[lr, np.nan]
-    return means, at, list(lr)
+        x = np.asarray(probe.loss_steps, dtype=np.float64)
+        lrs: Any = probe.lrs
+        per_epoch = _epoch_length(setup, len(values))
+        if per_epoch:
+            values, x, lrs = _epoch_means(values, x, np.asarray(lrs, dtype=np.float64), per_epoch)
+        has_val = setup.val_data is not None
+        diag = classify_curve(values, x,
+                              np.asarray(probe.val_losses) if has_val else None,
+                              np.asarray(probe.val_at, dtype=np.float64) if has_val else None,
+                              probe.norms or None, self.thresholds, lrs=lrs,
+                              val_baseline=self.baseline["value"] if self.baseline else None)
+        extra: dict[str, Any] = {"source": "setup run", "steps_run": probe.ran,
+                                 "loss_from": self.runner.source or "none"}
+        if probe.norms_from:
+            extra["grad_norm_from"] = f"{probe.norms_from} (the first of several optimizers)"
+        if per_epoch:
+            extra["points"] = f"epoch means ({per_epoch} batches each)"
+        if self.baseline:
+            extra["val_baseline_basis"] = f"the loss of predicting {self.baseline['basis']}"
+        if setup.scheduler is not None:
+            extra["scheduler"] = "the Setup's scheduler"
+        return curve_result(diag, probe_steps=probe.ran, extra_metrics=extra)

@@ -22,12 +22,13 @@ from ..core.capture import group_lr
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
+from .lr_suggest import METHODS, centred_median, ema_smooth, suggest  # noqa: F401 - ema_smooth: public here before
 
 if TYPE_CHECKING:
     from ..setup import Setup
 
 CHECK_ID = "dynamics.lr_range"
-METHODS = ("steepest", "valley", "min_div_10")
+SETTLE_MARGIN = 3.0  # one sweep settles the verdict when the Setup's LR is this factor from the tolerance band's edge
 
 
 class _HeldScheduler:
@@ -50,74 +51,6 @@ class _HeldScheduler:
         pass
 
 
-def ema_smooth(losses: np.ndarray, beta: float) -> np.ndarray:
-    """Bias-corrected exponential moving average (as in Adam / fastai): unbiased from the first value on."""
-    out = np.empty(len(losses))
-    avg = 0.0
-    for i, v in enumerate(losses):
-        avg = beta * avg + (1 - beta) * v
-        out[i] = avg / (1 - beta ** (i + 1))
-    return out
-
-
-def centred_median(values: np.ndarray, window: int) -> np.ndarray:
-    """Running median over ``window`` points centred on each point (shrinking at the ends)."""
-    n, half = len(values), window // 2
-    return np.array([np.median(values[max(0, i - half): i + half + 1]) for i in range(n)]) if n else np.empty(0)
-
-
-def _window_slopes(x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
-    """Least-squares slope of y against x over every window of m consecutive points (O(n) with cumulative sums)."""
-    def window_sum(v: np.ndarray) -> np.ndarray:
-        c = np.concatenate(([0.0], np.cumsum(v)))
-        return c[m:] - c[:-m]
-
-    sx, sy, sxx, sxy = window_sum(x), window_sum(y), window_sum(x * x), window_sum(x * y)
-    var = sxx - sx * sx / m
-    return np.where(var > 0, (sxy - sx * sy / m) / np.where(var > 0, var, 1.0), 0.0)
-
-
-def suggest(lrs: np.ndarray, smooth: np.ndarray, skip_start: int = 0) -> dict[str, float]:
-    """The three suggestions on one smoothed sweep (NaN when the curve gives none).
-
-    ``steepest``: the most negative slope of the smoothed loss against log10(lr), before the minimum.
-    ``valley``: fastai's valley — the longest run of decreasing loss, two thirds down it.
-    ``min_div_10``: the LR of the smoothed minimum, divided by 10.
-
-    The first ``skip_start`` points are left out of the minimum: the bias-corrected EMA rests on only a few losses
-    there, so one lucky first batch would otherwise be "the minimum" at the smallest LR.
-    """
-    out = {m: math.nan for m in METHODS}
-    n = len(smooth)
-    if n < 5:
-        return out
-    skip = min(skip_start, n - 3)
-    i_min = skip + int(np.nanargmin(smooth[skip:]))
-    out["min_div_10"] = float(lrs[i_min] / 10)
-    lo = min(skip_start, max(0, i_min - 2))
-    if i_min - lo >= 2:
-        # Least-squares slope over windows of a fifth of the sweep: a point-wise gradient of a noisy loss finds its
-        # steepest "descent" in the noise at LRs far too small to learn anything.
-        m = min(max(3, n // 5), i_min - lo + 1)
-        slopes = _window_slopes(np.log10(lrs[lo:i_min + 1]), smooth[lo:i_min + 1], m)
-        out["steepest"] = float(lrs[lo + int(np.argmin(slopes)) + m // 2])
-    # fastai valley: longest decreasing subsequence (O(n^2) with n <= a few hundred)
-    lds = np.ones(n, dtype=np.int64)
-    max_start = max_end = 0
-    for i in range(1, n):
-        prev = lds[:i][smooth[i] < smooth[:i]]
-        if prev.size:
-            lds[i] = prev.max() + 1
-        if lds[max_end] < lds[i]:
-            max_end = i
-            max_start = max_end - lds[max_end]
-    sections = (max_end - max_start) / 3
-    idx = max_start + int(sections) + int(sections / 2)
-    if max_end > max_start:
-        out["valley"] = float(lrs[min(idx, n - 1)])
-    return out
-
-
 @dataclass(frozen=True)
 class _Plan:
     """What every sweep of one run shares: the planned learning rates and when to stop."""
@@ -128,6 +61,8 @@ class _Plan:
     beta: float
     stop_factor: float
     callback: Any
+    min_drop: float = 0.05
+    settle: bool = True
 
 
 def _validate(start_lr: float, end_lr: float, num_steps: int, repeats: int, beta: float) -> None:
@@ -176,11 +111,13 @@ def _no_lr_to_sweep(optimizer: Any) -> CheckResult | None:
 
 
 def _ramp(plan: _Plan, sweep_setup: Any, ctx: Any, runner: Any, ratios: list[float], stepped_at: list[float],
-          seed: int, r: int, bar: Any) -> tuple[list[float], list[float]] | CheckResult:
-    """One sweep's (losses, learning rates) up to where it stops; a SKIP when the step sets its own LR."""
+          seed: int, r: int, bar: Any) -> tuple[list[float], list[float], str] | CheckResult:
+    """One sweep's (losses, learning rates, why it stopped) up to where it stops; a SKIP when the step sets its own
+    LR."""
     raw: list[float] = []
     used: list[float] = []
     best, avg, beta = math.inf, 0.0, plan.beta
+    rise = _RiseWatch(plan)
     for i, batch in enumerate(sweep_setup.batches(plan.num_steps, seed=seed)):
         lr = float(plan.lrs[i])
         for g, ratio in zip(ctx.optimizer.param_groups, ratios):
@@ -206,8 +143,47 @@ def _ramp(plan: _Plan, sweep_setup: Any, ctx: Any, runner: Any, ratios: list[flo
         smooth_now = avg / (1 - beta ** len(raw))
         best = min(best, smooth_now)
         if len(raw) > 1 and smooth_now > plan.stop_factor * best:
+            rise.why = f"the smoothed loss passed {plan.stop_factor:g}x its best"
             break
-    return raw, used
+        if plan.settle and rise.past_minimum(raw):
+            break
+    rise.why = rise.why or ("a non-finite loss" if raw and not math.isfinite(raw[-1]) else "the end of the sweep")
+    return raw, used, rise.why
+
+
+class _RiseWatch:
+    """The sweep's sequential stop: once the running median of the last ``window`` losses has fallen below the
+    median of the first ``window`` (by ``min_drop`` and by more than their noise) and then risen back above that start
+    by more than the noise, the loss has diverged past its minimum and the rest of the sweep cannot move the
+    suggestions (they are all read at or before the minimum).
+
+    The noise is that of the first window's losses (at LRs too small to train, the batches' own spread): the standard
+    error of a difference of two medians of ``window`` losses, times ``SIGNIFICANCE``. The lag-free median decides
+    where the bias-corrected EMA (beta 0.98 trails a 100-step sweep by half of it) would run on for tens of steps."""
+
+    SIGNIFICANCE = 3.0
+
+    def __init__(self, plan: _Plan) -> None:
+        self.window = max(5, plan.num_steps // 10) | 1
+        self.min_drop = plan.min_drop
+        self.best = math.inf
+        self.why = ""
+
+    def past_minimum(self, raw: list[float]) -> bool:
+        w = self.window
+        if len(raw) < 2 * w:
+            return False
+        head = np.asarray(raw[:w])
+        start, now = float(np.median(head)), float(np.median(raw[-w:]))
+        self.best = min(self.best, now)
+        mad = 1.4826 * float(np.median(np.abs(head - start)))
+        noise = self.SIGNIFICANCE * 1.2533 * mad * math.sqrt(2 / w)
+        fell = start - self.best
+        if fell > max(self.min_drop * abs(start), noise) and now - start > noise:
+            self.why = (f"the loss rose back above its start ({now:.3g} > {start:.3g}, medians of {w} steps; noise "
+                        f"{noise:.2g}) after falling {fell / abs(start):.0%}")
+            return True
+        return False
 
 
 def _sweep(setup: Setup, sweep_setup: Any, plan: _Plan, r: int,
@@ -234,7 +210,7 @@ def _sweep(setup: Setup, sweep_setup: Any, plan: _Plan, r: int,
         handle.remove()
     if isinstance(ramp, CheckResult):
         return ramp
-    raw, used = ramp
+    raw, used, why = ramp
     raw_arr = np.asarray(raw)
     finite = np.isfinite(raw_arr)
     n_ok = int(np.argmin(finite)) if not finite.all() else raw_arr.size
@@ -242,14 +218,15 @@ def _sweep(setup: Setup, sweep_setup: Any, plan: _Plan, r: int,
     lrs_used = np.asarray(used[:n_ok])
     record = {"seed": seed, "lr": lrs_used, "raw": raw_arr[:n_ok], "smooth": smooth, "steps": len(raw),
               "suggest": suggest(lrs_used, smooth, skip_start=max(1, plan.num_steps // 10)),
-              "stopped_at": float(used[-1]) if used else math.nan}
+              "stopped_at": float(used[-1]) if used else math.nan, "stopped_by": why}
     return record, group_lrs, runner.source
 
 
 @register(CHECK_ID, title="Learning-rate range test",
           description="Sweep the LR exponentially on a copy; suggest a range (steepest, valley, min/10 over seeds) "
                       "and compare the Setup's LR.",
-          budgets={'quick': {'num_steps': 60, 'repeats': 1}, 'thorough': {'num_steps': 200, 'repeats': 3}},
+          budgets={'quick': {'num_steps': 60, 'repeats': 1},
+                   'thorough': {'num_steps': 200, 'repeats': 3, 'settle': False}},
           plot="tropt.plots.dynamics")
 def check_lr_range(
     setup: Setup,
@@ -263,6 +240,7 @@ def check_lr_range(
     tolerance: float = 10.0,
     inconclusive: float = 100.0,
     min_drop: float = 0.05,
+    settle: bool = True,
     progress: bool = True,
     callback: Any = None,
 ) -> CheckResult:
@@ -289,6 +267,12 @@ def check_lr_range(
         WARN, with no range, when the three suggestions are more than this factor apart.
     min_drop
         WARN, with no range, when no sweep's smoothed loss fell by more than this fraction of its start.
+    settle
+        The sequential tests (``metrics["stopped_by"]`` and ``["settled"]`` say which decided): a sweep stops once
+        its running median has fallen by ``min_drop`` and risen back above its start (diverged past its minimum),
+        and the further seeds are not run when the first sweep's verdict is clear by a factor
+        ``SETTLE_MARGIN`` (the Setup's LR that far inside, or outside, the tolerance band of a range whose methods
+        agree within 10x). False runs every sweep to ``stop_factor`` and every seed.
     progress
         Show a progress bar.
     callback
@@ -314,7 +298,7 @@ def check_lr_range(
     setup.validate()
     sweep_setup = setup.replace(scheduler=None)
     plan = _Plan(start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1)), num_steps, repeats,
-                 beta, stop_factor, callback)
+                 beta, stop_factor, callback, min_drop, settle)
     sweeps: list[dict[str, Any]] = []
     group_lrs: list[float] = []
     loss_from = None
@@ -327,9 +311,48 @@ def check_lr_range(
                     return done
                 record, group_lrs, loss_from = done
                 sweeps.append(record)
+                settled = _one_sweep_settles(sweeps, group_lrs, tolerance, min_drop) if settle and r == 0 else None
+                if settled and repeats > 1:
+                    sweeps[0]["settled"] = settled
+                    break
         finally:
             bar.close()
-    return _result(setup, sweeps, group_lrs, num_steps, tolerance, inconclusive, min_drop, stop_factor, loss_from)
+    result = _result(setup, sweeps, group_lrs, num_steps, tolerance, inconclusive, min_drop, stop_factor, loss_from)
+    result.metrics.update(sweeps_planned=repeats, stopped_by="; ".join(s["stopped_by"] for s in sweeps),
+                          settled=sweeps[0].get("settled", "no: every planned sweep ran") if sweeps else "no")
+    if sweeps and "settled" in sweeps[0]:
+        result.metrics["seed_spread_x"] = math.nan
+        result.metrics["seed_note"] = (f"one sweep settled the verdict ({sweeps[0]['settled']}); the other "
+                                       f"{repeats - 1} seed(s) were not run, so there is no seed-noise estimate")
+    return result
+
+
+def _one_sweep_settles(sweeps: list[dict], group_lrs: list[float], tolerance: float, min_drop: float) -> str | None:
+    """Why the first sweep alone settles the verdict, or None: its loss fell clearly (twice ``min_drop``), its methods
+    agree within 10x, and the Setup's LR lies ``SETTLE_MARGIN`` times inside (or outside) the tolerance band.
+
+    A second seed moves the suggestions by its seed noise; the band's edge is then a factor ``SETTLE_MARGIN`` away, so
+    only a seed spread beyond that (which the full test would report as unreliable anyway) could change the verdict.
+    """
+    s = sweeps[0]
+    smooth = s["smooth"]
+    if not smooth.size or not smooth[0]:
+        return None
+    drop = float(smooth[0] - np.min(smooth)) / abs(float(smooth[0]))
+    vals = [v for v in s["suggest"].values() if math.isfinite(v) and v > 0]
+    setup_lr = float(group_lrs[0]) if group_lrs else math.nan
+    if drop < 2 * min_drop or len(vals) < 2 or not (math.isfinite(setup_lr) and setup_lr > 0):
+        return None
+    low, high = min(vals), max(vals)
+    if high / low > 10:
+        return None
+    inside = min(setup_lr * tolerance / low, high * tolerance / setup_lr)
+    if inside >= SETTLE_MARGIN:
+        return f"the Setup's LR {setup_lr:.2g} lies {inside:.0f}x inside the tolerance band of {low:.2g}-{high:.2g}"
+    outside = max(low / (setup_lr * tolerance), setup_lr / (high * tolerance))
+    if outside >= SETTLE_MARGIN:
+        return f"the Setup's LR {setup_lr:.2g} lies {outside:.0f}x outside the tolerance band of {low:.2g}-{high:.2g}"
+    return None
 
 
 def _suggestion_tables(sweeps: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:

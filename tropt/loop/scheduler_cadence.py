@@ -207,7 +207,11 @@ def _cadence_runs(setup: Setup, steps: int | None, k: int) -> CheckResult | _Cad
         raise TroptError(f"batches must hold at least K={k} samples to compare K=1 with K={k}",
                          "use bigger batches or k=2")
     try:
+        tags = _tag_lrs(first.optimizer) if hand_set else []
         one = _cadence_run(setup, first, batches, 1)
+        written = _untag_lrs(first.optimizer, tags) if hand_set else True
+        if hand_set and not written and not _lr_changes(one["lrs"]):
+            return _never_set(len(batches), k, one)
         many = _cadence_run(setup, setup.build(accumulation_steps=k), batches, k)
     except _HandUpdate:
         return CheckResult("loop.scheduler_cadence", Status.SKIP,
@@ -217,7 +221,8 @@ def _cadence_runs(setup: Setup, steps: int | None, k: int) -> CheckResult | _Cad
         return CheckResult("loop.scheduler_cadence", Status.SKIP,
                            "no scheduler in this Setup and the learning rate never changed over "
                            f"{len(batches)} optimizer steps with K=1 or K={k}: no schedule to check",
-                           {"steps": len(batches), "k": k,
+                           {"steps": len(batches), "k": k, "runs": f"K=1 and K={k}", "lr_written": True,
+                            "optimizer_steps": int(sum(one["calls"]) + sum(many["calls"])),
                             "lr": float(one["lrs"][0, 0]) if len(one["lrs"]) else float("nan")})
     if hand_set and not _same_lrs(one["lrs"], many["lrs"]):
         drifting = _counter_outside_ctx(setup, batches, k, one)
@@ -228,6 +233,50 @@ def _cadence_runs(setup: Setup, steps: int | None, k: int) -> CheckResult | _Cad
         faster = _advances_per_micro_batch(setup, many, k)
     schedule = "set by hand in the step" if hand_set else type(first.scheduler).__name__
     return _Cadence(k, len(batches), one, many, hand_set, has_position, plateau, schedule, faster, first.scheduler)
+
+
+class _Untouched(float):
+    """A group's learning rate as tropt left it before the K=1 run: a step that assigns ``group["lr"]`` (by hand, or
+    through a scheduler it builds on ctx) replaces this object, even with the same value, so the assignment shows."""
+
+
+def _tag_lrs(optimizer: Any) -> list:
+    """Put an :class:`_Untouched` copy of each group's float learning rate in place; returns what was put there
+    (a tensor learning rate stays itself: a write to it changes its value, which the recorded rates show)."""
+    tags = []
+    for g in optimizer.param_groups:
+        lr = g.get("lr")
+        if type(lr) is float:
+            g["lr"] = lr = _Untouched(lr)
+        tags.append(lr)
+    return tags
+
+
+def _untag_lrs(optimizer: Any, tags: list) -> bool:
+    """Whether the step assigned any group's learning rate since :func:`_tag_lrs`; puts plain floats back."""
+    groups = optimizer.param_groups
+    written = len(groups) != len(tags) or any(g.get("lr") is not t for g, t in zip(groups, tags, strict=False))
+    for g in groups:
+        if type(g.get("lr")) is _Untouched:
+            g["lr"] = float(g["lr"])
+    return written
+
+
+def _never_set(steps: int, k: int, one: dict) -> CheckResult:
+    """The SKIP a K=1 run alone decides: no scheduler, and the step never assigned a learning rate nor changed one.
+
+    A schedule written by hand (``group["lr"] = get_lr(ctx.it)``) or by a scheduler the step builds assigns the
+    group's ``lr`` in every call that sets it, so a K={k} run of a step that assigned none has nothing to compare."""
+    return CheckResult(
+        "loop.scheduler_cadence", Status.SKIP,
+        f"no scheduler in this Setup and the learning rate never changed over {steps} optimizer steps with K=1: the "
+        "step never assigned a learning rate (param_group['lr']), so there is no schedule to check (the K="
+        f"{k} run was not needed)",
+        {"steps": steps, "k": k, "runs": "K=1 only", "lr_written": False,
+         "optimizer_steps": int(sum(one["calls"])),
+         "lr": float(one["lrs"][0, 0]) if len(one["lrs"]) else float("nan")},
+        advice=["To check a schedule, pass it as Setup(scheduler=lambda optimizer: ...), or set param_group['lr'] "
+                "in the step (it is then compared with K=1 and K=" f"{k})."])
 
 
 def _counter_outside_ctx(setup: Setup, batches: list, k: int, one: dict) -> CheckResult | None:
