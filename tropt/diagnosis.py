@@ -174,6 +174,7 @@ def diagnose(
     from contextlib import nullcontext
 
     from .budgets import budget_options, tropt_threads
+    from .core.compiled import CompileLog
     from .core.step_cost import add_costs
     from .data.cache import scan_needs, session
     from .identity import run_identity
@@ -188,20 +189,15 @@ def diagnose(
             check_splits_readable(splits)
         except DataError as exc:
             splits_error = exc
-    setup_error: BaseException | None = None
-    if setup is not None and any(s.needs == "setup" for s in specs):
-        try:
-            setup.validate()
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported once per setup check, the data checks still run
-            from .loader_errors import loading_error
-
-            setup_error = loading_error(exc, setup) or exc
     common: dict[str, Any] = {"label": label, "group": group, "time": time, "task": task, "progress": progress,
                               "callback": callback}
     results: list[CheckResult] = []
     data_ids = [s.id for s in specs if s.needs == "splits"]
     setup_ids = {s.id for s in specs if s.needs == "setup"}
-    with tropt_threads(threads) as used_threads, session(scan_needs(data_ids)) if splits is not None else nullcontext():
+    # Validation runs under tropt's thread count too: a compiled model guards on it, and would recompile (issue 28).
+    with CompileLog() as compile_log, tropt_threads(threads) as used_threads, \
+            session(scan_needs(data_ids)) if splits is not None else nullcontext():
+        setup_error = _validated(setup, specs)
         _run_specs(specs, setup, splits, setup_error, {**common, "budget": budget, "per_check": per_check}, results,
                    progress, callback, on_result, splits_error)
         step_s = _step_unit(setup, setup_error, setup_ids, results)
@@ -211,6 +207,8 @@ def diagnose(
     identity.update(budget=budget, threads=used_threads, **add_costs(results, step_s, setup_ids))
     if setup is not None and setup_ids:
         identity.update(_precision_note(setup))
+    if note := compile_log.note():
+        identity["compile_note"] = note
     if splits_error is not None:
         identity["data_fingerprint_error"] = str(splits_error)
     return Report(link_findings(results), identity)
@@ -224,6 +222,19 @@ def _step_unit(setup: Setup | None, setup_error: Any, setup_ids: set[str], resul
     if setup is None or setup_error is not None or not setup_ids:
         return None
     return measured_step_seconds(results) or step_seconds(setup)
+
+
+def _validated(setup: Setup | None, specs: list) -> BaseException | None:
+    """Validate the Setup once before its checks; the error each setup check then reports, or None."""
+    if setup is None or not any(s.needs == "setup" for s in specs):
+        return None
+    try:
+        setup.validate()
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported once per setup check, the data checks still run
+        from .loader_errors import loading_error
+
+        return loading_error(exc, setup) or exc
+    return None
 
 
 def _precision_note(setup: Setup) -> dict[str, str]:

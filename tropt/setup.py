@@ -19,6 +19,7 @@ from torch import nn
 
 from .core.accelerate import accelerate_told
 from .core.batch import BatchLayout, join_batches, remember_parts, to_device
+from .core.compiled import mark_batch_dynamic
 from .errors import SetupError, StepError, TroptError
 from .setup_validation import (
     OptimizerFactories,
@@ -172,6 +173,11 @@ class Setup(SetupValidation):
         return self.layout.split(batch, k, sizes=sizes)
 
     @property
+    def _dynamic_dim(self) -> int | None:
+        """The batch dimension a compiled model may treat as dynamic; None for a layout only split_fn knows."""
+        return None if self.split_fn is not None else self.batch_dim
+
+    @property
     def loader_batches_per_step(self) -> int:
         """Loader batches one optimizer step reads: K with ``accumulation="batches"``, else 1."""
         return self.accumulation_steps if self.accumulation == "batches" else 1
@@ -199,6 +205,7 @@ class Setup(SetupValidation):
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """Call ``loss_fn`` and check it gave a scalar tensor; errors from user code name where they came from."""
+        batch = mark_batch_dynamic(model, [batch], self._dynamic_dim)[0]
         try:
             loss = self.loss_fn(model, batch)
         except TroptError:
@@ -392,6 +399,7 @@ class Setup(SetupValidation):
 
     def run_step(self, ctx: StepContext, micro_batches: list) -> Any:
         """Call the step under test; exceptions from the user's step name it and keep the cause."""
+        micro_batches = mark_batch_dynamic(ctx.model, micro_batches, self._dynamic_dim)
         try:
             if "accelerate" not in sys.modules:  # nothing to tell (accelerate_told would be a no-op): the hot path
                 return self.step_fn(ctx, micro_batches)

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from ..core.compiled import untraced
 from ..core.grad_mode import grad_mode, loss_needs_grad
 from ..registry import register
 from ..result import CheckResult, Status
@@ -160,7 +161,7 @@ class _Hooks:
             if kind is not None:
                 st = _LayerStats(name or type(m).__name__, m, kind)
                 self.layers.append(st)
-                self.handles.append(m.register_forward_hook(self._hook(st)))
+                self.handles.append(m.register_forward_hook(untraced(self._hook(st), model)))
 
     def _hook(self, st: _LayerStats):
         def hook(module: nn.Module, args: Any, out: Any) -> None:
