@@ -215,6 +215,12 @@ def _shape(y_use: np.ndarray, x_use: np.ndarray, th: CurveThresholds) -> _Shape:
         w=max(1, n_use // 10), significance=th.significance)
 
 
+# How many first points the start is also read from. A short curve (epoch means of a small train set: 50 points, a
+# trend window of 5) has its fall inside the window itself, so the first 1-3 points are read too, each against its
+# own standard error.
+_EARLY_READS = (1, 2, 3, 5, 10)
+
+
 def _levels(c: _Shape, th: CurveThresholds, metrics: dict, classes: list[str]) -> float:
     """Start, end and best of the trend; "diverging" or "flat". Returns the end level (classifier units)."""
     z, w = c.z, c.w
@@ -251,7 +257,7 @@ def _levels(c: _Shape, th: CurveThresholds, metrics: dict, classes: list[str]) -
     elif decrease < max(th.min_decrease, sig_best) and not any(
             float(np.median(z[:k])) - end > max(th.min_decrease, th.significance * 1.2533 * noisiest
                                                  * math.sqrt(1 / k + 1 / w))
-            for k in (5, 10) if k < w):
+            for k in _EARLY_READS if k < w):
         classes.append("flat")
     return end
 
