@@ -339,7 +339,9 @@ def _from_batch(report: Report, setup: Setup | None) -> list[Suggestion]:
            "must be compared, not assumed; compare runs it at equal samples (half the steps of a steps budget), so the "
            "larger batch never wins by seeing more data")
     words = [f"batch size {bs or '?'} → {2 * bs if bs else '2×'}", f"learning rate ×{factor:.3g}"]
-    loader = loader_like(setup.train_data, batch_size=2 * bs // setup.loader_batches_per_step) if setup is not None and bs else None
+    # bs is the step's batch (K loader batches with accumulation="batches"): the loader's batch doubles to double it
+    loader = (loader_like(setup.train_data, batch_size=2 * bs // setup.loader_batches_per_step)
+              if setup is not None and bs else None)
     if loader is None or lr is None:
         why = ("no Setup was given" if setup is None
                else "the Setup's train_data is not a plain DataLoader tropt can rebuild")
