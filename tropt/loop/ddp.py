@@ -18,12 +18,14 @@ import contextlib
 import dataclasses
 import datetime
 import faulthandler
+import math
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -329,8 +331,24 @@ def _at_bound(grads: dict, clip: float | None) -> bool:
     return abs(norm - clip) <= 1e-3 * clip
 
 
+def _average_of_steps(setup: Setup, whole: list, view: int, freeze: Freeze, clip: Callable[[dict], dict],
+                      ddp_grads: dict) -> float:
+    """The relative error between the DDP gradient and the average of the single-process step's gradients, each run
+    on one process's share alone, at the view the verdict compared (0 at optimizer.step, 1 before clipping, 3 at the
+    clip's entry). After a clip, each process's clipped gradient does not average to the clipped average: the
+    pre-clip gradients are averaged and clipped, as DDP's averaged gradient is."""
+    after_clip = view == 0 and setup.grad_clip is not None
+    index = 1 if after_clip else {0: 0, 1: 1, 3: 2}[view]
+    runs = [single_run(setup, share, freeze=freeze)[0][index] for share in whole]
+    if not all(runs):
+        return math.inf
+    average = {n: None if any(r.get(n) is None for r in runs) else sum(r[n] for r in runs) / len(runs)
+               for n in runs[0]}
+    return global_rel_error(ddp_grads, clip(average) if after_clip else average)
+
+
 def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: dict, tol: float, freeze: Freeze,
-                      clipped_grads: bool = True) -> str | None:
+                      clipped_grads: bool = True, view: int = 0) -> str | None:
     """Does the DDP gradient equal the average of per-process (or per-micro-batch) mean losses?
 
     With a loss that is a mean over items other than samples (tokens, non-padding positions), each process
@@ -348,6 +366,11 @@ def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: 
         return {n: (None if v is None else v * coef) for n, v in g.items()}
 
     if global_rel_error(ddp_grads, clipped(loss_grads(setup, whole, [1 / world] * world, freeze))) <= close:
+        return "process"
+    # A step that counts its own items (the HF Trainer's num_items_in_batch, fairseq's sample_size) can normalise
+    # otherwise than loss_fn does: predict from the step itself, run alone on each process's share and averaged as
+    # DDP averages. Equal means DDP reduced right and only each process's own normalisation differs.
+    if _average_of_steps(setup, whole, view, freeze, clipped, ddp_grads) <= close:
         return "process"
     micro = [mb for share in shares for mb in share]
     per_micro = loss_grads(setup, micro, [1 / len(micro)] * len(micro), freeze) if k > 1 else None
@@ -460,7 +483,7 @@ def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence | Ch
     # construction: never test a cause against it (the verdict names the bypassed DDP instead).
     if float(decisive["rel_error"].max()) > tol and ranks[0][3][0] > 0:
         per_mean = _per_process_mean(setup, whole, shares, rank0_grads(franks, view),
-                                     tol, frozen_run, clipped_grads=not pre_clip)
+                                     tol, frozen_run, clipped_grads=not pre_clip, view=view)
     loss = (loss_kind(setup, full, freeze=frozen_run, close=max(10 * tol, 1e-4))
             if float(decisive["rel_error"].max()) > tol and ranks[0][3][0] > 0 else None)
     return DdpEvidence(world_size, tol, k, per_rank, single, ranks, where, table, post, pre_clip, err, unused, utable,
