@@ -405,3 +405,39 @@ def test_a_curve_below_the_target_loss_and_still_falling_is_no_plateau_but_a_fla
     assert falling[-1] < 0.1 * falling[0]
     assert not _plateaued(falling, target=0.1 * falling[0])
     assert _plateaued(flat, target=0.1 * flat[0])
+
+
+# ------------------------------------------------------------------ "ignores its input" is confirmed on the model
+class _FaintInput(nn.Module):
+    """A healthy MLP that reads its input at 1% of its scale, with large initial logits: the first steps only shrink
+    the logits, as on zeroed inputs, and the input's signal pulls the loss below the baseline's only later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = mlp()
+        with torch.no_grad():
+            self.net[-1].weight.mul_(5)
+            self.net[-1].bias.mul_(5)
+
+    def forward(self, x):
+        return self.net(0.01 * x)
+
+
+def test_a_model_that_reads_its_input_slowly_is_not_said_to_ignore_it():
+    """After 30 steps its loss is within 1% of the zeroed-input baseline's (the old verdict: FAIL "ignores its
+    input"); given another sample's input its output changes, so it reads it: a WARN that says so. With 100 steps it
+    pulls away from the baseline, which the WARN's advice predicts."""
+    s = setup_for(_FaintInput(), opt=adam(3e-3), num_classes=C)
+    r = run(check_overfit_batch, s, steps=30)
+    assert r.status is Status.WARN and "does read its input" in r.summary, r.summary
+    assert r.metrics["final_loss"] >= 0.9 * r.metrics["baseline_final_loss"]  # the baseline comparison alone is close
+    assert r.metrics["input_dependence"] > 1e-3
+    longer = run(check_overfit_batch, s, steps=100)
+    assert longer.metrics["final_loss"] < 0.9 * longer.metrics["baseline_final_loss"], longer.summary
+
+
+def test_a_model_that_ignores_its_input_has_no_input_dependence():
+    """The control: the model fed zeros gives the same outputs whichever sample's input it gets, so the FAIL stays."""
+    r = run(check_overfit_batch, setup_for(IgnoresInput()))
+    assert r.status is Status.FAIL and "ignores its input" in r.summary, r.summary
+    assert r.metrics.get("input_dependence") is None  # zeroing x changes nothing: no argument is found to roll

@@ -70,12 +70,13 @@ def input_scale(batch: Any, inputs: set, low: float = 0.1, high: float = 10.0) -
 
 
 def _loss_output(setup: Setup, model: nn.Module, batch: Any, ctx: Any = None,
-                 zero: frozenset = frozenset()) -> torch.Tensor | None:
+                 zero: frozenset = frozenset(), transform: Any = None) -> torch.Tensor | None:
     """The model's output while ``loss_fn`` runs on ``batch`` (no grad unless the loss differentiates inside itself,
-    dropout off, seeded), with the root model's arguments at ``zero`` positions zeroed."""
+    dropout off, seeded), with the root model's arguments at ``zero`` positions zeroed (or passed through
+    ``transform``)."""
     grad = loss_grad_mode(setup, model, batch, ctx)
     torch.manual_seed(0)  # any other randomness in the forward (noise layers) is the same in every probe
-    with grad, dropout_off(model), Capture(model) as cap, zeroed_arguments(model, zero):
+    with grad, dropout_off(model), Capture(model) as cap, zeroed_arguments(model, zero, transform):
         if ctx is not None:
             with ctx.autocast():
                 setup.loss(model, batch)
@@ -191,17 +192,19 @@ def _zero(t: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(t)
 
 
-def zeroed_arguments(model: nn.Module, positions: frozenset):
-    """Context manager: every call of ``model`` gets zeros in place of its tensor arguments at ``positions``."""
+def zeroed_arguments(model: nn.Module, positions: frozenset, transform: Any = None):
+    """Context manager: every call of ``model`` gets zeros (or ``transform`` of them) in place of its tensor
+    arguments at ``positions``."""
     from contextlib import nullcontext
 
     if not positions:
         return nullcontext()
+    change = transform or _zero
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
-        args = tuple(_zero(a) if ("arg", i) in positions and isinstance(a, torch.Tensor) else a
+        args = tuple(change(a) if ("arg", i) in positions and isinstance(a, torch.Tensor) else a
                      for i, a in enumerate(args))
-        kwargs = {k: _zero(v) if ("kwarg", k) in positions and isinstance(v, torch.Tensor) else v
+        kwargs = {k: change(v) if ("kwarg", k) in positions and isinstance(v, torch.Tensor) else v
                   for k, v in kwargs.items()}
         return args, kwargs
 
@@ -249,3 +252,8 @@ def names_list(names: list[str], limit: int = 4) -> str:
     if len(names) <= limit:
         return ", ".join(names)
     return ", ".join(names[:limit]) + f" and {len(names) - limit} more"
+
+
+def acc_text(a: float) -> str:
+    """An accuracy that never rounds up to 100% (99.9% of tokens is not all of them)."""
+    return "100%" if a >= 1.0 else f"{math.floor(a * 1000) / 10:.1f}%"

@@ -1,12 +1,16 @@
 """Named causes of a stall in ``model.overfit_batch``: outputs bounded before a loss that expects logits, and
-spectrally normalised layers that bound the logits' scale."""
+spectrally normalised layers that bound the logits' scale (and the WARN that names them)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 import torch
 from torch import nn
+
+from ..result import CheckResult, Status
+from ._common import acc_text, fmt
 
 
 def bounded_output_cause(out: torch.Tensor | None, objective: Any, squashes: bool = True) -> str | None:
@@ -49,3 +53,21 @@ def spectral_norm_layers(model: nn.Module) -> list[tuple[str, str]]:
                 type(p).__name__ == "_SpectralNorm" for plist in module.parametrizations.values() for p in plist):
             found.append((name or "(model)", "torch.nn.utils.parametrizations.spectral_norm"))
     return found
+
+
+def spectral_floor(c: Any) -> CheckResult:
+    """WARN: a stall of a model whose spectrally normalised layers bound the logits' scale, so the loss's floor
+    (``c`` is overfit_batch's case)."""
+    names = [name for name, _ in c.spectral]
+    c.metrics["spectral_norm_layers"] = len(names)
+    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+    summary = (f"the loss stalls at a floor of {fmt(c.final)} ({c.final / c.start:.0%} of its start) before memorising "
+               f"{c.n} samples" + (f" (train accuracy {acc_text(c.acc)})" if c.acc is not None else "")
+               + f"; the model has {len(names)} spectrally normalised layer(s) ({shown}): spectral normalisation "
+               "bounds the logits' scale, so the loss has a floor: the floor is expected; judge memorisation by train "
+               "accuracy or raise the logit scale/temperature")
+    advice = [*c.scale_notes, "Judge memorisation by train accuracy (metrics['final_accuracy']), or raise the logit "
+              "scale/temperature (multiply the logits by a constant) and rerun to see the loss fall further."]
+    table = pd.DataFrame({"layer": names, "normalisation": [kind for _, kind in c.spectral]})
+    return CheckResult("model.overfit_batch", Status.WARN, summary, c.metrics, {**c.tables, "spectral_norm": table},
+                       advice, c.series)

@@ -42,11 +42,16 @@ def _evaluate(setup: Setup, ctx: Any, batch: Any, objective: Any) -> tuple[float
 def train_on_batch(setup: Setup, batch: Any, objective: Any, steps: int, target_fraction: float, seed: int,
            stop_early: bool, desc: str, progress: bool, fixed_steps: int | None = None,
            callback: Any = None, phase: str = "model", zero_args: frozenset = frozenset(),
-           min_accuracy: float = 1.0) -> dict[str, Any]:
+           min_accuracy: float = 1.0, probe: Any = None) -> dict[str, Any]:
+    """Train a fresh copy on ``batch`` (see :func:`_train_ctx`); ``probe(ctx)``, when given, runs on the trained
+    copy and its value is returned under ``"probe"``."""
     ctx = setup.build(seed=seed)
     with zeroed_arguments(ctx.model, zero_args):  # the baseline: the model sees zeros where it reads its inputs
-        return _train_ctx(ctx, setup, batch, objective, steps, target_fraction, stop_early, desc, progress,
-                          fixed_steps, callback, phase, min_accuracy)
+        out = _train_ctx(ctx, setup, batch, objective, steps, target_fraction, stop_early, desc, progress,
+                         fixed_steps, callback, phase, min_accuracy)
+    if probe is not None:
+        out["probe"] = probe(ctx)
+    return out
 
 
 def _train_ctx(ctx: Any, setup: Setup, batch: Any, objective: Any, steps: int, target_fraction: float, stop_early: bool,

@@ -20,6 +20,7 @@ from ..registry import register
 from ..result import CheckResult, Status
 from ..snapshot import preserved
 from ._common import (
+    acc_text,
     argument_positions,
     fmt,
     input_paths,
@@ -28,7 +29,8 @@ from ._common import (
     target_scale,
     zero_inputs,
 )
-from ._overfit_causes import bounded_output_cause, spectral_norm_layers
+from ._input_dependence import input_dependence, reads_but_slow, reads_its_input
+from ._overfit_causes import bounded_output_cause, spectral_floor, spectral_norm_layers
 from ._overfit_samples import (
     DEFAULT_SAMPLES,
     baseline_steps,
@@ -42,11 +44,6 @@ if TYPE_CHECKING:
     from ..setup import Setup
 
 CHECK = "model.overfit_batch"
-
-
-def _acc(a: float) -> str:
-    """An accuracy that never rounds up to 100% (99.9% of tokens is not all of them)."""
-    return "100%" if a >= 1.0 else f"{math.floor(a * 1000) / 10:.1f}%"
 
 
 def _plateaued(losses: np.ndarray, window: float = 0.25, share: float = 0.1, tol: float = 0.005,
@@ -164,7 +161,8 @@ def _train_both(setup: Setup, samples: int, opts: _Options, seed: int, progress:
     del model_probe
     steps = opts.steps
     real = train_on_batch(setup, batch, objective, steps, opts.target_fraction, seed, True, "overfit batch",
-                          progress, callback=callback, min_accuracy=opts.min_accuracy)
+                          progress, callback=callback, min_accuracy=opts.min_accuracy,
+                          probe=lambda ctx: input_dependence(setup, ctx, batch, positions, inputs))
     base_batch, zero_args = (batch, positions) if positions is not None else (zero_inputs(batch, inputs), frozenset())
     base_steps, real["baseline_stopped"] = baseline_steps(real, steps)
     real["samples_why"] = why
@@ -192,6 +190,8 @@ def _case(setup: Setup, opts: _Options, batch: Any, n: int, objective: Any, posi
         "observed_at": "optimizer.step" if real["optimizer_steps"] else "parameter change",
         "inputs_zeroed_in_baseline": len(positions) if positions is not None else len(inputs),
     }
+    if real.get("probe") is not None:  # the trained model's output change when each sample gets another's input
+        metrics["input_dependence"] = real["probe"]
     if acc is not None:
         metrics["final_accuracy"] = acc
         metrics["baseline_final_accuracy"] = base["accs"][-1] if base["accs"][-1] is not None else math.nan
@@ -269,7 +269,7 @@ def _memorised(c: _Case) -> CheckResult | None:
         # Frozen layers bound how confident the outputs can get: the trainable ones fit every label, but the loss
         # keeps a floor they cannot remove. That is memorisation, with a caveat.
         c.metrics.update(frozen_parameters=len(frozen), loss_floor=final)
-        summary = (f"memorised a batch of {n} in {c.ran} steps: train accuracy {_acc(acc)}, loss "
+        summary = (f"memorised a batch of {n} in {c.ran} steps: train accuracy {acc_text(acc)}, loss "
                    f"{fmt(start)} -> {fmt(final)} (zeroed-input baseline: {fmt(c.base_final)}); the loss keeps a floor "
                    f"at {final / start:.0%} of its start (above the {c.opts.target_fraction:.0%} target) that the "
                    f"{len(frozen)} frozen parameter(s) ({', '.join(frozen[:4])}{', ...' if len(frozen) > 4 else ''}) "
@@ -282,7 +282,7 @@ def _memorised(c: _Case) -> CheckResult | None:
               f"after {k} steps the model's loss was {fmt(float(c.losses[k]))}, the zeroed-input baseline's "
               f"{fmt(c.base_final)}")
         summary = (f"memorised a batch of {n} in {c.ran} steps: loss {fmt(start)} -> {fmt(final)}"
-                   + (f", train accuracy {_acc(acc)}" if acc is not None else "") + f" ({at})")
+                   + (f", train accuracy {acc_text(acc)}" if acc is not None else "") + f" ({at})")
         return CheckResult(CHECK, Status.PASS, summary, c.metrics, c.tables, [], c.series)
     return None
 
@@ -366,6 +366,8 @@ def _not_memorised_verdict(c: _Case, judge_input: bool) -> CheckResult:
     plateaued = c.plateaued()
     decided = plateaued or base_final <= 0.8 * base_start
     if judge_input and base_final > 0 and final >= ratio * base_final and math.isfinite(base_final) and decided:
+        if reads_its_input(c.real.get("probe")):
+            return reads_but_slow(c)
         return c.fail(f"the model ignores its input: after {c.ran} steps its loss {fmt(final)} does not beat "
                       f"the {fmt(base_final)} of the same model trained on zeroed inputs",
                       [
@@ -386,11 +388,11 @@ def _not_memorised_verdict(c: _Case, judge_input: bool) -> CheckResult:
                                   "let tropt judge memorisation, compute the plain loss in loss_fn (e.g. without "
                                   "label smoothing).", *notes], c.series)
     if plateaued and c.spectral:
-        return _spectral_floor(c)
+        return spectral_floor(c)
     if plateaued:
         return c.fail(f"the loss stalls at a floor of {fmt(final)} ({final / start:.0%} of its start) and stops "
                       f"improving before memorising {n} samples"
-                      + (f" (train accuracy {_acc(acc)})" if acc is not None else ""),
+                      + (f" (train accuracy {acc_text(acc)})" if acc is not None else ""),
                       [*notes, "Check for a bounded output (sigmoid/softmax/tanh before the loss), a too-small "
                                "model, or labels the inputs cannot determine; then raise the learning rate."])
     steps = c.opts.steps
@@ -406,26 +408,10 @@ def _not_memorised_verdict(c: _Case, judge_input: bool) -> CheckResult:
         CHECK, Status.WARN,
         f"the loss is still falling but did not memorise a batch of {n} within {steps} steps: "
         f"{fmt(start)} -> {fmt(final)} ({final / start:.0%} of its start)"
-        + (f", train accuracy {_acc(acc)}" if acc is not None else "") + trend,
+        + (f", train accuracy {acc_text(acc)}" if acc is not None else "") + trend,
         c.metrics, c.tables, [*notes, f"Raise the learning rate or the number of steps (steps={steps * 2}) and "
                                       "rerun; a model that can learn memorises a few dozen samples quickly."],
         c.series)
-
-
-def _spectral_floor(c: _Case) -> CheckResult:
-    """WARN: a stall of a model whose spectrally normalised layers bound the logits' scale, so the loss's floor."""
-    names = [name for name, _ in c.spectral]
-    c.metrics["spectral_norm_layers"] = len(names)
-    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
-    summary = (f"the loss stalls at a floor of {fmt(c.final)} ({c.final / c.start:.0%} of its start) before memorising "
-               f"{c.n} samples" + (f" (train accuracy {_acc(c.acc)})" if c.acc is not None else "")
-               + f"; the model has {len(names)} spectrally normalised layer(s) ({shown}): spectral normalisation "
-               "bounds the logits' scale, so the loss has a floor: the floor is expected; judge memorisation by train "
-               "accuracy or raise the logit scale/temperature")
-    advice = [*c.scale_notes, "Judge memorisation by train accuracy (metrics['final_accuracy']), or raise the logit "
-              "scale/temperature (multiply the logits by a constant) and rerun to see the loss fall further."]
-    table = pd.DataFrame({"layer": names, "normalisation": [kind for _, kind in c.spectral]})
-    return CheckResult(CHECK, Status.WARN, summary, c.metrics, {**c.tables, "spectral_norm": table}, advice, c.series)
 
 
 @register(CHECK, title="Overfit one small batch",
