@@ -66,12 +66,28 @@ def test_loss_scaling_cause_matches_the_evidence_not_the_clip_setting():
             and "clip_grad_norm_" not in twice.summary), twice.summary
     assert twice.metrics["grad_norm_ratio"] * twice.metrics["scale_large"] == pytest.approx(1, rel=0.05)
     assert "do not also divide the gradients by the scale" in twice.advice[0]
+    assert twice.metrics["confirmed"] and twice.metrics["cause"] == "unscaled_twice", twice.summary
     value = check_loss_scaling(mlp_setup(step_clip_value_before_unscale, clip=1.0, scaler=True, scheduler=False))
     assert (value.status is Status.FAIL and "clip_grad_value_" in value.summary
             and "clip_grad_norm_" not in value.summary), value.summary
     assert value.metrics["value_clip_share"] > 0.5 and "±0.01 in scaled units" in value.summary
     norm = check_loss_scaling(mlp_setup(step_clip_before_unscale, clip=1.0, scaler=True))  # still named as before
     assert norm.status is Status.FAIL and "clip_grad_norm_ ran on still-scaled gradients" in norm.summary
+
+
+def step_never_unscaled(ctx, micro_batches):
+    scaled_backward(ctx, micro_batches)
+    ctx.optimizer.step()  # the scaler's step (which unscales) bypassed, and no update (it would raise without it)
+    ctx.optimizer.zero_grad()
+
+
+def test_gradients_never_unscaled_are_named_only_once_every_entry_is_the_scale_times_the_true_one():
+    """The norm ratio equal to the scale is the hint; the cause is named when every gradient divided by the scale is
+    the scale-1 run's (confirmed), and the control step that unscales passes."""
+    r = check_loss_scaling(mlp_setup(step_never_unscaled, scaler=True, scheduler=False))
+    assert r.status is Status.FAIL and "still multiplied by the loss scale" in r.summary, r.summary
+    assert r.metrics["confirmed"] and r.metrics["cause"] == "not_unscaled" and "confirmed:" in r.summary
+    assert r.metrics["confirmation_error"] < 1e-4
 
 
 # ------------------------------------------------------------------ a declared clip must clip (issue 27, section 4)

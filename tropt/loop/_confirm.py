@@ -190,3 +190,11 @@ def confirm_last_only_in_expectation(a_post: Sequence[Tensors], a_pre: Sequence[
     e = in_expectation(Repeats.of(list(a_post)), Repeats.of(fixed))
     return Confirmation("zero_grad once per optimizer step (the sum of the K backward passes)", e.rel_diff, math.nan,
                         inside=e.inside)
+
+
+def confirm_proportional(at_scale_1: Tensors, at_scale: Tensors, factor: float, fix: str, tol: float) -> Confirmation:
+    """A cause that multiplies every gradient by one ``factor`` (gradients never unscaled: the scale; unscaled twice:
+    1/scale): the large-scale run's gradients divided by it must be the scale-1 run's, entry by entry, not only in
+    norm (a norm ratio equal to the scale can also come from a few parameters scaled far more)."""
+    return Confirmation(fix, max_rel_error(scaled(at_scale, 1 / factor), at_scale_1), tol,
+                        "the gradients that reach optimizer.step() are the scale-1 run's")

@@ -27,7 +27,12 @@ from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
 from ._clip_probe import ClipProbe, probe_clip
-from ._confirm import Confirmation, confirm_clip_before_unscale, confirm_value_clip_before_unscale
+from ._confirm import (
+    Confirmation,
+    confirm_clip_before_unscale,
+    confirm_proportional,
+    confirm_value_clip_before_unscale,
+)
 from ._invariance_common import STANDARD_STEP_ADVICE
 from ._verdicts import defer_multi_step, require_steps, tolerance_for
 
@@ -178,7 +183,10 @@ def _loss_scaling_verdict(setup: Setup, rec_a: list, rec_b: list, used: float, t
     metrics.update(grad_norm_ratio=ratio, value_clip_share=clip_share)
     unscale_first = "Call scaler.unscale_(optimizer) once, before anything that reads or changes the gradients"
     if norm_a > 0 and abs(ratio / used - 1) < 0.05:
-        summary = f"optimizer.step() receives gradients still multiplied by the loss scale ({ratio:.3g}×)"
+        conf = confirm_proportional(a, b, used, f"every gradient divided by the scale {used:g}", tol)
+        summary = _named(f"the gradients depend on the loss scale (norm ratio {ratio:.3g} at scale {used:g})",
+                         "optimizer.step() receives gradients still multiplied by the loss scale", conf, metrics,
+                         "not_unscaled")
         advice = ["Step through the scaler: scaler.step(optimizer) (it unscales), or call scaler.unscale_(optimizer) "
                   "first."]
     elif setup.grad_clip is not None and abs(norm_b * used / setup.grad_clip - 1) < 0.05:
@@ -194,9 +202,10 @@ def _loss_scaling_verdict(setup: Setup, rec_a: list, rec_b: list, used: float, t
         advice = ["Call scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer) and "
                   "scaler.update()."]
     elif norm_a > 0 and abs(ratio * used - 1) < 0.05:
-        summary = (f"the gradients reaching optimizer.step() are 1/{used:g} of the true ones ({ratio:.3g}×): they "
-                   "are unscaled twice (e.g. divided by scaler.get_scale() by hand and again by "
-                   "scaler.unscale_/scaler.step)")
+        conf = confirm_proportional(a, b, 1 / used, f"every gradient multiplied back by the scale {used:g}", tol)
+        summary = _named(f"the gradients reaching optimizer.step() are 1/{used:g} of the true ones ({ratio:.3g}×)",
+                         "they are unscaled twice (e.g. divided by scaler.get_scale() by hand and again by "
+                         "scaler.unscale_/scaler.step)", conf, metrics, "unscaled_twice")
         advice = ["Unscale once: let scaler.unscale_(optimizer) or scaler.step(optimizer) do it; do not also divide "
                   "the gradients by the scale yourself."]
     elif clip_share >= 0.5:
