@@ -330,6 +330,21 @@ def test_two_optimizer_steps_per_call_fail_in_accumulation_with_the_count():
         assert r.metrics["optimizer_steps_per_call"] == 2 and "latent" not in r.metrics
 
 
+def test_an_inner_loop_of_updates_each_after_a_fresh_backward_is_not_a_repeated_update():
+    """BigGAN's num_D_steps, WGAN's n_critic inside one call, PPO's epochs: each update follows its own backward, so
+    none is an update applied again (the FAIL above); the one-update-per-call comparison says it cannot judge it."""
+    def step(ctx, micro_batches):
+        for _ in range(2):
+            ctx.optimizer.zero_grad()
+            for mb in micro_batches:
+                (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
+            ctx.optimizer.step()
+    for k in (1, 4):
+        r = check_accumulation(mlp_setup(step, k=k, scheduler=False))
+        assert r.status is Status.WARN and r.metrics["inner_loop"] and "fresh backward" in r.summary, r.summary
+        assert r.metrics["optimizer_steps_per_call"] == 2
+
+
 def test_a_step_that_cannot_take_smaller_micro_batches_is_latent_without_accumulation():
     def step(ctx, micro_batches):  # a per-batch state sized for the full batch, as a naive recurrent loop keeps
         if not hasattr(ctx, "state"):

@@ -125,6 +125,16 @@ def updates_per_call(records: list[StepRecord]) -> int:
     return max(counts.values(), default=0)
 
 
+def inner_loop(records: list[StepRecord]) -> bool:
+    """Whether the optimizers that step more than once in one call's ``records`` step each time after a fresh
+    backward pass (an inner loop: a GAN's n_critic / num_D_steps discriminator steps, PPO's epochs over a rollout),
+    rather than apply one gradient again: every repeated record of theirs has gradient from backward passes since
+    the previous update (``pre_clip``). False when no optimizer repeats or for hand-written updates."""
+    repeated = [rs for name, rs in by_optimizer(records).items() if len(rs) > 1 and name]
+    return bool(repeated) and all(any(v is not None and bool(v.abs().sum() > 0) for v in r.pre_clip.values())
+                                  for rs in repeated for r in rs[1:])
+
+
 def by_optimizer(records: list[StepRecord]) -> dict[str, list[StepRecord]]:
     """The records of one or more calls grouped by the optimizer that stepped, in the order each first stepped."""
     out: dict[str, list[StepRecord]] = {}

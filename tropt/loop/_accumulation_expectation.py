@@ -178,7 +178,7 @@ def in_expectation_result(plan: Plan, floor: float) -> CheckResult:
                                                                        f"{len(c.a)} repeats"}
     tables = {"parameters": c.table()}
     if a.calls > 1:
-        return steps_per_call_result(a.calls, metrics, tables)
+        return steps_per_call_result(a.calls, metrics, tables, a.inner_loop)
     if (bad := plan.broken(a, b, metrics, tables)) is not None:
         return bad
     if any(x.calls > 1 for x in c.b):

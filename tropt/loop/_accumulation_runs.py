@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..core.capture import run_steps
+from ..core.capture import inner_loop, run_steps
 from ..core.compare import compare_tensors, max_rel_error
 from ..core.modes import batch_dependent_layers, quiet_randomness
 from ..core.noise_floor import reseed
@@ -151,7 +151,9 @@ def observe(plan: Plan, micro_batches: list, k: int, *, freeze: Freeze, what: st
             records, calls = run_steps(setup, ctx, [micro_batches] * steps)
     require_steps(setup, calls, what)
     r = records[0]
-    return Run(r.grads, r.pre_clip or r.grads, r.last_backward, calls[0], r.observed_at, ctx_objects(ctx))
+    first_call = records[:len(records) // steps]  # every call of this run makes the same updates
+    return Run(r.grads, r.pre_clip or r.grads, r.last_backward, calls[0], r.observed_at, ctx_objects(ctx),
+               inner_loop(first_call))
 
 
 def two_steps(plan: Plan, micro: list, freeze: Freeze) -> tuple[Run, Run]:
@@ -162,9 +164,21 @@ def two_steps(plan: Plan, micro: list, freeze: Freeze) -> tuple[Run, Run]:
             observe(plan, micro, plan.k, freeze=freeze, what=f"the {plan.k}-micro-batch run", steps=2))
 
 
-def steps_per_call_result(calls: int, metrics: dict, tables: dict) -> CheckResult:
+def steps_per_call_result(calls: int, metrics: dict, tables: dict, inner: bool = False) -> CheckResult:
     """FAIL for a step that runs ``optimizer.step()`` more than once per call even with one micro-batch: every
-    update is applied ``calls`` times. Shown without accumulation, so never latent; the other loop checks defer here."""
+    update is applied ``calls`` times. Shown without accumulation, so never latent; the other loop checks defer here.
+
+    ``inner``: each repeated step followed a fresh backward pass (an inner loop, as a GAN's n_critic discriminator
+    steps): not a repeated update, and a WARN that the one-update-per-call comparison cannot judge it."""
+    if inner:
+        return CheckResult(
+            "loop.accumulation", Status.WARN,
+            f"an optimizer steps {calls} times per call of the step function, each time after a fresh backward pass "
+            "(an inner loop: n_critic / num_D_steps discriminator steps, epochs over a rollout): not one gradient "
+            "applied again; accumulation is compared on one update per call, so it is not judged for this step",
+            {**metrics, "optimizer_steps_per_call": calls, "inner_loop": True, "cause": "inner_loop"}, tables,
+            ["To check the accumulation of the inner loop's updates, give tropt a step that makes one of them per "
+             "call (its counter on ctx picks which network steps, as the corpus's WGAN-GP port does)."])
     return CheckResult("loop.accumulation", Status.FAIL,
                        f"optimizer.step() ran {calls} times per call of the step function with a single micro-batch "
                        f"(expected once): every update is applied {calls} times",

@@ -170,7 +170,7 @@ def _uneven_first(plan: Plan) -> CheckResult | Pair:
                            "equal sizes follow",
                            metrics, {"parameters": u.table})
     if a.calls > 1:
-        return steps_per_call_result(a.calls, metrics, {"parameters": u.table})
+        return steps_per_call_result(a.calls, metrics, {"parameters": u.table}, a.inner_loop)
     return u
 
 
@@ -191,7 +191,7 @@ def _even_split(plan: Plan, uneven: Pair | None) -> CheckResult | tuple[Pair, _E
                "observed_at": f"{a.where} (and before clipping)"}
     ev = _Evidence(metrics, {"parameters": p.table}, even_micro, p.err, p.pre_err)
     if a.calls > 1:
-        return steps_per_call_result(a.calls, metrics, ev.tables)
+        return steps_per_call_result(a.calls, metrics, ev.tables, a.inner_loop)
     if (bad := plan.broken(a, b, metrics, ev.tables)) is not None:
         return bad
     mismatch = p.err > tol or p.pre_err > tol or b.calls > 1

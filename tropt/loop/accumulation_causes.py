@@ -58,6 +58,7 @@ class Run:
     calls: int
     where: str = "optimizer.step"
     objects: dict = field(default_factory=dict)  # the state of stateful objects the step keeps on ctx (an EMA model)
+    inner_loop: bool = False  # its repeated optimizer steps each follow a fresh backward (n_critic, PPO epochs)
 
 
 def _scaled(g: dict, c: float) -> dict:

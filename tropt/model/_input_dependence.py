@@ -16,7 +16,7 @@ import torch
 
 from ..core.batch import map_leaves
 from ..result import CheckResult, Status
-from ._common import _loss_output, fmt
+from ._common import _children_outputs, _loss_output, fmt
 
 if TYPE_CHECKING:
     from ..setup import Setup
@@ -42,12 +42,15 @@ def input_dependence(setup: Setup, ctx: Any, batch: Any, positions: frozenset | 
     rolling changes no input (every sample's input alike, nothing found to roll) or no model output is seen."""
     model, moved = ctx.model, [False]
     try:
-        ref = _loss_output(setup, model, batch, ctx)
         if positions:
+            ref = _loss_output(setup, model, batch, ctx)
             out = _loss_output(setup, model, batch, ctx, positions, lambda t: _rolled(t, moved))
         elif positions is None and inputs:
+            # The loss never calls the root model (a GAN's m.discriminator(real), an actor-critic's m.q(o, a)): the
+            # batch's inputs are rolled, and the outputs of the model's direct children compared.
             rolled = map_leaves(batch, lambda p, t: _rolled(t, moved) if p in inputs else t)
-            out = _loss_output(setup, model, rolled, ctx)
+            ref, out = _flat(_children_outputs(setup, model, batch, ctx)), _flat(_children_outputs(setup, model,
+                                                                                                   rolled, ctx))
         else:
             return None
     except Exception:  # noqa: BLE001 - a forward that breaks on another sample's input gives no evidence either way
@@ -56,6 +59,11 @@ def input_dependence(setup: Setup, ctx: Any, batch: Any, positions: frozenset | 
         return None
     ref64, out64 = ref.detach().double(), out.detach().double()
     return float((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30))
+
+
+def _flat(outputs: list[torch.Tensor]) -> torch.Tensor | None:
+    """The children's outputs as one vector (None when there are none)."""
+    return torch.cat([o.detach().flatten().double() for o in outputs]) if outputs else None
 
 
 def reads_its_input(dependence: float | None) -> bool:
