@@ -262,6 +262,25 @@ def test_per_process_token_normalisation_is_named_with_the_all_reduce_fix():
         assert check_ddp(good).status is Status.PASS
 
 
+def step_zero_grad_per_micro_batch(ctx, micro_batches):
+    for mb in micro_batches:
+        ctx.optimizer.zero_grad()  # only the last micro-batch's gradient is stepped with
+        (ctx.loss_fn(ctx.model, mb) / len(micro_batches)).backward()
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad()
+
+
+def test_a_step_wrong_on_one_process_is_not_blamed_on_per_process_normalisation():
+    """The user's step run alone on each process's share, averaged, reproduces DDP for any step (a wrong one too):
+    per-process normalisation is named only when the step on the whole batch is a weighted mean of those runs. A
+    zero_grad inside the micro-batch loop is no such mean: not isolated (loop.accumulation owns that defect). The
+    Trainer-style step that normalises by its own token count still names the cause (test above and
+    tests/integrations/test_accelerate.py)."""
+    r = check_ddp(ddp_setup(k=2, step=step_zero_grad_per_micro_batch))
+    assert r.status is Status.WARN and r.metrics["cause"] == "not_isolated", r.summary
+    assert "per-process" not in r.summary
+
+
 # ------------------------------------------------------------------ every rank, not rank 0: replicas must stay in sync
 def step_clipping_on_rank_1_only(ctx, micro_batches):
     for mb in micro_batches:

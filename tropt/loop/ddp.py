@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import datetime
 import faulthandler
-import math
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
@@ -331,24 +330,39 @@ def _at_bound(grads: dict, clip: float | None) -> bool:
     return abs(norm - clip) <= 1e-3 * clip
 
 
-def _average_of_steps(setup: Setup, whole: list, view: int, freeze: Freeze, clip: Callable[[dict], dict],
-                      ddp_grads: dict) -> float:
-    """The relative error between the DDP gradient and the average of the single-process step's gradients, each run
-    on one process's share alone, at the view the verdict compared (0 at optimizer.step, 1 before clipping, 3 at the
-    clip's entry). After a clip, each process's clipped gradient does not average to the clipped average: the
-    pre-clip gradients are averaged and clipped, as DDP's averaged gradient is."""
+def _own_normalisation(setup: Setup, full: Any, whole: list, view: int, freeze: Freeze,
+                       clip: Callable[[dict], dict], ddp_grads: dict, close: float) -> bool:
+    """Whether each process's own normalisation explains the DDP gradient, predicted from the user's step itself
+    (a step that counts its own items, as the HF Trainer's num_items_in_batch or fairseq's sample_size, normalises
+    otherwise than ``loss_fn`` does), at the view the verdict compared (0 at optimizer.step, 1 before clipping, 3 at
+    the clip's entry). Two predictions must hold:
+
+    - the DDP gradient is the average of the step run alone on each process's share (DDP reduced right);
+    - the step run on the whole batch is a weighted mean of those per-share runs (weights >= 0 summing to 1: each
+      share counted by its items). A step already wrong on one process (zero_grad inside the micro-batch loop)
+      reproduces itself on every share too, but its run on the whole batch is no such mean.
+
+    After a clip, each process's clipped gradient does not average to the clipped average: the pre-clip gradients are
+    averaged and clipped, as DDP's averaged gradient is."""
     after_clip = view == 0 and setup.grad_clip is not None
     index = 1 if after_clip else {0: 0, 1: 1, 3: 2}[view]
     runs = [single_run(setup, share, freeze=freeze)[0][index] for share in whole]
-    if not all(runs):
-        return math.inf
-    average = {n: None if any(r.get(n) is None for r in runs) else sum(r[n] for r in runs) / len(runs)
-               for n in runs[0]}
-    return global_rel_error(ddp_grads, clip(average) if after_clip else average)
+    alone = single_run(setup, full, freeze=freeze)[0][index]
+    if not all(runs) or not alone:
+        return False
+    names = [n for n in alone if alone[n] is not None and all(r.get(n) is not None for r in runs)]
+    average = {n: sum(r[n] for r in runs) / len(runs) for n in names}
+    if not names or global_rel_error(ddp_grads, clip(average) if after_clip else average) > close:
+        return False
+    shares = torch.stack([torch.cat([r[n].double().flatten() for n in names]) for r in runs], dim=1)
+    target = torch.cat([alone[n].double().flatten() for n in names])
+    weights = torch.linalg.lstsq(shares, target.unsqueeze(1)).solution.squeeze(1)
+    residual = float((shares @ weights - target).norm() / target.norm().clamp_min(1e-30))
+    return residual <= close and bool((weights >= -close).all()) and abs(float(weights.sum()) - 1) < 0.05
 
 
 def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: dict, tol: float, freeze: Freeze,
-                      clipped_grads: bool = True, view: int = 0) -> str | None:
+                      clipped_grads: bool = True, view: int = 0, full: Any = None) -> str | None:
     """Does the DDP gradient equal the average of per-process (or per-micro-batch) mean losses?
 
     With a loss that is a mean over items other than samples (tokens, non-padding positions), each process
@@ -370,7 +384,7 @@ def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: 
     # A step that counts its own items (the HF Trainer's num_items_in_batch, fairseq's sample_size) can normalise
     # otherwise than loss_fn does: predict from the step itself, run alone on each process's share and averaged as
     # DDP averages. Equal means DDP reduced right and only each process's own normalisation differs.
-    if _average_of_steps(setup, whole, view, freeze, clipped, ddp_grads) <= close:
+    if full is not None and _own_normalisation(setup, full, whole, view, freeze, clipped, ddp_grads, close):
         return "process"
     micro = [mb for share in shares for mb in share]
     per_micro = loss_grads(setup, micro, [1 / len(micro)] * len(micro), freeze) if k > 1 else None
@@ -483,7 +497,7 @@ def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence | Ch
     # construction: never test a cause against it (the verdict names the bypassed DDP instead).
     if float(decisive["rel_error"].max()) > tol and ranks[0][3][0] > 0:
         per_mean = _per_process_mean(setup, whole, shares, rank0_grads(franks, view),
-                                     tol, frozen_run, clipped_grads=not pre_clip, view=view)
+                                     tol, frozen_run, clipped_grads=not pre_clip, view=view, full=full)
     loss = (loss_kind(setup, full, freeze=frozen_run, close=max(10 * tol, 1e-4))
             if float(decisive["rel_error"].max()) > tol and ranks[0][3][0] > 0 else None)
     return DdpEvidence(world_size, tol, k, per_rank, single, ranks, where, table, post, pre_clip, err, unused, utable,
