@@ -269,3 +269,24 @@ def test_adafactor_warm_up_init_port_is_not_a_false_flat_fail():
     res = next(x for x in (r.results if hasattr(r, "results") else r) if x.check == "dynamics.loss_curve")
     assert res.status == Status.WARN, res.summary
     assert "still warming up" in res.summary and "lr " in res.summary
+
+
+# ------------------------------------------------------------------ a schedule that ends inside the probe
+def _ends_at(end: int):
+    """A linear decay to 0 at step ``end`` (a Trainer's max_steps, a short fine-tuning run), held at 0 after."""
+    return lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / end))
+
+
+def test_a_flat_curve_after_the_schedule_reached_lr_0_is_a_warn_naming_the_schedule():
+    """The quick probe runs 150 steps; a schedule sized for 12 leaves every later step at LR 0, so a slow learner
+    reads "flat" from a 12-step run. The FAIL ("raise the learning rate") becomes a WARN that says the schedule
+    ended; the same slow learner at a constant LR keeps its FAIL."""
+    ended = tropt.diagnose(linreg_setup(1e-4, scheduler=_ends_at(12)), checks=["dynamics.loss_curve"],
+                           budget="quick", progress=False).results[0]
+    assert ended.status is Status.WARN and "reaches learning rate 0 at step" in ended.summary, ended.summary
+    assert ended.metrics["schedule_end_step"] == 13 and ended.metrics["class"] == "flat"  # step 13 runs at LR 0
+    assert "so only 12 steps trained" in ended.summary
+    constant = tropt.diagnose(linreg_setup(1e-6), checks=["dynamics.loss_curve"], budget="quick",
+                              progress=False).results[0]
+    assert constant.status is Status.FAIL and constant.metrics["class"] == "flat", constant.summary
+    assert "schedule_end_step" not in constant.metrics

@@ -108,3 +108,54 @@ def test_double_backprop_loss_is_judged_and_its_softmax_before_cross_entropy_sti
     assert r.status is Status.PASS and "ln C = ln 3" in r.summary, r.summary
     bad = run(check_init_loss, double_backprop_setup(classifier(softmax=True)))
     assert bad.status is Status.FAIL and "softmax is applied before cross_entropy" in bad.summary, bad.summary
+
+
+# ------------------------------------------------------------------ dynamic padding: batches of different widths
+class _Tagger(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = nn.Embedding(20, 16), nn.Linear(16, 4)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids))  # (batch, length, classes)
+
+
+def _tagging_setup(metric=None) -> tropt.Setup:
+    """Token classification with every batch padded to its own longest sequence (a HF token-classification or MLM
+    collator): the outputs and labels of two batches have different widths."""
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for length in (7, 11, 9, 5):
+        ids = torch.randint(1, 20, (8, length), generator=g)
+        labels = ids % 4
+        labels[:, -2:] = -100  # padding and subword continuations ignored
+        batches.append({"ids": ids, "labels": labels})
+
+    def loss_fn(m, b):
+        return F.cross_entropy(m(b["ids"]).transpose(1, 2), b["labels"], ignore_index=-100)
+
+    return tropt.Setup(_Tagger(), loss_fn, adam(1e-3), batches[:3], val_data=batches[3:] + batches[:1],
+                       num_classes=4, metric=metric)
+
+
+def test_token_outputs_of_batches_padded_to_different_widths_are_read_whole():
+    """The init-loss statistics read the outputs' mean, spread and largest value only: batches of 7, 11 and 9 tokens
+    used to be concatenated per sample and ERRORed (torch.cat size mismatch). 4 classes at init: ln 4."""
+    r = run(check_init_loss, _tagging_setup())
+    assert r.status is Status.PASS, r.summary
+    assert r.metrics["expected_loss"] == pytest.approx(math.log(4), rel=1e-6)
+
+
+def test_eval_metric_reads_token_labels_of_different_widths():
+    from tropt.model import check_eval_metric
+
+    def token_accuracy(model, val_data):
+        with torch.no_grad():
+            hits = [(model(b["ids"]).argmax(-1) == b["labels"])[b["labels"] != -100].float() for b in val_data]
+        return float(torch.cat(hits).mean())
+
+    r = run(check_eval_metric, _tagging_setup(tropt.Metric(token_accuracy, higher_is_better=True)))
+    assert r.status is Status.PASS, r.summary  # it used to ERROR on torch.cat before any predictor was scored
+    scores = r.tables["scores"].set_index("predictor")["score"]
+    assert scores["perfect"] == 1.0 and {"majority_class", "shuffled", "random"} <= set(scores.index)

@@ -34,6 +34,7 @@ class _Probe:
     norms_from: str = ""  # with several optimizers, the one whose gradient norms ``norms`` holds
     ran: int = 0  # optimizer steps (calls of the step) made
     stopped: str = ""  # why the probe ended before its planned steps ("" when it ran them all)
+    schedule_end: int | None = None  # the first step run at LR 0 after a step above it: the Setup's schedule ended
     verdicts: list[str] = field(default_factory=list)  # "step: verdict" at each checkpoint reached
 
 
@@ -47,6 +48,14 @@ class _ProbePlan:
     checkpoints: list[int]
     progress: bool
     callback: Any
+
+
+def _schedule_ended(lrs: list[float]) -> bool:
+    """True when the last optimizer step ran at learning rate 0 after an earlier one ran above it: the schedule has
+    decayed to its end (a warm-up that starts from 0 has no positive LR before it, so it never counts)."""
+    if len(lrs) < 2 or not math.isfinite(lrs[-1]) or lrs[-1] != 0.0:
+        return False
+    return any(math.isfinite(v) and v > 0.0 for v in lrs[:-1])
 
 
 def _checkpoints(steps: int, min_steps: int | None) -> list[int]:
@@ -89,6 +98,8 @@ def _run_probe(setup: Setup, ctx: Any, runner: Any, probe: _Probe, plan: _ProbeP
                 if not math.isfinite(float(loss)):
                     probe.stopped = f"non-finite loss at step {i + 1}"
                     break
+                if probe.schedule_end is None and _schedule_ended(probe.lrs):
+                    probe.schedule_end = i + 1  # later steps run at LR 0: they cannot lower the loss
             if has_val and ((i + 1) % plan.every == 0 or i + 1 == steps or i + 1 in marks):
                 probe.val_at.append(i + 1)
                 probe.val_losses.append(evaluate(setup, ctx, plan.val_batches))

@@ -378,7 +378,29 @@ def check_loss_curve(
                          f"least {MIN_POINTS}", "make the step return its loss, or run more steps")
     result.metrics.update(planned_steps=steps, stopped=probe.stopped or f"ran the planned {steps} steps",
                           verdicts="; ".join(probe.verdicts))
+    if probe.schedule_end is not None:
+        return _schedule_ended_caveat(result, probe.schedule_end, steps)
     return result
+
+
+def _schedule_ended_caveat(result: CheckResult, end: int, steps: int) -> CheckResult:
+    """The Setup's schedule ran step ``end`` of the probe at LR 0 (a warm-up/decay sized by ``num_training_steps``, a
+    Trainer's ``max_steps``): from there on no step moved the model. A flat curve is then evidence about a schedule
+    of ``end - 1`` steps, not about the loop: WARN, never FAIL, and say so."""
+    import dataclasses
+
+    result.metrics.update(schedule_end_step=end)
+    if result.status is not Status.FAIL or result.metrics.get("class") != "flat":
+        return result
+    trained = end - 1
+    return dataclasses.replace(
+        result, status=Status.WARN,
+        summary=(f"{result.summary}; but the Setup's schedule reaches learning rate 0 at step {end} of the "
+                 f"{steps}-step probe, so only {trained} steps trained (too short a schedule for this probe, or your "
+                 "real run's length: judge it against that)"),
+        advice=[f"If your real run is longer, give the Setup its schedule (num_training_steps / max_steps of the "
+                f"real run) and rerun; if it really is {trained} steps, raise the learning rate or train longer.",
+                *(result.advice or [])])
 
 
 class _Settled:

@@ -61,6 +61,27 @@ class Run:
     inner_loop: bool = False  # its repeated optimizer steps each follow a fresh backward (n_critic, PPO epochs)
 
 
+def join_changes_losses(setup: Setup, micro: list, whole: object, freeze: bool | tuple[str, ...]) -> float:
+    """How much the per-micro-batch hypothesis moves when its micro-batches are cut back out of the joined batch
+    ``whole`` (the same samples, padded to the joined width) instead of taken as the loader gave them: the relative
+    error between the two gradients of ``sum_i loss_fn(mb_i) / K``. 0.0 when the join re-padded nothing. A loss that
+    ignores padding gives the same gradient either way, whatever the micro-batches' item counts."""
+    from ..core.batch import leaves
+
+    sizes = [setup.size(mb) for mb in micro]
+    if sum(sizes) != setup.size(whole):
+        return 0.0
+    pieces = setup.split(whole, sizes=sizes)
+
+    def shapes(batch: object) -> list:
+        return sorted(tuple(t.shape) for _, t in leaves(batch))
+
+    if all(shapes(p) == shapes(m) for p, m in zip(pieces, micro, strict=True)):
+        return 0.0
+    w = [1 / len(micro)] * len(micro)
+    return global_rel_error(loss_grads(setup, list(pieces), w, freeze), loss_grads(setup, micro, w, freeze))
+
+
 def _scaled(g: dict, c: float) -> dict:
     return {n: (None if v is None else v * c) for n, v in g.items()}
 
@@ -115,6 +136,19 @@ def loss_side_cause(setup: Setup, micro: list, whole: object, a: Run, b: Run, k:
     hypotheses = _hypotheses(setup, micro, a, b, k, close, freeze, ref, ca, ra)
     tag, (err, cause, advice) = min(hypotheses.items(), key=lambda kv: kv[1][0])
     facts["closest_hypothesis"], facts["closest_hypothesis_error"] = tag, err
+    if err <= close and tag in (PER_MICRO_MEAN, _PER_MICRO_MEAN_SUMMED):
+        # "loss_fn per micro-batch" also reproduces a K run whose micro-batches lose nothing by their own
+        # normalisation but change when joined: batches padded to their own longest and joined (join_fn) are padded
+        # wider, and a loss that reads the padding (no attention mask, padding averaged into a pooled embedding,
+        # padded labels not ignored) then differs. Tell the two apart before naming the item count.
+        moved = join_changes_losses(setup, micro, whole, freeze)
+        facts["join_loss_change"] = moved
+        if moved > close:
+            return (f"the loss reads the padding: the micro-batches' gradient changes (relative error {moved:.2g}) "
+                    "when they are cut back out of the step's joined batch (the same samples, padded to the joined "
+                    "batch's width), so batches padded to different lengths are not interchangeable",
+                    ["Make the loss ignore padding: pass the attention mask to the model, weight pooled embeddings "
+                     "by it, and set padded labels to -100 (ignore_index)."], "padding_dependent")
     if err <= close:
         return cause, advice, tag
     ratio = norm_of(b.pre) / norm_of(a.pre) if norm_of(a.pre) else float("nan")

@@ -216,7 +216,9 @@ def _read_targets(setup: Setup, model: nn.Module) -> tuple[Objective | None, tor
                 lookup = None
     finally:
         handle.remove()
-    return objective, torch.cat([t.reshape(t.shape[0], -1) if t.ndim > 1 else t for t in targets]), lookup or {}, why
+    # Flat: the targets are read only as a whole (class counts, the label mean), and validation batches padded to
+    # their own longest sequence (token labels with dynamic padding) have different widths per sample.
+    return objective, torch.cat([t.reshape(-1) for t in targets]), lookup or {}, why
 
 
 # ---------------------------------------------------------------------------------------------- the check

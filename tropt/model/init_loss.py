@@ -200,7 +200,9 @@ def check_init_loss(setup: Setup, *, n_batches: int = 4, warn_ratio: float = 1.5
     if objective.num_classes is not None and objective.kind in ("cross_entropy", "nll"):
         metrics["num_classes"] = objective.num_classes
     tables = {"batches": per_batch}
-    out_all = torch.cat([o.reshape(o.shape[0], -1) for o in got.outputs]) if got.outputs else None
+    # Flat: only the outputs' mean, std and largest magnitude are read, and batches padded to their own longest
+    # sequence (dynamic padding: token classification, MLM) give outputs of different widths per sample.
+    out_all = torch.cat([o.detach().reshape(-1) for o in got.outputs]) if got.outputs else None
     if out_all is not None:
         metrics["output_std"] = float(out_all.std())
         metrics["output_abs_max"] = float(out_all.abs().max())
