@@ -315,7 +315,7 @@ class Setup(SetupValidation):
         if self.optimizer is None:
             return self._context(copy_, [], [], init_scale, accumulation_steps)
         entries = optimizer_entries(self.optimizer)
-        opts = [self._build_optimizer(name, factory, copy_, len(entries)) for name, factory in entries]
+        opts = [self._build_optimizer(name, factory, copy_, len(entries), self.model) for name, factory in entries]
         scheds = self.scheduler
         per_opt = (list(scheds.values()) if isinstance(scheds, dict) else list(scheds)
                    if isinstance(scheds, (tuple, list)) else [scheds] * len(opts))
@@ -324,7 +324,8 @@ class Setup(SetupValidation):
                              init_scale, accumulation_steps)
 
     @staticmethod
-    def _build_optimizer(name: str, factory: Any, copy_: nn.Module, n: int) -> torch.optim.Optimizer:
+    def _build_optimizer(name: str, factory: Any, copy_: nn.Module, n: int,
+                         original: nn.Module | None = None) -> torch.optim.Optimizer:
         """One optimizer from its factory, checked: an Optimizer over the copy's own parameters."""
         which = "the optimizer factory" if n == 1 else f"the optimizer factory {name}"
         try:
@@ -352,6 +353,16 @@ class Setup(SetupValidation):
         own = {id(p) for p in copy_.parameters()}
         foreign = sum(1 for g in opt.param_groups for p in g["params"] if id(p) not in own)
         if foreign:
+            orig = {id(p) for p in original.parameters()} if original is not None else set()
+            elsewhere = sum(1 for g in opt.param_groups for p in g["params"] if id(p) not in own and id(p) not in orig)
+            if elsewhere:  # neither the copy's nor the original model's: a second network the factory closes over
+                raise SetupError(
+                    f"Setup: {which} built an optimizer over {elsewhere} parameter(s) of a module outside the model "
+                    "(neither the model it was given nor your original model: a second network it closes over, e.g. "
+                    "a distillation teacher or an EMA copy), which tropt neither copies nor restores",
+                    "if that network should train, put it inside the model (a module holding both); if it should "
+                    "stay fixed (a teacher), keep its parameters out of the optimizer",
+                )
             raise SetupError(
                 f"Setup: {which} built an optimizer over {foreign} parameter(s) that are not those of "
                 "the model it was given (it probably closes over your original model)",

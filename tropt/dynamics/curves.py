@@ -257,9 +257,42 @@ def _levels(c: _Shape, th: CurveThresholds, metrics: dict, classes: list[str]) -
     elif decrease < max(th.min_decrease, sig_best) and not any(
             float(np.median(z[:k])) - end > max(th.min_decrease, th.significance * 1.2533 * noisiest
                                                  * math.sqrt(1 / k + 1 / w))
-            for k in _EARLY_READS if k < w):
+            for k in _EARLY_READS if k < w) and not _falls_in_loss_units(c, th, per_bin, best):
         classes.append("flat")
     return end
+
+
+def _flat_against_validation(val: Any, th: CurveThresholds, metrics: dict, classes: list[str]) -> None:
+    """Drop "flat" when the validation loss -- fixed data in eval mode, free of the training step's own randomness
+    (per-batch mixup/CutMix draws, dropout) -- fell clearly over the same run: the training curve's noise hid a fall
+    that happened."""
+    if "flat" not in classes:
+        return
+    v = _as_float_array(val, "val")
+    v = v[np.isfinite(v)]
+    if v.size < 10 or not (v > 0).all():
+        return
+    k = max(1, v.size // 10)
+    fell = float(np.log(np.median(v[:k])) - np.log(np.median(v[-k:])))
+    if fell > max(10 * th.min_decrease, math.log(2.0)):
+        classes.remove("flat")
+        metrics["flat_overruled_by_validation"] = fell
+
+
+def _falls_in_loss_units(c: _Shape, th: CurveThresholds, per_bin: int, best: float) -> bool:
+    """Whether a positive loss falls significantly in its own units, against its own-unit noise.
+
+    Log units make a loss's relative noise grow as it nears zero: a loss that falls from 1.2 to a floor where batches
+    alternate between 0.05 and 0.5 (CutMix applied with probability 0.5, mixup, RL returns) has a late log-noise of
+    order 1, so a fivefold fall reads as insignificant there although it is far outside the noise in the loss's own
+    units. "Flat" must hold in both scales."""
+    if not c.positive:
+        return False  # z is already the loss's own (scaled) units
+    y, w = c.y, c.w
+    start, best_loss = float(np.median(y[:w])), float(c.to_loss(best))
+    noisiest = max(c.early_noise_abs, c.late_noise_abs)
+    sig_best = c.sig_of(noisiest) + th.significance * 1.2533 * noisiest / math.sqrt(per_bin)
+    return start - best_loss > max(th.min_decrease * abs(start), sig_best)
 
 
 def _spikes(c: _Shape, th: CurveThresholds, lrs: Any, n: int, metrics: dict, series: dict, tables: dict,
@@ -429,6 +462,7 @@ def classify_curve(
         classes.append("noisy_late")
     if val is not None:  # overfitting, not generalising (need validation)
         _validation(c, end, val, val_steps, x, val_baseline, th, metrics, series, classes)
+        _flat_against_validation(val, th, metrics, classes)
 
     # --- still improving at the end (budget-bound)
     # (not when overfitting: more budget would make that worse)

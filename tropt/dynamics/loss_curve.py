@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..core.schedule_guard import hold_schedules_at_end
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -365,6 +366,10 @@ def check_loss_curve(
         skip = _horizon_skip(ctx, steps)
         if skip is not None:
             return skip
+        # A schedule whose end is not a total_steps attribute (DeepLab's PolyLR(max_iters), a LambdaLR sized for a
+        # short run) shows its end when stepped past it: it raises or gives a rate that is not a finite real number.
+        # It is held there (tropt.core.schedule_guard, no decay floor) and the probe is not judged past it.
+        guards = hold_schedules_at_end(ctx, floor=0.0)
         runner = StepRunner(setup, ctx)
         baseline = input_independent_baseline(setup, ctx, val_batches) if has_val else None
         if has_val:
@@ -372,6 +377,17 @@ def check_loss_curve(
             probe.val_losses.append(evaluate(setup, ctx, val_batches))
         settled = _Settled(setup, probe, runner, baseline, thresholds, steps)
         _run_probe(setup, ctx, runner, probe, plan, settled)
+    ended = next((g.held_at for g in guards if g.held_at is not None), None)
+    if ended is not None:
+        name = type(getattr(guards[0], "_inner", None)).__name__
+        return CheckResult(
+            CHECK_ID, Status.SKIP,
+            f"the schedule ended after {ended - 1} scheduler steps, inside the {steps}-step probe: {name} raised or "
+            "gave a "
+            "learning rate that is not a finite real number when stepped past its end, so the probe cannot run",
+            {"scheduler": name, "schedule_ended_at": ended, "probe_steps": steps},
+            advice=[f"To probe this Setup, give it a schedule sized for the length of your real run (at least "
+                    f"{steps} optimizer steps), or run tropt.dynamics.check_loss_curve(setup, steps={ended - 1})."])
     result = settled.result()
     if result is None:
         raise TroptError(f"the probe produced {len(probe.losses)} losses in {probe.ran} steps; classifying needs at "

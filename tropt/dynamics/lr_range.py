@@ -22,6 +22,7 @@ from ..core.capture import group_lr
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
+from ._held_schedule import held_schedulers
 from .lr_suggest import METHODS, centred_median, ema_smooth, suggest  # noqa: F401 - ema_smooth: public here before
 
 if TYPE_CHECKING:
@@ -29,26 +30,6 @@ if TYPE_CHECKING:
 
 CHECK_ID = "dynamics.lr_range"
 SETTLE_MARGIN = 3.0  # one sweep settles the verdict when the Setup's LR is this factor from the tolerance band's edge
-
-
-class _HeldScheduler:
-    """Stands in for the user's scheduler during the sweep: a step function may call ``ctx.scheduler.step()``
-    without moving the swept learning rate."""
-
-    def __init__(self, optimizer: Any) -> None:
-        self.optimizer = optimizer
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def get_last_lr(self) -> list[float]:
-        return [group_lr(self.optimizer, g) for g in self.optimizer.param_groups]
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
 
 
 @dataclass(frozen=True)
@@ -194,7 +175,7 @@ def _sweep(setup: Setup, sweep_setup: Any, plan: _Plan, r: int,
     seed = setup.seed + r
     ctx = sweep_setup.build(seed=seed)
     if setup.scheduler is not None:
-        ctx.scheduler = _HeldScheduler(ctx.optimizer)
+        held_schedulers(setup, ctx)
     unsweepable = _no_lr_to_sweep(ctx.optimizer)
     if unsweepable is not None:
         return unsweepable
@@ -283,7 +264,8 @@ def check_lr_range(
     -----
     The sweep sets the LR of every param group each step, keeping the user's ratios between groups (the
     reported LR is group 0's). The Setup's scheduler would fight the sweep, so it is not built; a step function
-    that calls ``ctx.scheduler.step()`` gets a stand-in that leaves the LR alone.
+    that calls ``ctx.scheduler.step()`` (or any other method of its scheduler: timm's ``step_update``) gets a
+    stand-in that leaves the LR alone.
     """
     from tqdm.auto import tqdm
 

@@ -214,20 +214,32 @@ def _make_step(spec: Spec, pass_idx: bool) -> Callable:
     return lightning_step
 
 
+def _held(ctx: Any, cfg: Any) -> Any:
+    """The scheduler to step for ``cfg``: its own, unless a check put something else on ``ctx.scheduler`` (the LR
+    sweep's stand-in that must not move the swept rate, or None when the check's Setup has no scheduler). The
+    configured schedulers are built by the optimizer factory, so a check can only reach them through ctx."""
+    held = ctx.scheduler
+    inner = held.schedulers if isinstance(held, Schedulers) else [held]
+    if any(s is cfg.scheduler for s in inner):
+        return cfg.scheduler
+    return held  # a stand-in (stepped as the user's hook steps a scheduler) or None (nothing to step)
+
+
 def _advance_schedule(ctx: Any, module: Any, spec: Spec, configs: list) -> None:
     """After one optimizer step: step the schedulers whose interval and frequency say so (Lightning's rules)."""
     ctx.lightning_global_step += 1
     ctx.lightning_epoch_step += 1
     batches_in_epoch = ctx.lightning_epoch_step * spec.accumulate  # Lightning's batch_idx + 1 at this optimizer step
     for cfg in configs:
-        if cfg.interval == "step" and batches_in_epoch % cfg.frequency == 0:
-            module.lr_scheduler_step(cfg.scheduler, None)
+        if cfg.interval == "step" and batches_in_epoch % cfg.frequency == 0 and (sched := _held(ctx, cfg)) is not None:
+            module.lr_scheduler_step(sched, None)
     if spec.steps_per_epoch is not None and ctx.lightning_epoch_step >= spec.steps_per_epoch:
         ctx.lightning_epoch += 1
         ctx.lightning_epoch_step = 0
         for cfg in configs:
-            if cfg.interval == "epoch" and ctx.lightning_epoch % cfg.frequency == 0:
-                module.lr_scheduler_step(cfg.scheduler, None)
+            if (cfg.interval == "epoch" and ctx.lightning_epoch % cfg.frequency == 0
+                    and (sched := _held(ctx, cfg)) is not None):
+                module.lr_scheduler_step(sched, None)
 
 
 # ------------------------------------------------------------------ data

@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..core.grad_mode import grad_mode, loss_needs_grad
 from ..errors import TroptError
-from ..snapshot import preserved
+from ..snapshot import RngState, preserved
 from ._verdicts import tolerance_for
 
 if TYPE_CHECKING:
@@ -121,6 +121,42 @@ class DropoutSpy(TorchFunctionMode):
         return pd.DataFrame(rows, columns=["module", "function", "p", "training", "calls"])
 
 
+class RngDrawSpy:
+    """Names the leaf modules whose forward draws from torch's global CPU RNG while they are in eval mode (a
+    stochastic-depth ``DropPath`` or noise layer that ignores ``self.training``: ``x.new_empty(...).bernoulli_(keep)``).
+    Such a draw is found whatever its effect on the loss: a branch scaled to almost nothing at initialisation
+    (LayerScale's ``gamma = 1e-5``, zero-initialised residual branches) hides the difference it makes in eval mode
+    until the branch has learned."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.drawing: Counter[str] = Counter()
+        self._before: dict[int, torch.Tensor] = {}
+        self._handles = []
+        for name, m in model.named_modules():
+            if next(m.children(), None) is not None:
+                continue  # leaves only: a parent's draws are its children's (or its own code, the loss's business)
+            try:
+                self._handles += [m.register_forward_pre_hook(self._pre),
+                                  m.register_forward_hook(self._post(name or "(model)"), always_call=True)]
+            except RuntimeError:
+                continue
+
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        if not module.training:
+            self._before[id(module)] = torch.get_rng_state()
+
+    def _post(self, name: str) -> Callable:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            before = self._before.pop(id(module), None)
+            if before is not None and not torch.equal(before, torch.get_rng_state()):
+                self.drawing[name] += 1
+        return hook
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
 @dataclass
 class EvalProbe:
     """Two evaluations of a fresh copy in eval mode on one batch, and what makes them differ."""
@@ -131,6 +167,7 @@ class EvalProbe:
     dropout: pd.DataFrame = field(default_factory=pd.DataFrame)
     same_seed_agree: bool | None = None  # when they differ without dropout: do two evaluations from one RNG state agree
     error: str = ""
+    drawing: tuple[str, ...] = ()  # leaf modules that drew random numbers in eval mode (RngDrawSpy)
 
     @property
     def differ(self) -> bool:
@@ -139,7 +176,7 @@ class EvalProbe:
     @property
     def warns(self) -> bool:
         """Functional dropout that ignores the mode, and evaluations that differ: the finding."""
-        return self.differ and len(self.dropout) > 0
+        return (self.differ and len(self.dropout) > 0) or bool(self.drawing)
 
     def metrics(self) -> dict[str, Any]:
         if self.error:
@@ -149,6 +186,8 @@ class EvalProbe:
                                "functional_dropout_calls": int(self.dropout["calls"].sum()) if len(self.dropout) else 0}
         if self.same_seed_agree is not None:
             out["eval_same_seed_agree"] = self.same_seed_agree
+        if self.drawing:
+            out["eval_random_draw_modules"] = ", ".join(self.drawing)
         return out
 
     def finding(self) -> str:
@@ -157,6 +196,10 @@ class EvalProbe:
                           f"{'' if 'attention' in r.function else ', training=True'}) in {r.module!r} "
                           f"({r.calls} call{'s' if r.calls != 1 else ''})"
                           for r in self.dropout.itertuples())
+        if not (self.differ and len(self.dropout) > 0):  # found by the draws alone
+            return (f"module(s) {', '.join(repr(n) for n in self.drawing)} draw random numbers in eval mode (their "
+                    f"forward ignores self.training: stochastic depth or noise left on at evaluation); two "
+                    f"evaluations differ by {self.rel_diff:.1e} now, which grows as those branches learn")
         return (f"two evaluations of the model in eval mode on the same batch differ ({self.losses[0]:.6g} vs "
                 f"{self.losses[1]:.6g}): functional dropout runs whatever the mode: {calls}")
 
@@ -164,7 +207,7 @@ class EvalProbe:
         """What the probe found when it is no finding (empty when the evaluations agree)."""
         if self.error:
             return f"eval-mode determinism not checked: {self.error}"
-        if not self.differ:
+        if not self.differ or self.drawing:
             return ""
         if self.dropout.empty and self.same_seed_agree:
             return (f"two evaluations in eval mode differ ({self.losses[0]:.6g} vs {self.losses[1]:.6g}) by random "
@@ -176,7 +219,8 @@ class EvalProbe:
 
     ADVICE = ("Make functional dropout follow the module's mode: F.dropout(x, p, training=self.training) (F.dropout's "
               "training flag defaults to True), or use an nn.Dropout module; for attention pass "
-              "dropout_p=self.dropout if self.training else 0.0.")
+              "dropout_p=self.dropout if self.training else 0.0; a stochastic-depth or noise layer must pass "
+              "self.training (timm's drop_path(x, self.drop_prob, self.training)).")
 
 
 def _rel(a: float, b: float) -> float:
@@ -198,7 +242,7 @@ def probe_eval_mode(setup: Setup, batch: Any) -> EvalProbe:
             with grad_mode(needs_grad), ctx.autocast():
                 return float(setup.loss(model, batch).detach().float())
 
-        spy = DropoutSpy(model)
+        spy, draws = DropoutSpy(model), RngDrawSpy(model)
         try:
             with spy:
                 first, second = loss(), loss()  # no reseed between them: dropout left on must be allowed to differ
@@ -206,13 +250,16 @@ def probe_eval_mode(setup: Setup, batch: Any) -> EvalProbe:
             return EvalProbe(error=exc.message)
         finally:
             spy.remove()
+            draws.remove()
         if not (math.isfinite(first) and math.isfinite(second)):
             return EvalProbe((first, second), error="the loss in eval mode is not finite")
-        probe = EvalProbe((first, second), _rel(first, second), tol, spy.table())
+        probe = EvalProbe((first, second), _rel(first, second), tol, spy.table(), drawing=tuple(draws.drawing))
         if probe.differ and probe.dropout.empty:
             again = []
+            torch.manual_seed(setup.seed)
+            start = RngState.take()  # every global RNG the loss may draw from: torch, numpy, python's random
             for _ in range(2):
-                torch.manual_seed(setup.seed)
+                start.restore()
                 again.append(loss())
             probe.same_seed_agree = _rel(*again) <= tol
     return probe

@@ -89,7 +89,8 @@ def _cadence_run(setup: Setup, ctx: StepContext, batches: list, kk: int) -> dict
     stepped = [i for i, c in enumerate(calls) if c > 0]
     lrs = np.array([r.lrs for r in records])
     return {"lrs": lrs, "positions": np.array(after), "calls": calls,
-            "moved": bool(after[-1] != 0 or lr_after[-1] != lr_before[0]),
+            # a scheduler without last_epoch (timm's, fairseq's) has NaN positions: only its LR tells if it moved
+            "moved": bool((not math.isnan(after[-1]) and after[-1] != 0) or lr_after[-1] != lr_before[0]),
             # per call with exactly one optimizer step: how far the schedule moved in that call
             "advances": [after[i] - before[i] for i in stepped if calls[i] == 1],
             # per call: how far the schedule had moved (position, LR) by the call's first optimizer.step()
@@ -353,8 +354,8 @@ def _count_verdict(e: _Evidence) -> CheckResult | None:
     """What K=1 alone shows (a schedule that never moves, or moves twice per step), and step counts that differ."""
     c, metrics = e.c, e.metrics
     pos1, calls1, callsk, k = c.one["positions"], c.one["calls"], c.many["calls"], c.k
-    # A scheduler without last_epoch gives no position; then only the learning rates are compared.
-    if c.has_position and not c.one["moved"] and not c.many["moved"]:
+    # A scheduler without last_epoch gives no position; then "moved" is read from the learning rates alone.
+    if not c.one["moved"] and not c.many["moved"]:
         opt_steps = int(sum(calls1))
         return e.result(Status.WARN,
                         f"the schedule did not move during {opt_steps} optimizer step{'s' if opt_steps != 1 else ''} "

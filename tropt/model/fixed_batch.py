@@ -16,6 +16,7 @@ from ..core.grad_mode import loss_grad_mode
 from ..core.modes import dropout_off
 from ..core.objective import Capture
 from ..core.own_hooks import norm_view, owned_hook
+from ..core.schedule_guard import hold_schedules_at_end
 from ._common import zeroed_arguments
 
 if TYPE_CHECKING:
@@ -75,6 +76,9 @@ def _train_ctx(ctx: Any, setup: Setup, batch: Any, objective: Any, steps: int, t
     # batch repeats, so what it ends with is no continuation (a hidden state on the model, a trainer object, a
     # closure). Put back after every call and at the end (the user's own objects are left as they were).
     carried = CarriedState.take(ctx, setup.step)
+    # The probe may train longer than the Setup's schedule is sized for: past its end the schedule is held at its
+    # last rates instead of raising, turning complex or decaying to 0 (tropt.core.schedule_guard).
+    guards = hold_schedules_at_end(ctx)
     loss0, acc0, out = _evaluate(setup, ctx, batch, objective)
     losses.append(loss0)
     accs.append(acc0)
@@ -121,7 +125,8 @@ def _train_ctx(ctx: Any, setup: Setup, batch: Any, objective: Any, steps: int, t
     return {"losses": np.asarray(losses, dtype=float), "accs": accs, "reached": reached, "nonfinite_at": nonfinite_at,
             "got_grad": [names[i] for i in range(len(params)) if got_grad[i]], "names": names,
             "trainable": [names[i] for i, p in enumerate(params) if p.requires_grad], "changed": changed,
-            "optimizer_steps": opt_steps[0], "hand_updates": hand_updates[0], "out": out_final, "stopped": stopped}
+            "optimizer_steps": opt_steps[0], "hand_updates": hand_updates[0], "out": out_final, "stopped": stopped,
+            "schedule_held_at": next((g.held_at for g in guards if g.held_at is not None), None)}
 
 
 class StepCounter:
