@@ -156,8 +156,11 @@ def curve_result(diag: CurveDiagnosis, *, probe_steps: int | None = None,
     m.update(_lr_warm_up(diag.series.get("lr")))
     # flat while the LR still climbs: the run ended inside its warm-up, which says nothing about what it can learn
     warming = "flat" in flagged and bool(m.get("lr_warming_up"))
-    # flat, of a loss whose trend takes both signs: an objective, not an error measure; flat says nothing then
-    objective = "flat" in flagged and not warming and bool(m.get("trend_takes_both_signs"))
+    # flat, of a loss whose trend takes both signs: an objective, not an error measure; flat says nothing then.
+    # Likewise the logged sum of several players' losses (a GAN's D + G, stepped by their own optimizers): at the
+    # game's equilibrium it stays flat while both players learn.
+    game = "flat" in flagged and not warming and bool(m.get("several_optimizers"))
+    objective = "flat" in flagged and not warming and (bool(m.get("trend_takes_both_signs")) or game)
     excused = warming or objective
     if any((c in FAIL_CLASSES or c == "non_finite") and not (excused and c == "flat") for c in flagged):
         status = Status.FAIL
@@ -174,6 +177,10 @@ def curve_result(diag: CurveDiagnosis, *, probe_steps: int | None = None,
         summary = ("flat, of a loss whose trend takes both signs (an objective with no floor at zero, such as a "
                    "policy-gradient surrogate, not an error measure that must fall): the curve cannot say whether "
                    f"the model learns ({_describe(head, m)})")
+        if game and not m.get("trend_takes_both_signs"):
+            summary = ("flat, of a loss stepped by several optimizers (the sum of the players' losses of a game such "
+                       "as a GAN's D and G, which need not fall while both learn): the curve cannot say whether the "
+                       f"model learns ({_describe(head, m)})")
     others = [c for c in flagged[1:]]
     if others:
         summary += "; also " + ", ".join(_LABEL[c] for c in others)
@@ -467,6 +474,7 @@ class _Settled:
                                  "loss_from": self.runner.source or "none"}
         if probe.norms_from:
             extra["grad_norm_from"] = f"{probe.norms_from} (the first of several optimizers)"
+            extra["several_optimizers"] = True
         if per_epoch:
             extra["points"] = f"epoch means ({per_epoch} batches each)"
         if self.baseline:

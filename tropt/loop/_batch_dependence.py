@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -97,11 +98,44 @@ def _doubled(x: Any, n: int, dim: int) -> Any:
     return x
 
 
-def _loss_value(ctx: Any, batch: Any, *, autocast: bool) -> float:
+def _loss_value(ctx: Any, batch: Any, *, autocast: bool, seed: int | None = None) -> float:
     from ._stochastic import QuietFunctionalDropout
 
-    with torch.no_grad(), QuietFunctionalDropout(), ctx.autocast() if autocast else contextlib.nullcontext():
-        return float(ctx.loss_fn(ctx.model, batch).float())
+    with torch.random.fork_rng() if seed is not None else contextlib.nullcontext():
+        if seed is not None:
+            torch.manual_seed(seed)
+        with torch.no_grad(), QuietFunctionalDropout(), ctx.autocast() if autocast else contextlib.nullcontext():
+            return float(ctx.loss_fn(ctx.model, batch).float())
+
+
+DOUBLING_REPEATS = 16  # seeded draws of a loss that draws noise (timesteps, masks, a VAE's reparameterisation)
+
+
+def _doubling(ctx: Any, batch: Any, twice: Any, *, autocast: bool) -> tuple[float, float, float]:
+    """(loss_fn(batch), loss_fn(batch twice over), the standard error of their ratio).
+
+    A loss that draws from the RNG inside itself (diffusion noise and timesteps, ``randn_like`` in a VAE's forward)
+    gives another value on every call, so one call on each batch compares two random draws: a sum-reduced loss then
+    looks batch-dependent. Such a loss is compared by the means of seeded draws (the same seeds for both batches), with
+    the ratio's standard error; a loss that draws nothing gives the exact values and an error of 0."""
+    one, two = (_loss_value(ctx, b, autocast=autocast, seed=0) for b in (batch, twice))
+    if _loss_value(ctx, batch, autocast=autocast, seed=1) == one:
+        return one, two, 0.0
+    ones = np.array([_loss_value(ctx, batch, autocast=autocast, seed=s) for s in range(DOUBLING_REPEATS)])
+    twos = np.array([_loss_value(ctx, twice, autocast=autocast, seed=s) for s in range(DOUBLING_REPEATS)])
+    one, two = float(ones.mean()), float(twos.mean())
+    if not (math.isfinite(one) and math.isfinite(two)) or one == 0:
+        return one, two, 0.0
+    n = len(ones)
+    rel = math.sqrt((ones.std(ddof=1) / one) ** 2 / n + (twos.std(ddof=1) / two) ** 2 / n)
+    return one, two, abs(two / one) * rel
+
+
+def _doubles(one: float, two: float, se: float) -> bool:
+    """The loss doubles on the batch twice over: a sum over items (within 3 standard errors for a random loss)."""
+    if se > 0:
+        return one != 0 and abs(two / one - 2) <= 3 * se < 0.5
+    return near(two, 2 * one, 1e-4)
 
 
 def loss_kind(setup: Setup, batch: Any, *, freeze: Freeze, close: float) -> str | None:
@@ -116,11 +150,10 @@ def loss_kind(setup: Setup, batch: Any, *, freeze: Freeze, close: float) -> str 
         freeze_batch_dependence(ctx.model, freeze)
         ctx.model.train()
         try:
-            one = _loss_value(ctx, batch, autocast=False)
-            two = _loss_value(ctx, _doubled(batch, setup.size(batch), setup.batch_dim), autocast=False)
+            one, two, se = _doubling(ctx, batch, _doubled(batch, setup.size(batch), setup.batch_dim), autocast=False)
         except Exception:  # noqa: BLE001 - a loss that cannot take the doubled batch: unknown
             return None
-        if math.isfinite(one) and one != 0 and near(two, 2 * one, 1e-4):
+        if math.isfinite(one) and one != 0 and _doubles(one, two, se):
             return "sum"
     return None
 
@@ -139,15 +172,17 @@ def loss_batch_dependence(setup: Setup, batch: Any, *, freeze: Freeze) -> float:
     ctx.model.train()
     twice = _doubled(batch, setup.size(batch), setup.batch_dim)
     try:  # full precision first, free of half-precision noise; under autocast for a loss that only runs there
-        one, two = (_loss_value(ctx, b, autocast=False) for b in (batch, twice))
+        one, two, se = _doubling(ctx, batch, twice, autocast=False)
     except Exception:  # noqa: BLE001 - retried under autocast
         try:
-            one, two = (_loss_value(ctx, b, autocast=True) for b in (batch, twice))
+            one, two, se = _doubling(ctx, batch, twice, autocast=True)
         except Exception:  # noqa: BLE001 - a loss that cannot take the doubled batch: the probe says nothing
             return float("nan")
-    if not (math.isfinite(one) and math.isfinite(two)) or near(two, 2 * one, 1e-4):
+    if not (math.isfinite(one) and math.isfinite(two)) or _doubles(one, two, se):
         return float("nan")
-    return abs(two - one) / max(abs(one), 1e-12)
+    dep = abs(two - one) / max(abs(one), 1e-12)
+    # A random loss is batch-dependent only when its mean moves beyond the spread of its draws.
+    return dep if se == 0 or dep > 3 * se else 0.0
 
 
 def batch_dependent_cause(setup: Setup, micro: list, whole: Any, a: Run, b: Run, k: int, close: float,

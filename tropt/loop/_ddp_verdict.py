@@ -168,18 +168,22 @@ def _loss_result(setup: Setup, e: DdpEvidence, r: _Report, ratio: float, derr: f
              "every process with gradients before the loss (open_clip's gather_with_grad / SimCLR's GatherLayer: "
              "torch.distributed.nn.all_gather), or use a larger batch per process."])
     if e.loss == "sum" and abs(ratio * world - 1) < 0.05:
-        metrics["cause"] = "sum_reduced_loss"
-        result = CheckResult(
-            "loop.ddp", Status.FAIL if setup.distributed else Status.WARN,
-            f"{'' if setup.distributed else 'latent (Setup(distributed=False)): '}under DDP with {world} processes "
-            f"the gradients are {ratio:.3g}× the single-process ones: the loss is a sum over samples (loss_fn on the "
-            f"batch twice over is 2× loss_fn on the batch), and DDP averages the processes' gradients, so each "
-            f"process's sum counts 1/{world}", {**metrics, **({} if setup.distributed else {"latent": True})},
-            r.tables,
-            [f"Under DDP, multiply a sum-reduced loss by the world size ({world}) or use a mean loss (and rescale the "
-             "learning rate), so the update matches one process on the whole batch."])
-        return result
+        return sum_loss_result(setup, world, ratio, metrics, r.tables)
     return None
+
+
+def sum_loss_result(setup: Setup, world: int, ratio: float, metrics: dict, tables: dict) -> CheckResult:
+    """A sum-reduced loss that DDP's averaging scales by 1/world_size: FAIL for a Setup meant for DDP, else latent."""
+    metrics["cause"] = "sum_reduced_loss"
+    return CheckResult(
+        "loop.ddp", Status.FAIL if setup.distributed else Status.WARN,
+        f"{'' if setup.distributed else 'latent (Setup(distributed=False)): '}under DDP with {world} processes "
+        f"the gradients are {ratio:.3g}× the single-process ones: the loss is a sum over samples (loss_fn on the "
+        f"batch twice over is 2× loss_fn on the batch), and DDP averages the processes' gradients, so each "
+        f"process's sum counts 1/{world}", {**metrics, **({} if setup.distributed else {"latent": True})},
+        tables,
+        [f"Under DDP, multiply a sum-reduced loss by the world size ({world}) or use a mean loss (and rescale the "
+         "learning rate), so the update matches one process on the whole batch."])
 
 
 def _unused_result(setup: Setup, e: DdpEvidence, r: _Report) -> CheckResult:

@@ -69,15 +69,52 @@ def _evidence(name: str, loss: torch.Tensor, outputs: list[torch.Tensor], p: tor
         return None
     norms = [float(r["share"].norm()) for r in rows]
     largest = max(norms)
+    if not (largest > 0 and math.isfinite(largest)):
+        return None
     summed = float(torch.stack([r["share"] for r in rows]).sum(0).norm())
     total_norm = float(total.detach().double().norm())
-    if not (largest > 0 and math.isfinite(largest)) or summed > RELATIVE_ZERO * largest \
-            or total_norm > RELATIVE_ZERO * largest:
+    cancel = None
+    if summed <= RELATIVE_ZERO * largest and total_norm <= RELATIVE_ZERO * largest:
+        cancel = sorted({r["call"] for r in rows})
+    else:
+        cancel = _cancelling_calls(rows)
+    if cancel is None:
         return None
-    return {"name": name, "calls": len({r["call"] for r in rows}), "shares": len(rows),
-            "largest_share_norm": largest, "sum_of_shares_norm": summed, "gradient_norm": total_norm,
-            "table": [{"parameter": name, "forward_call": r["call"], "samples": r["samples"], "share_norm": n}
-                      for r, n in zip(rows, norms)]}
+    kept = [(r, n) for r, n in zip(rows, norms) if r["call"] in cancel]
+    return {"name": name, "calls": len(cancel), "shares": len(kept),
+            "largest_share_norm": max(n for _, n in kept),
+            "sum_of_shares_norm": float(torch.stack([r["share"] for r, _ in kept]).sum(0).norm()),
+            "gradient_norm": total_norm, "cancelling_calls": ", ".join(map(str, cancel)),
+            "table": [{"parameter": name, "forward_call": r["call"], "samples": r["samples"], "share_norm": n,
+                       "cancels": r["call"] in cancel} for r, n in zip(rows, norms)]}
+
+
+MAX_CALLS = 6  # forward calls of one module searched for a cancelling subset (2^6 subsets at most)
+
+
+def _cancelling_calls(rows: list[dict[str, Any]]) -> list[int] | None:
+    """The smallest set of two or more forward calls whose shares cancel exactly, or None.
+
+    ``loss_fn`` may hold terms a step never differentiates for this parameter: a GAN's loss_fn logs D's loss plus
+    G's, and G's term reaches D's parameters through a D that the step freezes (or whose gradient it clears) before
+    G's backward. D's optimizer then sees D's terms only, and a hinge or Wasserstein critic's output bias gets
+    -1 (reals) + 1 (fakes) = 0 there, while loss_fn's whole gradient is -1 from G's term. Some calls' shares
+    cancelling exactly is the same evidence as all of them cancelling: the path to the parameter is not cut."""
+    by_call: dict[int, torch.Tensor] = {}
+    largest: dict[int, float] = {}
+    for r in rows:
+        by_call[r["call"]] = by_call.get(r["call"], 0) + r["share"]
+        largest[r["call"]] = max(largest.get(r["call"], 0.0), float(r["share"].norm()))
+    calls = [c for c in by_call if largest[c] > 0]
+    if len(calls) < 3 or len(calls) > MAX_CALLS:  # two calls: the whole-gradient test above already decides
+        return None
+    for size in range(2, len(calls)):
+        for subset in itertools.combinations(calls, size):
+            top = max(largest[c] for c in subset)
+            if float(torch.stack([by_call[c] for c in subset]).sum(0).norm()) <= RELATIVE_ZERO * top \
+                    and all(float(by_call[c].norm()) > RELATIVE_ZERO * top for c in subset):
+                return list(subset)
+    return None
 
 
 def cancelling_parameters(setup: Setup, ctx: Any, batch: Any, names: list[str],
