@@ -80,6 +80,9 @@ def all_ports(families: tuple[str, ...] = FAMILIES) -> list[Port]:
                 raise
             continue
         out += list(mod.PORTS)
+    from ports.heldout import ported  # the held-out probes' ports, filed under their corpus families
+
+    out += [p for p in ported() if p.family in families]
     return out
 
 

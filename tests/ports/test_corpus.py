@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ports import FAMILIES, Bug, Port, all_ports, available, diagnose, healthy_checks, missing_causes
+from ports import FAMILIES, Bug, Port, all_ports, available, diagnose, healthy_checks, heldout, missing_causes
 from tropt.result import Status
 
 PORTS = all_ports()
@@ -24,6 +24,12 @@ SLOW_HEALTHY = frozenset({
     "gpt2_run_clm_no_trainer", "ddpm_lucidrains_trainer",
 })
 SLOW_BUGS = frozenset({"t5_constant_source"})  # seq2seq keeps its other planted bugs
+# The held-out probes' ports (tests/ports/heldout) run under -m slow too, but for the planted bug that is the known
+# answer of a fix made for them and costs one check: the collator that drops the attention mask (loop.accumulation
+# names "the loss reads the padding", not per-micro-batch item counts).
+_HELDOUT_DEFAULT = frozenset({"collator_drops_attention_mask"})
+SLOW_HEALTHY = SLOW_HEALTHY | heldout.port_names()
+SLOW_BUGS = SLOW_BUGS | (heldout.bug_names() - _HELDOUT_DEFAULT)
 
 
 def _params(items: list, ids: list[str], slow: frozenset[str], key) -> list:
