@@ -177,10 +177,35 @@ def test_functional_dropout_is_added_to_a_train_mode_failure():
 
 
 def test_functional_dropout_that_follows_the_mode_does_not_warn():
+    """F.dropout(training=self.training) (pygcn, pyg's examples): no module to hook, but the forward reads the mode
+    and the loss changes with it, so the model is watched and the step, in train mode, passes."""
     r = run(cc.make(model=FunctionalDropout("follows_mode")))
-    assert r.status is Status.SKIP and "no dropout or batch-norm" in r.summary, r.summary
-    assert r.metrics["eval_rel_diff"] == 0.0 and r.metrics["functional_dropout_calls"] == 0
-    assert "two evaluations in eval mode agree" in r.summary
+    assert r.status is Status.PASS and verdicts(r) == {"(model)": "ok"}, r.summary
+
+
+def test_functional_dropout_that_follows_the_mode_catches_a_step_in_eval_mode():
+    """pygcn's train() without its model.train(): from the second call on, the functional dropout is off."""
+    def step_eval(ctx, micro_batches):
+        ctx.model.eval()
+        return tropt.standard_step(ctx, micro_batches)
+
+    r = run(cc.make(model=FunctionalDropout("follows_mode")).replace(step=step_eval))
+    assert r.status is Status.FAIL and "'(model)'" in r.summary, r.summary
+
+
+def test_a_validation_forward_under_no_grad_after_the_step_is_not_training():
+    """pygcn's train() (not fastmode): optimizer.step(), then model.eval() and a validation forward under no_grad;
+    the next call starts with model.train(). Every forward that feeds an update ran in train mode."""
+    def step_then_validate(ctx, micro_batches):
+        ctx.model.train()
+        loss = tropt.standard_step(ctx, micro_batches)
+        ctx.model.eval()
+        with torch.no_grad():
+            ctx.loss_fn(ctx.model, micro_batches[0])
+        return loss
+
+    r = run(cc.make(model=FunctionalDropout("explicit", with_module=True)).replace(step=step_then_validate))
+    assert r.status is not Status.FAIL and verdicts(r) == {"drop": "ok"}, r.summary
 
 
 def noisy_loss(model, batch):

@@ -185,6 +185,36 @@ def loss_batch_dependence(setup: Setup, batch: Any, *, freeze: Freeze) -> float:
     return dep if se == 0 or dep > 3 * se else 0.0
 
 
+def loss_coupling(setup: Setup, whole: Any, parts: list, *, freeze: Freeze) -> float:
+    """How far ``loss_fn``'s gradient on the whole batch is from every item-weighted mean of its gradients on the
+    parts: the relative residual of the least-squares fit ``g(whole) ~ sum_p w_p g(part_p)`` with ``sum_p w_p = 1``.
+
+    Any loss that is a mean of per-sample terms, whatever it normalises by (samples, tokens, non-padding positions),
+    gives 0 up to rounding: the whole batch's mean is the item-weighted mean of the parts' means (``w_p`` their item
+    shares). A loss that couples the samples of its batch does not, even where the twice-over probe sees nothing
+    because duplicates change nothing: batch-hard triplet mining (a max and a min over the batch), a load-balancing
+    loss over the batch's routing fractions (a product of batch means), an expert capacity that scales with the
+    batch. NaN when the parts' gradients cannot be computed (a loss that fails on a part) or the fit is degenerate.
+    """
+    try:
+        ref = loss_grads(setup, [whole], [1.0], freeze, autocast=False)
+        per = [loss_grads(setup, [p], [1.0], freeze, autocast=False) for p in parts]
+    except Exception:  # noqa: BLE001 - a loss that cannot run on a part: the probe says nothing
+        return float("nan")
+    names = [n for n, g in ref.items() if g is not None and all(q.get(n) is not None for q in per)]
+    if not names or len(per) < 2:
+        return float("nan")
+    flat = lambda g: torch.cat([g[n].double().flatten() for n in names])  # noqa: E731
+    g, gs = flat(ref), [flat(q) for q in per]
+    if not (torch.isfinite(g).all() and all(torch.isfinite(x).all() for x in gs)) or float(g.norm()) == 0.0:
+        return float("nan")
+    last = gs[-1]
+    a = torch.stack([x - last for x in gs[:-1]], 1)  # sum w = 1: w_last = 1 - sum of the others
+    w = torch.linalg.pinv(a) @ (g - last)  # SVD: parts that repeat a sample set (a cycled loader) are rank-deficient
+    return float((g - last - a @ w).norm() / g.norm())
+
+
+
 def batch_dependent_cause(setup: Setup, micro: list, whole: Any, a: Run, b: Run, k: int, close: float,
                           freeze: Freeze, facts: dict, tag: str | None) -> tuple[str, list[str], str] | None:
     """The cause of a mismatch when the loss is batch-dependent, or None when it is not (or a scale cause stands).
@@ -196,16 +226,32 @@ def batch_dependent_cause(setup: Setup, micro: list, whole: Any, a: Run, b: Run,
     if tag in _SCALE_TAGS or tag in ("only_last_loss", "only_first_micro_batch"):
         return None  # already an exact prediction about the step
     dep = loss_batch_dependence(setup, whole, freeze=freeze)
-    if not dep > close:
-        return None
-    facts["loss_batch_dependence"] = dep
+    if dep > close:
+        facts["loss_batch_dependence"] = dep
+        what = (f"the loss is batch-dependent: loss_fn on the batch twice over differs from loss_fn on the batch by "
+                f"{dep:.1%}: in-batch negatives / batch statistics cannot accumulate exactly")
+        per_micro = (f"judged against loss_fn per micro-batch: the loss is batch-dependent ({dep:.1%} apart on the "
+                     "batch twice over), which does not excuse a scale")
+    elif tag not in (None, "per_micro_mean", "per_micro_mean_summed"):
+        return None  # a more specific cause stands (the padding read, ...): nothing to tell apart
+    else:
+        # Duplicates change nothing for a loss built on a max/min or on means over the batch: ask whether the whole
+        # batch's gradient is any item-weighted mean of the micro-batches' (what every per-item loss gives), the
+        # one thing that tells such a loss from per-micro-batch item-count means.
+        coupled = loss_coupling(setup, whole, micro, freeze=freeze)
+        if not coupled > close:
+            return None
+        facts["loss_coupling_residual"] = coupled
+        what = (f"the loss is batch-dependent: loss_fn's gradient on the whole batch is no item-weighted mean of its "
+                f"gradients on the micro-batches (best fit residual {coupled:.1%}), so the loss couples the samples "
+                "of a batch (in-batch mining, a load-balancing loss over the batch, a capacity that scales with it) "
+                "and cannot accumulate exactly")
+        per_micro = (f"judged against loss_fn per micro-batch: the loss is batch-dependent (no item weighting of the "
+                     f"micro-batches reproduces the whole batch: residual {coupled:.1%}), which does not excuse a "
+                     "scale")
     ca, ra = facts.get("reference_factor_1x", float("nan")), facts.get("reference_residual_1x", 1.0)
     cb, rb = scalar_fit(b.pre, loss_grads(setup, micro, [1 / k] * k, freeze))
     facts.update(batch_dependent_factor_kx=cb, batch_dependent_residual_kx=rb)
-    what = (f"the loss is batch-dependent: loss_fn on the batch twice over differs from loss_fn on the batch by "
-            f"{dep:.1%}: in-batch negatives / batch statistics cannot accumulate exactly")
-    per_micro = (f"judged against loss_fn per micro-batch: the loss is batch-dependent ({dep:.1%} apart on the "
-                 "batch twice over), which does not excuse a scale")
     if ra <= close and rb <= close:
         if near(ca, 1.0) and near(cb, 1.0):
             return (f"{what}; the step itself is right (its {k}-micro-batch gradient is loss_fn per micro-batch "
@@ -226,6 +272,8 @@ def batch_dependent_cause(setup: Setup, micro: list, whole: Any, a: Run, b: Run,
 def batch_dependence_table(facts: dict) -> pd.DataFrame:
     """The evidence: the probe's value and how each run fits its prediction."""
     rows = [("loss_fn(batch twice over) vs loss_fn(batch)", facts.get("loss_batch_dependence")),
+            ("loss_fn(whole batch) vs best item-weighted mean of loss_fn per micro-batch: residual",
+             facts.get("loss_coupling_residual")),
             ("1 micro-batch / loss_fn(whole batch): factor", facts.get("reference_factor_1x")),
             ("1 micro-batch / loss_fn(whole batch): residual", facts.get("reference_residual_1x")),
             ("K micro-batches / mean of loss_fn per micro-batch: factor", facts.get("batch_dependent_factor_kx")),

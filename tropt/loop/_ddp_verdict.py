@@ -75,7 +75,7 @@ class DdpEvidence:
     ftable: pd.DataFrame | None  # the comparison with batch statistics frozen
     per_mean: str | None  # "process" or "micro-batch" when per-part means explain the difference
     replicas: pd.DataFrame  # every rank's gradients and parameters against rank 0's (replica_table)
-    loss: str | None = None  # "batch_dependent" or "sum" when the difference was tested against the loss itself
+    loss: str | None = None  # "batch_dependent", "coupled" or "sum": the difference tested against the loss itself
     view: int = 0  # the decisive view: 0 at optimizer.step, 3 at the clip call's entry, 1 the losses' own gradients
 
 
@@ -156,13 +156,16 @@ def _loss_result(setup: Setup, e: DdpEvidence, r: _Report, ratio: float, derr: f
     per-process values (what a right step gives with it), or a sum-reduced loss that DDP's averaging scales by
     1/world_size. None when neither does."""
     world, metrics = e.world_size, r.metrics
-    if e.loss == "batch_dependent" and e.per_mean is not None:
+    if e.loss in ("batch_dependent", "coupled") and e.per_mean is not None:
         metrics.update(cause="batch_dependent_loss", loss_batch_dependent=True)
+        probe = ("loss_fn on the batch twice over differs from loss_fn on the batch: in-batch negatives, batch "
+                 "statistics" if e.loss == "batch_dependent" else
+                 "loss_fn's gradient on the whole batch is no item-weighted mean of its gradients on the processes' "
+                 "shares: in-batch mining, a load-balancing loss over the batch")
         return CheckResult(
             "loop.ddp", Status.WARN,
             f"under DDP with {world} processes the gradients differ by {derr:.1%}: the loss is batch-dependent "
-            "(loss_fn on the batch twice over differs from loss_fn on the batch: in-batch negatives, batch "
-            f"statistics), and each process computes it over its own {e.per_rank} samples; the step itself is right "
+            f"({probe}), and each process computes it over its own {e.per_rank} samples; the step itself is right "
             f"(its gradient is the average of loss_fn per {e.per_mean})", metrics, r.tables,
             ["Each process sees only its own items as negatives. For the full-batch loss, gather the embeddings of "
              "every process with gradients before the loss (open_clip's gather_with_grad / SimCLR's GatherLayer: "

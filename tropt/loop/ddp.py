@@ -24,7 +24,6 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,22 +31,22 @@ import pandas as pd
 import torch
 
 from ..core.accelerate import tell_distributed
-from ..core.capture import observed_at, run_steps
-from ..core.compare import compare_tensors, global_rel_error
+from ..core.capture import run_steps
+from ..core.compare import compare_tensors
 from ..core.modes import batch_dependent_layers, quiet_randomness
-from ..core.noise_floor import floor_between, reseed, rng_advanced
+from ..core.noise_floor import floor_between, reseed
 from ..errors import StepError, TroptError
 from ..registry import register
 from ..result import CheckResult, Status
 from ..setup import Setup
 from ..snapshot import preserved
-from ._batch_dependence import Freeze, forward_updated_buffers, freeze_batch_dependence, loss_kind
+from ._batch_dependence import Freeze, forward_updated_buffers, freeze_batch_dependence, loss_coupling, loss_kind
 from ._clip_seen import ClipSeen
+from ._ddp_causes import per_process_mean, single_run
 from ._ddp_expectation import ddp_in_expectation
 from ._ddp_verdict import BUFFER_MARK, DdpEvidence, ddp_verdict, rank0_grads, replica_table
 from ._stochastic import QuietFunctionalDropout
 from ._verdicts import defer_multi_step, require_steps, tolerance_for
-from .accumulation_causes import loss_grads
 
 _TIMEOUT_S = 60
 
@@ -256,23 +255,21 @@ class WrapperHides(Exception):
     """The step breaks only under tropt's own DDP wrapper, on a Setup not declared for DDP: a SKIP's reason."""
 
 
-def single_run(setup: Setup, full: Any, *, freeze: Freeze, stream: int = 0,
-               advanced: list[str] | None = None) -> tuple[tuple[dict, dict, dict], str]:
-    """The single-process gradients (at optimizer.step, before clipping, at the clip's entry) on the full batch,
-    drawing from ``stream``;
-    ``advanced`` receives the global generators the step drew from."""
+class ShareUnfit(Exception):
+    """A process's share of the batch is no valid batch for ``loss_fn`` (not a DDP problem): loop.ddp SKIPs."""
+
+
+def _share_fails_alone(setup: Setup, micro: list) -> str | None:
+    """Why ``loss_fn`` fails on one process's micro-batches without any DDP wrapper, or None when it runs."""
     ctx = setup.build()
-    reseed(setup.seed, stream)
-    quiet_randomness(ctx.model)
-    freeze_batch_dependence(ctx.model, freeze)
-    with QuietFunctionalDropout(), ClipSeen(ctx.model) as seen:
-        (records, calls), drawn = rng_advanced(lambda: run_steps(setup, ctx,
-                                                                 [setup.split(full, setup.accumulation_steps)]))
-    if advanced is not None:
-        advanced += drawn
-    require_steps(setup, calls, "the single-process run")
-    at_clip = {n: None if g is None else torch.from_numpy(g) for n, g in seen.grads.items()}
-    return (records[0].grads, records[0].pre_clip, at_clip), observed_at(records)
+    try:
+        with torch.no_grad():
+            for mb in micro:
+                setup.loss(ctx.model, mb)
+    except Exception as exc:  # noqa: BLE001 - the user's loss on the share: the reason is the finding
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        return f"{type(cause).__name__}: {cause}"
+    return None
 
 
 def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freeze: Freeze,
@@ -291,7 +288,15 @@ def _both_runs(setup: Setup, full: Any, shares: list[list], world: int, *, freez
             f"(rank {errors[0][0]}: {errors[0][2]}): tropt cannot emulate DDP for it; a GAN wraps each network in "
             "its own DDP — run with distributed=True and your own wrapping, or reach ctx.model.module")
     if errors:
-        raise StepError(f"under DDP, rank {errors[0][0]} failed: {errors[0][2]}",
+        rank = errors[0][0]
+        alone = _share_fails_alone(setup, shares[rank])
+        if alone is not None:
+            # The share itself is the problem, not the wrapper: the same micro-batches fail on one process too.
+            raise ShareUnfit(
+                f"tropt cannot emulate DDP for this batch: rank {rank}'s share ({setup.size(shares[rank][0])} samples "
+                f"per micro-batch, the batch cut into {world} along its batch dimension) fails without DDP too "
+                f"({alone}), so the failure is the share's, not the wrapper's")
+        raise StepError(f"under DDP, rank {rank} failed: {errors[0][2]}",
                         "the step runs with ctx.model wrapped in DistributedDataParallel: reach the module as "
                         "ctx.model.module")
     for rank, _, _, _, rank_calls in ranks:
@@ -330,69 +335,6 @@ def _at_bound(grads: dict, clip: float | None) -> bool:
     return abs(norm - clip) <= 1e-3 * clip
 
 
-def _own_normalisation(setup: Setup, full: Any, whole: list, view: int, freeze: Freeze,
-                       clip: Callable[[dict], dict], ddp_grads: dict, close: float) -> bool:
-    """Whether each process's own normalisation explains the DDP gradient, predicted from the user's step itself
-    (a step that counts its own items, as the HF Trainer's num_items_in_batch or fairseq's sample_size, normalises
-    otherwise than ``loss_fn`` does), at the view the verdict compared (0 at optimizer.step, 1 before clipping, 3 at
-    the clip's entry). Two predictions must hold:
-
-    - the DDP gradient is the average of the step run alone on each process's share (DDP reduced right);
-    - the step run on the whole batch is a weighted mean of those per-share runs (weights >= 0 summing to 1: each
-      share counted by its items). A step already wrong on one process (zero_grad inside the micro-batch loop)
-      reproduces itself on every share too, but its run on the whole batch is no such mean.
-
-    After a clip, each process's clipped gradient does not average to the clipped average: the pre-clip gradients are
-    averaged and clipped, as DDP's averaged gradient is."""
-    after_clip = view == 0 and setup.grad_clip is not None
-    index = 1 if after_clip else {0: 0, 1: 1, 3: 2}[view]
-    runs = [single_run(setup, share, freeze=freeze)[0][index] for share in whole]
-    alone = single_run(setup, full, freeze=freeze)[0][index]
-    if not all(runs) or not alone:
-        return False
-    names = [n for n in alone if alone[n] is not None and all(r.get(n) is not None for r in runs)]
-    average = {n: sum(r[n] for r in runs) / len(runs) for n in names}
-    if not names or global_rel_error(ddp_grads, clip(average) if after_clip else average) > close:
-        return False
-    shares = torch.stack([torch.cat([r[n].double().flatten() for n in names]) for r in runs], dim=1)
-    target = torch.cat([alone[n].double().flatten() for n in names])
-    weights = torch.linalg.lstsq(shares, target.unsqueeze(1)).solution.squeeze(1)
-    residual = float((shares @ weights - target).norm() / target.norm().clamp_min(1e-30))
-    return residual <= close and bool((weights >= -close).all()) and abs(float(weights.sum()) - 1) < 0.05
-
-
-def _per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: dict, tol: float, freeze: Freeze,
-                      clipped_grads: bool = True, view: int = 0, full: Any = None) -> str | None:
-    """Does the DDP gradient equal the average of per-process (or per-micro-batch) mean losses?
-
-    With a loss that is a mean over items other than samples (tokens, non-padding positions), each process
-    normalising by its own item count gives a mean of per-process means: not the mean over the whole batch. Returns
-    "process" or "micro-batch" for the hypothesis that matches, else None.
-    """
-    world, k = len(shares), len(shares[0])
-    close = max(10 * tol, 1e-4)
-
-    def clipped(g: dict) -> dict:  # gradients captured after the step's clipping: clip the hypothesis alike
-        if not clipped_grads:
-            return g
-        norm = float(torch.sqrt(sum((v.double() ** 2).sum() for v in g.values() if v is not None)))
-        coef = min(1.0, setup.grad_clip / (norm + 1e-6)) if setup.grad_clip is not None else 1.0
-        return {n: (None if v is None else v * coef) for n, v in g.items()}
-
-    if global_rel_error(ddp_grads, clipped(loss_grads(setup, whole, [1 / world] * world, freeze))) <= close:
-        return "process"
-    # A step that counts its own items (the HF Trainer's num_items_in_batch, fairseq's sample_size) can normalise
-    # otherwise than loss_fn does: predict from the step itself, run alone on each process's share and averaged as
-    # DDP averages. Equal means DDP reduced right and only each process's own normalisation differs.
-    if full is not None and _own_normalisation(setup, full, whole, view, freeze, clipped, ddp_grads, close):
-        return "process"
-    micro = [mb for share in shares for mb in share]
-    per_micro = loss_grads(setup, micro, [1 / len(micro)] * len(micro), freeze) if k > 1 else None
-    if per_micro is not None and global_rel_error(ddp_grads, clipped(per_micro)) <= close:
-        return "micro-batch"
-    return None
-
-
 @register(
     "loop.ddp",
     title="DistributedDataParallel equivalence",
@@ -425,6 +367,12 @@ def _check_ddp(setup: Setup, *, world_size: int = 2, tol: float | None = None) -
         return CheckResult("loop.ddp", Status.SKIP, str(hidden), {"world_size": world_size}, {},
                            ["Declare Setup(distributed=True) with a step that wraps each network in its own "
                             "DistributedDataParallel, or reach the wrapped module's attributes as ctx.model.module."])
+    except ShareUnfit as unfit:
+        return CheckResult("loop.ddp", Status.SKIP, str(unfit), {"world_size": world_size}, {},
+                           ["Give Setup(split_fn=..., size_fn=...) for a batch whose samples are not rows of every "
+                            "tensor (a whole graph with a node mask, an adjacency), or batches large enough that "
+                            f"each of {world_size} processes' shares is a valid batch for the loss (a P x K sampler "
+                            "needs two identities per share)."])
     if isinstance(evidence, CheckResult):  # a stochastic step, judged in expectation
         return evidence
     result = ddp_verdict(setup, evidence)
@@ -496,9 +444,15 @@ def _ddp_evidence(setup: Setup, world_size: int, tol: float) -> DdpEvidence | Ch
     # With no all-reduce at all, tropt's own averaging of the ranks' gradients matches "per-process means" by
     # construction: never test a cause against it (the verdict names the bypassed DDP instead).
     if float(decisive["rel_error"].max()) > tol and ranks[0][3][0] > 0:
-        per_mean = _per_process_mean(setup, whole, shares, rank0_grads(franks, view),
+        per_mean = per_process_mean(setup, whole, shares, rank0_grads(franks, view),
                                      tol, frozen_run, clipped_grads=not pre_clip, view=view, full=full)
     loss = (loss_kind(setup, full, freeze=frozen_run, close=max(10 * tol, 1e-4))
             if float(decisive["rel_error"].max()) > tol and ranks[0][3][0] > 0 else None)
+    # "per-process means" fits a per-item loss normalised per process and, as well, any loss that couples the
+    # samples of its batch (each process computes it over its own share): only the former has a whole-batch
+    # gradient that is an item-weighted mean of the shares' gradients.
+    if loss is None and per_mean is not None and loss_coupling(setup, full, whole, freeze=frozen_run) > max(
+            10 * tol, 1e-4):
+        loss = "coupled"
     return DdpEvidence(world_size, tol, k, per_rank, single, ranks, where, table, post, pre_clip, err, unused, utable,
                      bn_layers, ftable, per_mean, replica_table(ranks), loss, view)

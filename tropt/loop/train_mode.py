@@ -63,6 +63,42 @@ def mode_dependent(model: nn.Module) -> dict[str, nn.Module]:
     return out
 
 
+def reads_training_flag(model: nn.Module) -> dict[str, nn.Module]:
+    """Modules of no known mode-dependent type whose own ``forward`` reads ``self.training`` (functional dropout
+    ``F.dropout(x, p, training=self.training)`` as in pygcn and pyg's examples, stochastic depth or noise written
+    with ``if self.training:``): candidates, confirmed by :func:`mode_changes_loss`."""
+    import inspect
+
+    out = {}
+    for name, m in model.named_modules():
+        forward = type(m).forward
+        if getattr(forward, "__module__", "").startswith("torch.nn."):
+            continue  # torch's own modules: the known types above cover those that depend on the mode
+        try:
+            source = inspect.getsource(forward)
+        except (OSError, TypeError):
+            continue
+        if "self.training" in source:
+            out[name or "(model)"] = m
+    return out
+
+
+def mode_changes_loss(setup: Setup, batch: Any, seed: int = 0) -> bool:
+    """Whether ``loss_fn`` on one batch differs between train and eval mode from the same RNG state (a fresh copy,
+    under no_grad): the model depends on the mode even without a dropout or batch-norm module."""
+    ctx = setup.build()
+    values = []
+    for train in (True, False):
+        ctx.model.train(train)
+        with torch.random.fork_rng(), torch.no_grad():
+            torch.manual_seed(seed)
+            try:
+                values.append(float(setup.loss(ctx.model, batch).detach().float()))
+            except Exception:  # noqa: BLE001 - a loss that cannot run in one mode: no evidence either way
+                return False
+    return values[0] != values[1] and all(v == v for v in values)
+
+
 def _frozen(model: nn.Module, name: str, module: nn.Module) -> bool:
     """Frozen on purpose: its own parameters all ``requires_grad=False``; for a module without parameters (dropout,
     non-affine norms), those of its parent (the root model does not count as a parent)."""
@@ -108,8 +144,15 @@ class ModeRecorder:
     With ``params`` (the model's parameters), an optimizer not given that holds one of them (one the step builds
     during the call) closes an update too."""
 
-    def __init__(self, modules: dict[str, nn.Module], optimizer: Any = None, params: Sequence[Any] = ()) -> None:
+    def __init__(self, modules: dict[str, nn.Module], optimizer: Any = None, params: Sequence[Any] = (),
+                 grad_only: Sequence[str] = ()) -> None:
         self.modules = modules
+        # grad_only: names of trainable modules whose forwards count only with gradients enabled. Such a forward
+        # under torch.no_grad() cannot feed an update (a validation pass the step runs after optimizer.step(), as
+        # pygcn's train() does in eval mode); without this it is filed under the next update and reads as "ran in
+        # eval while training". A frozen teacher's forward under no_grad does feed it (its outputs are targets):
+        # still recorded.
+        self.grad_only = set(grad_only)
         self.optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else (
             [] if optimizer is None else [optimizer])
         self.optimizer = self.optimizers[0] if self.optimizers else None
@@ -122,6 +165,8 @@ class ModeRecorder:
 
     def _pre(self, name: str) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
+            if name in self.grad_only and not torch.is_grad_enabled():
+                return
             self.pending.setdefault(name, set()).add(bool(module.training))
         return hook
 
@@ -238,6 +283,13 @@ def _observe_modes(setup: Setup, steps: int, held_in_eval: tuple[str, ...] = ())
     watched = mode_dependent(ctx.model)
     declared = _declared(ctx.model, watched, held_in_eval)
     if not watched:
+        # No dropout or batch-norm module, but a forward that reads self.training (functional dropout): watch those
+        # modules when the mode does change the loss, so a step left in eval mode is still seen.
+        readers = reads_training_flag(ctx.model)
+        if readers and mode_changes_loss(setup, batches[0], setup.seed):
+            watched = readers
+            declared = _declared(ctx.model, watched, held_in_eval)
+    if not watched:
         return _without_modules(probe)
     handed = {n: bool(m.training) for n, m in watched.items()}
     # Every optimizer's step closes an update: the Setup's (a GAN's D and G), those the step keeps on ctx, and one
@@ -245,7 +297,8 @@ def _observe_modes(setup: Setup, steps: int, held_in_eval: tuple[str, ...] = ())
     optimizers = [o for _, o in ctx.all_optimizers()] if hasattr(ctx, "all_optimizers") else []
     optimizer = optimizers[0] if optimizers else None
     calls = []
-    with ModeRecorder(watched, optimizers, list(ctx.model.parameters())) as rec:
+    trainable = [n for n, m in watched.items() if not _frozen(ctx.model, n, m)]
+    with ModeRecorder(watched, optimizers, list(ctx.model.parameters()), grad_only=trainable) as rec:
         for batch in batches:
             before = len(rec.updates)
             setup.run_step(ctx, setup.split(batch, k))

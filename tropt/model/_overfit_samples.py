@@ -4,16 +4,24 @@ Fewer samples make the check cheaper (``budget="quick"`` takes 2), but a model t
 batch whose samples all share one target as well as one that reads it: the zeroed-input baseline can only be told
 apart from the model when the targets differ. So the samples are doubled (up to the whole batch) until the targets
 of an identified objective differ.
+
+A sample prefix can also be no valid batch at all: a loss built over the batch's structure (batch-hard triplet
+mining needs two identities and a positive for every anchor; in-batch negatives need a second sample; a P x K
+sampler's batch read as ``view(N, -1)``) raises, or is not finite, on the first two samples of a whole batch it
+handles. That is the prefix's fault, not the loss's: the samples are doubled (up to the whole batch) until the loss
+runs; only the whole batch's failure is the loss's own.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..core.batch import get_leaf
 from ..core.objective import probe
+from ..errors import StepError
 from ._common import take_samples
 
 if TYPE_CHECKING:
@@ -53,7 +61,8 @@ def _same_targets(batch: Any, objective: Any, n: int) -> bool:
 
 def overfit_samples(setup: Setup, samples: int, model: Any, ctx: Any) -> tuple[Any, Any, str]:
     """(batch, identified objective, why that many samples): at least ``samples`` and 2 per micro-batch (BatchNorm
-    needs 2 to normalise), doubled while every sample has the same target and the batch holds more."""
+    needs 2 to normalise), doubled while every sample has the same target, or while ``loss_fn`` raises or is not
+    finite on the prefix, and the batch holds more."""
     k = setup.accumulation_steps
     full = setup.sample_batch()
     total = setup.layout.size(full)
@@ -62,7 +71,25 @@ def overfit_samples(setup: Setup, samples: int, model: Any, ctx: Any) -> tuple[A
     while True:
         batch = take_samples(full, n, setup.layout)
         size = min(n, total)
-        objective = probe(setup, model, batch, ctx)[2]
+        try:
+            value, _, objective, _ = probe(setup, model, batch, ctx)
+            if k > 1 and size >= k:  # the step trains on its K micro-batches: each must be a valid batch too
+                with torch.no_grad():
+                    for mb in setup.split(batch, k):
+                        setup.loss(model, mb)
+        except StepError as exc:
+            # loss_fn itself raised on the prefix (StepError from Setup.loss with the user's exception as cause):
+            # a batch-structured loss may need more samples; the whole batch's failure is re-raised as before
+            if size >= total or exc.__cause__ is None:
+                raise
+            n *= 2
+            why = (f"{min(n, total)}: loss_fn raised {type(exc.__cause__).__name__} on the first {size} samples "
+                   f"(a loss over the batch's structure needs more of them) (samples={samples})")
+            continue
+        if size < total and not math.isfinite(value):
+            n *= 2
+            why = f"{min(n, total)}: loss_fn is not finite on the first {size} samples (samples={samples})"
+            continue
         if size >= total or not _same_targets(batch, objective, size):
             return batch, objective, why
         n *= 2
