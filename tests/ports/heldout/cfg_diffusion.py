@@ -1,12 +1,17 @@
 """Class-conditional diffusion with classifier-free-guidance label dropout (held-out probe "gen"), facebookresearch/DiT
 train.py + models.py paraphrased: LabelEmbedder.token_drop replaces each sample's label by the null class
-(index num_classes) with probability class_dropout_prob when the model is in training mode; a timestep and noise per
-sample (diffusion.training_losses: MSE on the noise); AdamW(lr=1e-4, weight_decay=0); the EMA copy kept on ctx
-(deepcopy, requires_grad False, update_ema(ema, model, decay=0) at start, update_ema after every opt.step()); the
+(index num_classes) with probability class_dropout_prob when the model is in training mode
+a timestep and noise per
+sample (diffusion.training_losses: MSE on the noise)
+AdamW(lr=1e-4, weight_decay=0)
+the EMA copy kept on ctx
+(deepcopy, requires_grad False, update_ema(ema, model, decay=0) at start, update_ema after every opt.step())
+the
 checkpoint holds model, ema and opt.
 
 Planted bugs: the EMA updated *before* opt.step() (it then trails by one step: the averaged weights miss the latest
-update); a checkpoint without the EMA (a resume restarts it from the live model).
+update)
+a checkpoint without the EMA (a resume restarts it from the live model).
 """
 from __future__ import annotations
 
@@ -150,9 +155,14 @@ def _checkpoint(keep_ema: bool = True) -> dict:
 
 def build_dit_cfg(ema_before_step: bool = False, keep_ema: bool = True, k: int = 1) -> tropt.Setup:
     """facebookresearch/DiT train.py: per batch t = randint(0, T), loss = training_losses(model, x, t, y).mean(),
-    opt.zero_grad(); loss.backward(); opt.step(); update_ema(ema, model.module); AdamW(lr=1e-4, wd=0);
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    update_ema(ema, model.module)
+    AdamW(lr=1e-4, wd=0);
     LabelEmbedder.token_drop with class_dropout_prob=0.1 in training mode. lr 1e-3 here: upstream's 1e-4 is for a
-    600M-parameter DiT; this 3k-parameter one does not move within the 150-step probe at it (dynamics.loss_curve
+    600M-parameter DiT
+    this 3k-parameter one does not move within the 150-step probe at it (dynamics.loss_curve
     FAILs flat, a fair finding about the scaled-down port)."""
     torch.manual_seed(0)
     return tropt.Setup(TinyDiT(), _loss, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0),

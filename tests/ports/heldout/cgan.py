@@ -135,7 +135,8 @@ def _step(num_d_steps: int = 2, bug: bool = False):
 def build_cgan_hinge(num_d_steps: int = 2, bug: bool = False) -> tropt.Setup:
     """ajbrock/BigGAN-PyTorch train_fns.py GAN_training_function: for each of num_D_steps: D.optim.zero_grad(), for
     each accumulation: sample z_ and y_, D_fake/D_real from G(z_) under no_grad and the real chunk x[counter],
-    hinge loss / num_D_accumulations backward; D.optim.step(). Then toggle D off, G.optim.zero_grad(), G loss
+    hinge loss / num_D_accumulations backward
+    D.optim.step(). Then toggle D off, G.optim.zero_grad(), G loss
     -mean(D(G(z_), y_)) / num_G_accumulations backward, G.optim.step(). Adam G 1e-4, D 4e-4, betas (0, 0.999);
     spectral norm on every D layer, projection discriminator."""
     torch.manual_seed(0)

@@ -2,9 +2,12 @@
 KL(teacher || student at temperature T) * T^2 plus hard-label cross entropy. Paraphrased, never copied.
 
 - ``kd_tutorial``: pytorch/tutorials ``beginner_source/knowledge_distillation_tutorial.py``
-  (``train_knowledge_distillation``): teacher and student are separate modules; ``teacher.eval()``,
+  (``train_knowledge_distillation``): teacher and student are separate modules
+  ``teacher.eval()``,
   ``student.train()``; the teacher's logits under ``torch.no_grad()``; soft targets ``softmax(t / T)``, the student's
-  ``log_softmax(s / T)``; ``sum(p_t * (log p_t - log p_s)) / batch * T**2`` weighted 0.25, CE weighted 0.75; Adam.
+  ``log_softmax(s / T)``
+  ``sum(p_t * (log p_t - log p_s)) / batch * T**2`` weighted 0.25, CE weighted 0.75
+  Adam.
   The Setup's model is the student; the teacher lives in the closure (as in the tutorial's function arguments).
 - ``kd_wrapper_frozen_teacher``: haitongli/knowledge-distillation-pytorch ``train.py`` ``train_kd`` with
   ``net.loss_fn_kd`` (``KLDivLoss()(log_softmax(s/T), softmax(t/T)) * alpha * T * T + CE * (1 - alpha)``), but with
@@ -155,7 +158,10 @@ def loss_fn_kd(m: Distiller, batch):
 
 def kd_wrapper_setup(*, hold_teacher_eval: bool = True) -> tropt.Setup:
     """haitongli/knowledge-distillation-pytorch train.py ``train_kd``: ``model.train()`` each epoch, teacher logits
-    under no_grad, ``optimizer.zero_grad(); loss.backward(); optimizer.step()``; SGD(momentum 0.9, wd 5e-4) on the
+    under no_grad, ``optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()``
+    SGD(momentum 0.9, wd 5e-4) on the
     student; StepLR stepped once per epoch."""
     steps_per_epoch = 3
 

@@ -6,7 +6,8 @@ Paraphrased, never copied.
 ``configure_optimizers`` returns SGD and ``OneCycleLR(max_lr, total_steps=self.trainer.estimated_stepping_batches)``
 with ``"interval": "step"``), with mixup drawn inside ``training_step`` from ``torch.distributions.Beta(0.4, 0.4)`` and
 a random permutation (the common "mixup in training_step" recipe), ``self.log`` of the loss, label-smoothed CE on
-validation; ``Trainer(max_epochs=10, gradient_clip_val=1.0)``.
+validation
+``Trainer(max_epochs=10, gradient_clip_val=1.0)``.
 
 Planted bug:
 - ``lightning_onecycle_interval_epoch``: the scheduler returned without ``"interval": "step"`` (Lightning's default

@@ -5,7 +5,9 @@ partner permutation per batch *inside* the step, from numpy's or torch's global 
 
 - ``mixup_cifar10_np``: facebookresearch/mixup-cifar10 ``train.py``: ``mixup_data(x, y, alpha)``:
   ``lam = np.random.beta(alpha, alpha)``, ``index = torch.randperm(batch_size)``, ``mixed_x = lam * x + (1 - lam) *
-  x[index]``; ``mixup_criterion = lam * CE(pred, y_a) + (1 - lam) * CE(pred, y_b)``; SGD(0.1, momentum 0.9, wd 1e-4),
+  x[index]``
+  ``mixup_criterion = lam * CE(pred, y_a) + (1 - lam) * CE(pred, y_b)``
+  SGD(0.1, momentum 0.9, wd 1e-4),
   a small ResNet-ish net with BatchNorm. The mixing lives in the Setup's loss_fn (the training objective).
 - ``timm_mixup_fn_soft_target``: huggingface/pytorch-image-models ``train.py`` without the prefetcher:
   ``input, target = mixup_fn(input, target)`` inside ``train_one_epoch`` with timm ``Mixup`` (mode 'batch',
@@ -14,7 +16,8 @@ partner permutation per batch *inside* the step, from numpy's or torch's global 
   is the soft-target CE of the batch it is given (hard labels are label-smoothed one-hots), the step mixes first.
 - ``cutmix_torch_beta``: clovaai/CutMix-PyTorch ``train.py`` with lambda from ``torch.distributions.Beta``:
   ``if beta > 0 and r < cutmix_prob``: a box from ``rand_bbox``, pasted from ``input[rand_index]``, lambda
-  re-computed from the box area, ``CE(output, target_a) * lam + CE(output, target_b) * (1 - lam)``; plain CE
+  re-computed from the box area, ``CE(output, target_a) * lam + CE(output, target_b) * (1 - lam)``
+  plain CE
   otherwise.
 
 Planted bug:

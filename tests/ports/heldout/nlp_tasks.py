@@ -1,6 +1,7 @@
 """NLP ports (held-out probe "nlp"): BERT sequence classification with the HF Trainer, a hand-written masked-LM
 pretraining loop, a packed causal LM with gradient checkpointing, sentence embeddings with in-batch negatives, and
-token classification (NER). Tiny random-init configs, generated token data; paraphrased from the upstream named in
+token classification (NER). Tiny random-init configs, generated token data
+paraphrased from the upstream named in
 each builder, never copied.
 """
 
@@ -134,7 +135,9 @@ SEQ = 12
 def mask_tokens(input_ids: torch.Tensor, special: torch.Tensor, *, p: float = 0.15,
                 ignore_unmasked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``DataCollatorForLanguageModeling.torch_mask_tokens``: each non-special token is chosen with probability
-    ``p``; labels are -100 on the others; of the chosen, 80 % become [MASK], 10 % a random word, 10 % stay.
+    ``p``
+    labels are -100 on the others
+    of the chosen, 80 % become [MASK], 10 % a random word, 10 % stay.
     ``ignore_unmasked=False`` plants the bug: labels are a copy of every token, so the loss also counts (and
     rewards copying) the unmasked ones."""
     labels = input_ids.clone()
@@ -416,7 +419,8 @@ TAGS = 5  # O, B-X, I-X, B-Y, I-Y
 
 def ner_batches(n_batches: int = 4, batch: int = 8, seed: int = 0) -> list:
     """Words split into 1-3 subwords; ``tokenize_and_align_labels(label_all_tokens=False)``: the first subword of a
-    word carries its tag, continuations and [CLS]/[SEP] carry -100; padded per batch (the collator pads labels with
+    word carries its tag, continuations and [CLS]/[SEP] carry -100
+    padded per batch (the collator pads labels with
     -100). A word's tag is a function of its id (learnable)."""
     g = torch.Generator().manual_seed(seed)
     out = []

@@ -5,7 +5,9 @@
 VOC-style labels where object boundaries and "void" regions are 255 (here ~40% of the pixels, varying per image);
 SGD(momentum 0.9, wd 1e-4) with the backbone at 0.1x the head's LR (two param groups); ``utils.PolyLR`` (an
 ``_LRScheduler``: ``base_lr * (1 - last_epoch / max_iters) ** 0.9``, floored at min_lr) stepped after every
-iteration (``scheduler.step()`` inside the batch loop); BatchNorm in backbone and ASPP head; validation by mIoU
+iteration (``scheduler.step()`` inside the batch loop)
+BatchNorm in backbone and ASPP head
+validation by mIoU
 from a confusion matrix that skips 255.
 
 Planted bug:

@@ -188,8 +188,10 @@ def _checkpoint(counter: str, keep_counter: bool = True) -> dict:
 
 def build_rosinality(keep_counter: bool = True) -> tropt.Setup:
     """rosinality/stylegan2-pytorch train.py train(): D step on d_logistic_loss; every d_reg_every iterations
-    d_r1_loss * r1/2 * d_reg_every (+ 0 * real_pred[0]) and a second d_optim.step(); G step on the non-saturating
-    loss; accumulate(g_ema, g, 0.5 ** (32 / 10k)). Adam with lr * ratio, betas (0 ** ratio, 0.99 ** ratio),
+    d_r1_loss * r1/2 * d_reg_every (+ 0 * real_pred[0]) and a second d_optim.step()
+    G step on the non-saturating
+    loss
+    accumulate(g_ema, g, 0.5 ** (32 / 10k)). Adam with lr * ratio, betas (0 ** ratio, 0.99 ** ratio),
     ratio = reg_every / (reg_every + 1)."""
     torch.manual_seed(0)
     ratio = D_REG_EVERY / (D_REG_EVERY + 1)

@@ -5,7 +5,8 @@
 branches each go through ``LayerScale`` (``gamma = init_values * ones(dim)``, init_values 1e-5) and ``DropPath``
 (stochastic depth rising linearly over the blocks to 0.1), attention through ``F.scaled_dot_product_attention`` with
 ``dropout_p = attn_drop if self.training else 0``; ``LabelSmoothingCrossEntropy(0.1)``; AdamW with timm's
-``param_groups_weight_decay`` (no decay on 1-D params, the class token and position embedding); ``clip_grad_norm``;
+``param_groups_weight_decay`` (no decay on 1-D params, the class token and position embedding)
+``clip_grad_norm``;
 ``CosineLRScheduler(t_initial=updates, warmup_t=5, t_in_epochs=False)`` -- timm's own scheduler class (not a torch
 ``LRScheduler``: it writes ``param_group['lr']`` itself, ``step_update(num_updates)`` after every optimizer update and
 ``step(epoch)`` at the end of an epoch, and has ``state_dict``/``load_state_dict``).

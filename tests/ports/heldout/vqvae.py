@@ -1,8 +1,11 @@
 """VQ-VAE with an EMA codebook (held-out probe "gen"), rosinality/vq-vae-2-pytorch vqvae.py + train_vqvae.py
 paraphrased: Quantize keeps the codebook in buffers (embed, cluster_size, embed_avg) updated by exponential moving
 averages inside forward in training mode (all-reduced over processes when distributed, as upstream's dist_fn), never by
-the optimizer; the straight-through estimator quantize = input + (quantize - input).detach(); loss = MSE recon +
-0.25 * commitment (quantize.detach() - input)^2; model.zero_grad(), backward, Adam(lr=3e-4).step().
+the optimizer
+the straight-through estimator quantize = input + (quantize - input).detach()
+loss = MSE recon +
+0.25 * commitment (quantize.detach() - input)^2
+model.zero_grad(), backward, Adam(lr=3e-4).step().
 
 Planted bug: the codebook's EMA update not gated by ``self.training`` (validation batches then move the codebook).
 """
