@@ -168,6 +168,7 @@ class EvalProbe:
     same_seed_agree: bool | None = None  # when they differ without dropout: do two evaluations from one RNG state agree
     error: str = ""
     drawing: tuple[str, ...] = ()  # leaf modules that drew random numbers in eval mode (RngDrawSpy)
+    buffers_changed: tuple[str, ...] = ()  # buffers the eval-mode forward changed (an EMA codebook updated in eval)
 
     @property
     def differ(self) -> bool:
@@ -176,7 +177,7 @@ class EvalProbe:
     @property
     def warns(self) -> bool:
         """Functional dropout that ignores the mode, and evaluations that differ: the finding."""
-        return (self.differ and len(self.dropout) > 0) or bool(self.drawing)
+        return (self.differ and len(self.dropout) > 0) or bool(self.drawing) or bool(self.buffers_changed)
 
     def metrics(self) -> dict[str, Any]:
         if self.error:
@@ -188,6 +189,8 @@ class EvalProbe:
             out["eval_same_seed_agree"] = self.same_seed_agree
         if self.drawing:
             out["eval_random_draw_modules"] = ", ".join(self.drawing)
+        if self.buffers_changed:
+            out["eval_buffers_changed"] = ", ".join(self.buffers_changed)
         return out
 
     def finding(self) -> str:
@@ -196,6 +199,12 @@ class EvalProbe:
                           f"{'' if 'attention' in r.function else ', training=True'}) in {r.module!r} "
                           f"({r.calls} call{'s' if r.calls != 1 else ''})"
                           for r in self.dropout.itertuples())
+        if self.buffers_changed and not (self.differ and len(self.dropout) > 0):
+            shown = ", ".join(repr(n) for n in self.buffers_changed[:5]) + (
+                f" and {len(self.buffers_changed) - 5} more" if len(self.buffers_changed) > 5 else "")
+            return (f"the eval-mode forward changes the model's buffers ({shown}): evaluating updates its state (an "
+                    "EMA codebook or statistics updated whatever the mode), so every evaluation moves the model"
+                    + (f" and two evaluations differ by {self.rel_diff:.1e}" if self.differ else ""))
         if not (self.differ and len(self.dropout) > 0):  # found by the draws alone
             return (f"module(s) {', '.join(repr(n) for n in self.drawing)} draw random numbers in eval mode (their "
                     f"forward ignores self.training: stochastic depth or noise left on at evaluation); two "
@@ -220,7 +229,8 @@ class EvalProbe:
     ADVICE = ("Make functional dropout follow the module's mode: F.dropout(x, p, training=self.training) (F.dropout's "
               "training flag defaults to True), or use an nn.Dropout module; for attention pass "
               "dropout_p=self.dropout if self.training else 0.0; a stochastic-depth or noise layer must pass "
-              "self.training (timm's drop_path(x, self.drop_prob, self.training)).")
+              "self.training (timm's drop_path(x, self.drop_prob, self.training)); a buffer updated in forward (an EMA "
+              "codebook) must be updated only when self.training.")
 
 
 def _rel(a: float, b: float) -> float:
@@ -243,6 +253,7 @@ def probe_eval_mode(setup: Setup, batch: Any) -> EvalProbe:
                 return float(setup.loss(model, batch).detach().float())
 
         spy, draws = DropoutSpy(model), RngDrawSpy(model)
+        buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         try:
             with spy:
                 first, second = loss(), loss()  # no reseed between them: dropout left on must be allowed to differ
@@ -253,7 +264,10 @@ def probe_eval_mode(setup: Setup, batch: Any) -> EvalProbe:
             draws.remove()
         if not (math.isfinite(first) and math.isfinite(second)):
             return EvalProbe((first, second), error="the loss in eval mode is not finite")
-        probe = EvalProbe((first, second), _rel(first, second), tol, spy.table(), drawing=tuple(draws.drawing))
+        changed = tuple(n for n, b in model.named_buffers()
+                        if n in buffers and (b.shape != buffers[n].shape or not torch.equal(b, buffers[n])))
+        probe = EvalProbe((first, second), _rel(first, second), tol, spy.table(), drawing=tuple(draws.drawing),
+                          buffers_changed=changed)
         if probe.differ and probe.dropout.empty:
             again = []
             torch.manual_seed(setup.seed)
