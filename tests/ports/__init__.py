@@ -3,7 +3,8 @@
 Each family module (``tests/ports/<family>.py``) defines ``PORTS: list[Port]``. A port is paraphrased from its
 upstream (the file named in ``Port.upstream`` and in its builder's docstring), never copied; it uses a tiny model and
 generated data so the whole corpus runs in the suite. Each family plants at least one documented bug (``Bug``) that
-its check id must flag with its cause.
+its check id must flag with its cause. ``tests/ports/heldout/`` holds the ports first written as held-out probes, each
+filed under its corpus family by :func:`ports.heldout.ported`; :func:`all_ports` includes them.
 
 How the corpus is judged (``tests/ports/test_corpus.py``, ``benchmarks/corpus_rates.py``):
 
