@@ -165,3 +165,29 @@ def test_a_clip_at_another_max_norm_warns_naming_both():
 
     r = check_loss_scaling(mlp_setup(step_clip_at_ten, clip=1.0, scheduler=False))
     assert r.status is Status.WARN and "max_norm=10, not the declared grad_clip 1" in r.summary, r.summary
+
+
+# ------------------------------------------------------------------ the step's own randomness (issue 27, section 1)
+def step_numpy_mixup(ctx, micro_batches):
+    """A mixup weight drawn from numpy inside the step (mixup-cifar10's np.random.beta), under a GradScaler."""
+    import numpy as np
+
+    for mb in micro_batches:
+        lam = float(np.random.beta(1.0, 1.0))
+        with ctx.autocast():
+            loss = ctx.loss_fn(ctx.model, mb) * (0.5 + lam) / len(micro_batches)
+        ctx.scaler.scale(loss).backward()
+    ctx.scaler.step(ctx.optimizer)
+    ctx.scaler.update()
+    ctx.optimizer.zero_grad()
+
+
+def test_a_step_drawing_from_numpy_is_compared_on_one_stream_and_reports_its_floor():
+    """Both scales draw the same numpy lambda, so the healthy step passes; the scale-1 run on another stream gives the
+    floor, in metrics. (Before, only torch was seeded: the two runs drew different lambdas and the step FAILed as if
+    its gradients depended on the loss scale.)"""
+    r = check_loss_scaling(mlp_setup(step_numpy_mixup, scaler=True, scheduler=False))
+    assert r.status is Status.PASS, r.summary
+    assert r.metrics["noise_floor"] > 1e-3 and "one RNG stream" in r.metrics["noise_floor_compared"]
+    deterministic = check_loss_scaling(mlp_setup(scaler=True, scheduler=False))  # the standard step draws nothing
+    assert deterministic.status is Status.PASS and deterministic.metrics["noise_floor"] == 0.0

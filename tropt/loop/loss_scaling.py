@@ -21,6 +21,7 @@ import torch
 from ..core.capture import ScalerWatch, StepRecord, observed_at, run_steps
 from ..core.compare import compare_tensors
 from ..core.modes import quiet_randomness
+from ..core.noise_floor import floor_between, reseed
 from ..errors import TroptError
 from ..registry import register
 from ..result import CheckResult, Status
@@ -77,16 +78,26 @@ def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | Non
     tol = tolerance_for(setup, tol)
     with preserved(setup.model):
         micro = setup.split(batch, setup.accumulation_steps)
+        # Every run draws from the same RNG stream (torch, numpy and python's: a mixup lambda from numpy too), so the
+        # two scales are compared exactly whatever the step draws; the floor (the scale-1 run on another stream) is
+        # reported to say how stochastic the step is.
         ctx = setup.build(init_scale=1.0)
+        reseed(setup.seed, 0)
         quiet_randomness(ctx.model)
         # Whichever GradScaler scales the loss (ctx.scaler, or one the step builds itself) starts at the scale under
         # test.
         rec_a, calls_a = run_steps(setup, ctx, [micro], init_scale=1.0)
         require_steps(setup, calls_a, "the scale-1 run")
+        ctx = setup.build(init_scale=1.0)
+        reseed(setup.seed, 1)
+        quiet_randomness(ctx.model)
+        rec_f, _ = run_steps(setup, ctx, [micro], init_scale=1.0)
+        floor = floor_between(rec_a[0].grads, rec_f[0].grads) if rec_f else float("nan")
         rec_b: list[StepRecord] = []
         used = scale  # the scale the compared run started at (set below; no run at all raises)
         for big in (scale, 2.0**12, 2.0**8):
             ctx = setup.build(init_scale=big)
+            reseed(setup.seed, 0)
             quiet_randomness(ctx.model)
             rec_b, _ = run_steps(setup, ctx, [micro], init_scale=big)
             if rec_b:
@@ -97,6 +108,8 @@ def check_loss_scaling(setup: Setup, *, scale: float = 2.0**16, tol: float | Non
                          "compare",
                          "check the loss for huge values; fp16 overflows above 65504")
     result = _with_clip(_loss_scaling_verdict(setup, rec_a, rec_b, used, tol, owner), probe_clip(setup, batch))
+    result = dataclasses.replace(result, metrics={**result.metrics, "noise_floor": floor,
+                                                  "noise_floor_compared": "both scales on one RNG stream: exact"})
     if setup.precision != "fp16" and result.status is Status.PASS:
         result = dataclasses.replace(
             result, status=Status.WARN,
