@@ -12,10 +12,10 @@ from tropt.result import Status
 PORTS = all_ports()
 BUGS = [(p, b) for p in PORTS for b in p.bugs]
 
-# The longest parts of the corpus, marked ``slow`` (run with ``-m slow``; ``make test`` leaves them out): each took
-# 45-180 s of the 1609 s corpus run on the shared 2-core machine (``pytest tests/ports --durations=15``), together
-# nearly half of it. Every family keeps at least one healthy port and its planted bugs in the default run; these
-# still run in full, with the same checks, under ``-m slow`` and in benchmarks/corpus_rates.py.
+# The longest parts of the corpus, marked ``slow`` (``make test`` runs them, ``make test-fast`` leaves them out): each
+# took 45-180 s of the 1609 s corpus run on the shared 2-core machine (``pytest tests/ports --durations=15``), together
+# nearly half of it. Every family keeps at least one healthy port and its planted bugs in the fast run; these
+# still run in full, with the same checks, in ``make test``, under ``-m slow`` and in benchmarks/corpus_rates.py.
 SLOW_HEALTHY = frozenset({
     # seq2seq keeps the nn.Transformer tutorial (nn_transformer_translation)
     "fairseq_update_freq_sample_size", "bart_translation_num_items", "t5_seq2seq_eval_loss",
@@ -24,7 +24,7 @@ SLOW_HEALTHY = frozenset({
     "gpt2_run_clm_no_trainer", "ddpm_lucidrains_trainer",
 })
 SLOW_BUGS = frozenset({"t5_constant_source"})  # seq2seq keeps its other planted bugs
-# The held-out probes' ports (tests/ports/heldout) run under -m slow too, but for the planted bug that is the known
+# The held-out probes' ports (tests/ports/heldout) are slow too, but for the planted bugs that are the known
 # answer of a fix made for them and costs one check: the collator that drops the attention mask (loop.accumulation
 # names "the loss reads the padding", not per-micro-batch item counts), and the VQ-VAE whose EMA codebook moves in eval
 # mode (loop.train_mode names the buffers the eval forward changes, not "GPU atomics").

@@ -5,8 +5,8 @@ They found the false alarms and wrong causes listed in benchmarks/RESULTS.md ("H
 fixed they joined the corpus. Each module keeps its own family label for the loop it ports
 :func:`ported` files its
 ports under the corpus family they belong to (a VAE is an autoencoder, GCN node classification a tabular model), so
-``ports.FAMILIES`` stays the issue's twelve. Every held-out port runs under ``-m slow`` and in
-``benchmarks/corpus_rates.py``; the default suite keeps the corpus's own ports of each family.
+``ports.FAMILIES`` stays the issue's twelve. Every held-out port is marked slow: ``make test`` and
+``benchmarks/corpus_rates.py`` run them, ``make test-fast`` keeps the corpus's own ports of each family.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def ported() -> list[Port]:
 
 
 def port_names() -> frozenset[str]:
-    """The names of the held-out ports (run under ``-m slow``)."""
+    """The names of the held-out ports (marked slow)."""
     return frozenset(p.name for p in ported())
 
 
