@@ -99,9 +99,11 @@ def test_the_same_schedule_stepped_once_per_optimizer_step_links_nothing():
 def test_planted_zero_grad_leak_is_the_root_of_the_overfit_and_loss_curve_fails():
     rep = _diagnose(rl.manual_sgd_setup(forget_zero_grad=True), LEAK_CHECKS)
     assert rep["loop.zero_grad"].status is Status.FAIL and "left over" in rep["loop.zero_grad"].summary
-    # the leaked gradients make training go nowhere: the overfit run FAILs and the loss curve is flagged (flat or
-    # diverging, as the curve classifier reads a loss that ends above its start)
-    assert rep["model.overfit_batch"].status is Status.FAIL, rep["model.overfit_batch"].summary
+    # the leaked gradients make training go nowhere: the overfit run ends worse than its zeroed-input baseline (a
+    # WARN: the model reads its input, so "ignores its input" is not its cause) and the loss curve is flagged (flat
+    # or diverging, as the curve classifier reads a loss that ends above its start)
+    overfit = rep["model.overfit_batch"]
+    assert overfit.status is Status.WARN and "is worse than" in overfit.summary, overfit.summary
     for cid in ("model.overfit_batch", "dynamics.loss_curve"):
         r = rep[cid]
         assert r.status in (Status.FAIL, Status.WARN), (cid, r.summary)

@@ -109,10 +109,11 @@ def symptom_kinds(r: CheckResult) -> frozenset[str]:
     for a result no broken step can explain."""
     text = r.summary.lower()
     metrics = r.metrics
-    if "ignores its input" in text:
+    if "ignores its input" in text or "does read its input" in text:
         start, final = metrics.get("start_loss"), metrics.get("final_loss")
-        # Not beating the zeroed-input baseline while the loss falls is a model defect; a loss that never fell is
-        # a step that does not train, and says nothing about the input.
+        # Not beating the zeroed-input baseline while the loss falls is a model defect (or slow learning, when the
+        # model reads its input); a loss that never fell is a step that does not train, and says nothing about the
+        # input.
         falls = isinstance(start, (int, float)) and isinstance(final, (int, float)) and final < start
         return frozenset() if falls else frozenset({NO_PROGRESS})
     kinds = {kind for kind, pattern in _TEXT_KINDS if pattern.search(text)}

@@ -7,11 +7,13 @@ batch for up to a few hundred steps, and the step steps the Setup's scheduler. A
 (``(1 - t / T) ** 0.9`` for t > T) or decays to 0, and the probe fails for the schedule, not for the model.
 
 :class:`HeldAtEnd` stands in for such a scheduler: every call is forwarded while the schedule is inside its range;
-the first call that raises, writes a learning rate that is not a finite real number, or brings a group's rate below
-``floor`` x the highest rate that group has had ends the schedule: each group is held at the highest rate the schedule
+the first call that raises, writes a learning rate that is not a finite real number, or (``hold_at_zero``) brings a
+group's rate to 0 after it was above (a decay to its end: HF's linear schedule, PolyLR at ``max_iters``) ends the
+schedule: each group is held at the highest rate the schedule
 gave it (the probe asks whether the model can learn at the rates the schedule trains with, not at its tail), and every
 later method call of the scheduler is a no-op. A schedule that stays inside its range in the probe (every
-healthy long schedule) is never touched. Attribute reads go to the user's scheduler.
+healthy long schedule) is never touched, and neither is one that only decays (a rate 4x too fast is the user's
+schedule, which ``loop.scheduler_cadence`` judges, not an end). Attribute reads go to the user's scheduler.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ def _real_lr(value: Any) -> float | None:
 
 
 class HeldAtEnd:
-    def __init__(self, scheduler: Any, optimizer: Any, floor: float = 0.1) -> None:
-        self.__dict__.update(_inner=scheduler, _optimizer=optimizer, _floor=floor, held_at=None, calls=0,
+    def __init__(self, scheduler: Any, optimizer: Any, hold_at_zero: bool = True) -> None:
+        self.__dict__.update(_inner=scheduler, _optimizer=optimizer, _at_zero=hold_at_zero, held_at=None, calls=0,
                              _peak=[_real_lr(g.get("lr")) for g in optimizer.param_groups])
 
     def _lrs(self) -> list[Any]:
@@ -49,7 +51,7 @@ class HeldAtEnd:
             peak = [max(p, n) if p is not None and n is not None else (p if n is None else n)
                     for p, n in zip(self._peak, now)]
             ended = any(n is None for n, b in zip(now, before) if _real_lr(b) is not None) or any(
-                n is not None and p is not None and p > 0 and n < self._floor * p for n, p in zip(now, peak))
+                self._at_zero and n is not None and p is not None and p > 0 and n == 0 for n, p in zip(now, peak))
             self.__dict__["_peak"] = peak
         self.__dict__["calls"] = self.calls + 1
         if ended:  # hold every group at the highest rate the schedule gave it (its last one when none is known)
@@ -68,7 +70,7 @@ class HeldAtEnd:
         return value
 
 
-def hold_schedules_at_end(ctx: Any, floor: float = 0.1) -> list[HeldAtEnd]:
+def hold_schedules_at_end(ctx: Any, hold_at_zero: bool = True) -> list[HeldAtEnd]:
     """Wrap ``ctx.scheduler`` (and ``ctx.more_schedulers``) in :class:`HeldAtEnd`, in place; the guards returned say
     whether and when each schedule was held (``held_at``)."""
     guards: list[HeldAtEnd] = []
@@ -79,7 +81,7 @@ def hold_schedules_at_end(ctx: Any, floor: float = 0.1) -> list[HeldAtEnd]:
         if sched is None or opt is None:
             wrapped.append(sched)
             continue
-        g = HeldAtEnd(sched, opt, floor)
+        g = HeldAtEnd(sched, opt, hold_at_zero)
         guards.append(g)
         wrapped.append(g)
     if wrapped:

@@ -375,8 +375,8 @@ def check_loss_curve(
             return skip
         # A schedule whose end is not a total_steps attribute (DeepLab's PolyLR(max_iters), a LambdaLR sized for a
         # short run) shows its end when stepped past it: it raises or gives a rate that is not a finite real number.
-        # It is held there (tropt.core.schedule_guard, no decay floor) and the probe is not judged past it.
-        guards = hold_schedules_at_end(ctx, floor=0.0)
+        # It is held there (tropt.core.schedule_guard) and the probe is not judged past it.
+        guards = hold_schedules_at_end(ctx, hold_at_zero=False)  # LR 0 is the probe's own finding (a WARN)
         runner = StepRunner(setup, ctx)
         baseline = input_independent_baseline(setup, ctx, val_batches) if has_val else None
         if has_val:

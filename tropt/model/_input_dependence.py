@@ -77,7 +77,8 @@ def reads_but_slow(c: Any) -> CheckResult:
     (``c`` is overfit_batch's case): the input has not helped it yet, which is slow learning, not an ignored input."""
     dep = c.metrics["input_dependence"]
     steps = c.opts.steps
-    summary = (f"after {c.ran} steps the loss {fmt(c.final)} does not clearly beat the {fmt(c.base_final)} of the "
+    compared = "is worse than" if c.final > c.base_final else "does not clearly beat"
+    summary = (f"after {c.ran} steps the loss {fmt(c.final)} {compared} the {fmt(c.base_final)} of the "
                "same model trained on zeroed inputs, but the model does read its input: giving each sample another "
                f"sample's input changes its output by {dep:.1%}. Its input has not helped it yet (slow learning from "
                "the input), which is not a model that ignores it")
