@@ -19,6 +19,7 @@ from torch import nn
 
 import tropt
 from ports import Bug, Port
+from ports.heldout._steps import share_weighted_step
 
 N_FEAT, N_CHAR = 8, 6  # 5 characters + blank (0)
 
@@ -75,18 +76,7 @@ def make_loss(padded_lengths: bool = False):
     return loss_fn
 
 
-def _step(ctx: tropt.StepContext, micro: list) -> torch.Tensor:
-    ctx.model.train()
-    ctx.optimizer.zero_grad()
-    sizes = [ctx.batch_size(mb) for mb in micro]
-    total = torch.zeros(())
-    for mb, n in zip(micro, sizes):
-        loss = ctx.loss_fn(ctx.model, mb) * (n / sum(sizes))
-        loss.backward()
-        total += loss.detach()
-    torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), 10.0)
-    ctx.optimizer.step()
-    return total
+_step = share_weighted_step(10.0)
 
 
 def build_wav2letter(padded_lengths: bool = False) -> tropt.Setup:

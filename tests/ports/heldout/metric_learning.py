@@ -24,6 +24,7 @@ from torch import nn
 
 import tropt
 from ports import Bug, Port
+from ports.heldout._steps import share_weighted_step
 
 D_IN, N_ID, P, K = 16, 8, 4, 4
 
@@ -84,17 +85,7 @@ def make_loss(detach_bug: bool = False):
     return loss_fn
 
 
-def _step(ctx: tropt.StepContext, micro: list) -> torch.Tensor:
-    ctx.model.train()
-    ctx.optimizer.zero_grad()
-    sizes = [ctx.batch_size(mb) for mb in micro]
-    total = torch.zeros(())
-    for mb, n in zip(micro, sizes):
-        loss = ctx.loss_fn(ctx.model, mb) * (n / sum(sizes))
-        loss.backward()
-        total += loss.detach()
-    ctx.optimizer.step()
-    return total
+_step = share_weighted_step()
 
 
 def build_reid(detach_bug: bool = False) -> tropt.Setup:

@@ -23,6 +23,7 @@ from torch import nn
 
 import tropt
 from ports import Bug, Port
+from ports.heldout._steps import share_weighted_step
 
 VOCAB, T, D, E, N_OUT = 16, 8, 16, 4, 4
 
@@ -112,18 +113,7 @@ def make_loss(aux_coef: float = 0.01, z_coef: float = 0.001):
     return loss_fn
 
 
-def _step(ctx: tropt.StepContext, micro: list) -> torch.Tensor:
-    ctx.model.train()
-    ctx.optimizer.zero_grad()
-    sizes = [ctx.batch_size(mb) for mb in micro]
-    total = torch.zeros(())
-    for mb, n in zip(micro, sizes):
-        loss = ctx.loss_fn(ctx.model, mb) * (n / sum(sizes))
-        loss.backward()
-        total += loss.detach()
-    torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), 1.0)
-    ctx.optimizer.step()
-    return total
+_step = share_weighted_step(1.0)
 
 
 def build_switch(bug: bool = False) -> tropt.Setup:
