@@ -7,7 +7,7 @@ infinite value never makes a difference vanish relative to it. A tensor present 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -136,3 +136,25 @@ def nonfinite_tensors(grads: Tensors) -> dict[str, int]:
             if bad:
                 out[name] = bad
     return out
+
+
+def weighted_mean_fit(whole: Tensors, parts: Sequence[Tensors]) -> tuple[float, torch.Tensor | None]:
+    """The least-squares fit ``whole ~ sum_p w_p parts[p]`` with ``sum_p w_p = 1``, over the tensors every one of them
+    has: (relative residual, weights). A per-item mean over a batch is the item-weighted mean of its means over the
+    batch's parts (``w_p`` their item shares), so a gradient that comes from one fits with residual ~0. NaN and None
+    when fewer than two parts, no common tensor, a non-finite value or a zero ``whole`` leave nothing to fit."""
+    names = [n for n, g in whole.items() if g is not None and all(q.get(n) is not None for q in parts)]
+    if not names or len(parts) < 2:
+        return math.nan, None
+
+    def flat(g: Tensors) -> torch.Tensor:
+        return torch.cat([g[n].detach().double().flatten() for n in names])  # type: ignore[union-attr]
+
+    g, gs = flat(whole), [flat(q) for q in parts]
+    if not (torch.isfinite(g).all() and all(torch.isfinite(x).all() for x in gs)) or float(g.norm()) == 0.0:
+        return math.nan, None
+    last = gs[-1]
+    a = torch.stack([x - last for x in gs[:-1]], 1)  # sum w = 1: w_last = 1 - sum of the others
+    w = torch.linalg.pinv(a) @ (g - last)  # SVD: parts that repeat one sample set are rank-deficient
+    weights = torch.cat([w, (1 - w.sum()).reshape(1)])
+    return float((g - last - a @ w).norm() / g.norm()), weights

@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from ..core.batch import is_plain_sequence, rebuild
+from ..core.compare import weighted_mean_fit
 from ..core.modes import freeze_batch_stats, quiet_randomness
 from ..setup import Setup
 from ._invariance_common import cosine, norm_of
@@ -201,17 +202,7 @@ def loss_coupling(setup: Setup, whole: Any, parts: list, *, freeze: Freeze) -> f
         per = [loss_grads(setup, [p], [1.0], freeze, autocast=False) for p in parts]
     except Exception:  # noqa: BLE001 - a loss that cannot run on a part: the probe says nothing
         return float("nan")
-    names = [n for n, g in ref.items() if g is not None and all(q.get(n) is not None for q in per)]
-    if not names or len(per) < 2:
-        return float("nan")
-    flat = lambda g: torch.cat([g[n].double().flatten() for n in names])  # noqa: E731
-    g, gs = flat(ref), [flat(q) for q in per]
-    if not (torch.isfinite(g).all() and all(torch.isfinite(x).all() for x in gs)) or float(g.norm()) == 0.0:
-        return float("nan")
-    last = gs[-1]
-    a = torch.stack([x - last for x in gs[:-1]], 1)  # sum w = 1: w_last = 1 - sum of the others
-    w = torch.linalg.pinv(a) @ (g - last)  # SVD: parts that repeat a sample set (a cycled loader) are rank-deficient
-    return float((g - last - a @ w).norm() / g.norm())
+    return weighted_mean_fit(ref, per)[0]
 
 
 

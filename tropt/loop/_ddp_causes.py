@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..core.capture import observed_at, run_steps
-from ..core.compare import global_rel_error
+from ..core.compare import global_rel_error, weighted_mean_fit
 from ..core.modes import quiet_randomness
 from ..core.noise_floor import reseed, rng_advanced
 from ..setup import Setup
@@ -64,11 +64,8 @@ def _own_normalisation(setup: Setup, full: Any, whole: list, view: int, freeze: 
     average = {n: sum(r[n] for r in runs) / len(runs) for n in names}
     if not names or global_rel_error(ddp_grads, clip(average) if after_clip else average) > close:
         return False
-    shares = torch.stack([torch.cat([r[n].double().flatten() for n in names]) for r in runs], dim=1)
-    target = torch.cat([alone[n].double().flatten() for n in names])
-    weights = torch.linalg.lstsq(shares, target.unsqueeze(1)).solution.squeeze(1)
-    residual = float((shares @ weights - target).norm() / target.norm().clamp_min(1e-30))
-    return residual <= close and bool((weights >= -close).all()) and abs(float(weights.sum()) - 1) < 0.05
+    residual, weights = weighted_mean_fit(alone, runs)
+    return weights is not None and residual <= close and bool((weights >= -close).all())
 
 
 def per_process_mean(setup: Setup, whole: list, shares: list[list], ddp_grads: dict, tol: float, freeze: Freeze,
